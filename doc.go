@@ -1,0 +1,51 @@
+// Package ddblease elects one leader per job among the replicas of a service,
+// using a single DynamoDB table, and hands every tenure a fencing token so
+// that the side effects of a stale leader can be refused.
+//
+// A Lease is one replica's handle on one job. Run campaigns for the lease,
+// keeps it alive while the leader's function runs, cancels that function's
+// context the moment leadership is lost, and on shutdown drains the function
+// and resigns so that a standby takes over at once:
+//
+//	lease, err := ddblease.New(db, "leases", "billing-nightly")
+//	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
+//	defer stop()
+//	err = lease.Run(ctx, func(ctx context.Context, fence int64) error {
+//		// leader work; pass fence to every side effect
+//	})
+//
+// # What is guaranteed
+//
+// Fences. Every acquisition increments the job's fence with one conditional
+// write; fences never decrease and the lease item is never deleted. A write
+// guarded by the fence (see Guard) is refused once a newer fence has been
+// issued. This holds whatever the clocks, pauses, partitions or lost
+// responses do: it rests only on DynamoDB's conditional writes.
+//
+// Mutual exclusion (timed). At any real instant at most one replica believes
+// it holds a job's lease (IsLeader, the leader context of Run), provided the
+// wall clocks of the replicas differ by less than Options.MaxClockSkew and
+// their rates agree within a few percent. A holder's belief ends at its local
+// deadline: the monotonic time at which its last successful write was sent,
+// plus LeaseDuration, minus a safety margin of LeaseDuration/10. A standby
+// takes over only when the recorded expiry is older than MaxClockSkew on its
+// own clock, or when it has watched the same renewal version unchanged for a
+// whole lease duration on its monotonic clock.
+//
+// # What is not guaranteed
+//
+// Leadership is not a guarantee that a side effect happens once: a leader can
+// be paused after it checked it was leader and before its write lands. Only
+// fenced writes (Guard) are safe against that, and only for sinks that check
+// the fence atomically. Fencing alone does not make a schedule slot's effect
+// happen once either: deduplicate the effect by slot as well.
+//
+// When clocks differ by more than MaxClockSkew, two replicas may both believe
+// they lead for a while; fenced writes remain safe.
+//
+// # Errors
+//
+// ErrHeld, ErrLost, ErrNotLeader and ErrMalformedItem are sentinels to test
+// with errors.Is; HeldError carries the current holder. Errors from the AWS
+// SDK stay in the chain for errors.As.
+package ddblease

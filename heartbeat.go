@@ -1,0 +1,180 @@
+package ddblease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// Heartbeat renews the lease with a write conditional on this owner and
+// fence, so a stale leader cannot extend it. It returns ErrLost, and the
+// tenure ends, once the item names another owner or fence or the local
+// deadline has passed; ErrNotLeader when this handle has no tenure. Other
+// errors (throttling, timeouts) leave the tenure open until its deadline:
+// call again.
+func (l *Lease) Heartbeat(ctx context.Context) error {
+	l.writeMu.Lock()
+	defer l.writeMu.Unlock()
+	return l.heartbeatLocked(ctx)
+}
+
+func (l *Lease) heartbeatLocked(ctx context.Context) error {
+	t := l.current()
+	if !t.held {
+		return fmt.Errorf("%w: heartbeat %q", ErrNotLeader, l.job)
+	}
+	now := l.opts.Now()
+	left := t.deadline.Sub(now)
+	if left <= 0 {
+		l.end(t.fence)
+		return fmt.Errorf("%w: %q fence %d: local deadline passed without a successful heartbeat", ErrLost, l.job, t.fence)
+	}
+	rv := randomID(8)
+	update := "SET #exp = :exp, #rv = :rv, #lms = :lms, #ren = :now"
+	names := map[string]string{
+		"#owner": attrOwner, "#fence": attrFence, "#exp": attrExpires, "#rv": attrVersion,
+		"#lms": attrLeaseMs, "#ren": attrRenewedAt, "#drn": attrDraining,
+	}
+	values := map[string]types.AttributeValue{
+		":me":    avS(l.opts.Owner),
+		":fence": avN(t.fence),
+		":exp":   avN(now.Add(l.opts.LeaseDuration).UnixMilli()),
+		":rv":    avS(rv),
+		":lms":   avN(l.opts.LeaseDuration.Milliseconds()),
+		":now":   avN(now.UnixMilli()),
+	}
+	if t.draining {
+		update += ", #drn = :true"
+		values[":true"] = &types.AttributeValueMemberBOOL{Value: true}
+	} else {
+		update += " REMOVE #drn"
+	}
+	err := l.fencedWrite(ctx, min(l.opts.CallTimeout, left), t, update, names, values, rv)
+	if err == nil {
+		l.renewed(t.fence, rv, now)
+	}
+	return err
+}
+
+// fencedWrite applies an update to the lease item on condition that it
+// still names this owner and the tenure's fence. It returns ErrLost (and
+// ends the tenure) when the condition fails, and the error when the outcome
+// stays unknown.
+func (l *Lease) fencedWrite(ctx context.Context, timeout time.Duration, t tenure, update string,
+	names map[string]string, values map[string]types.AttributeValue, rv string) error {
+	in := &dynamodb.UpdateItemInput{
+		TableName:                           aws.String(l.table),
+		Key:                                 l.key,
+		UpdateExpression:                    aws.String(update),
+		ConditionExpression:                 aws.String("#owner = :me AND #fence = :fence"),
+		ExpressionAttributeNames:            names,
+		ExpressionAttributeValues:           values,
+		ReturnValues:                        types.ReturnValueAllNew,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	}
+	rec, ours, err := l.write(ctx, timeout, in, rv)
+	switch {
+	case ours:
+		return nil
+	case err != nil && (rec == Record{} || rec.Owner == l.opts.Owner && rec.Fence == t.fence):
+		// Unknown outcome, and the item does not tell us we lost.
+		return fmt.Errorf("ddblease: write lease %q: %w", l.job, err)
+	}
+	l.end(t.fence)
+	if rec == (Record{}) {
+		return fmt.Errorf("%w: %q fence %d: the lease item is gone", ErrLost, l.job, t.fence)
+	}
+	return fmt.Errorf("%w: %q fence %d: now held by %q with fence %d", ErrLost, l.job, t.fence, rec.Owner, rec.Fence)
+}
+
+// keeper renews a tenure in the background until it is stopped or the
+// tenure ends. lost is called once, from the keeper's goroutine, with the
+// reason the tenure ended.
+type keeper struct {
+	l         *Lease
+	fence     int64
+	lost      func(error)
+	cancel    context.CancelFunc
+	done      chan struct{}
+	drainc    chan struct{}
+	drainOnce sync.Once
+}
+
+func (l *Lease) startKeeper(fence int64, lost func(error)) *keeper {
+	ctx, cancel := context.WithCancel(context.Background())
+	k := &keeper{l: l, fence: fence, lost: lost, cancel: cancel, done: make(chan struct{}), drainc: make(chan struct{})}
+	go k.loop(ctx)
+	return k
+}
+
+// stop ends the keeper and waits for its goroutine. It is idempotent.
+func (k *keeper) stop() {
+	k.cancel()
+	<-k.done
+}
+
+// drain asks the keeper to mark the lease as draining at once, so that
+// standbys poll fast until the resignation.
+func (k *keeper) drain() { k.drainOnce.Do(func() { close(k.drainc) }) }
+
+func (k *keeper) loop(ctx context.Context) {
+	defer close(k.done)
+	l := k.l
+	drainc := k.drainc
+	next := l.current().sentAt.Add(l.opts.HeartbeatInterval)
+	for {
+		t := l.current()
+		if !t.held || t.fence != k.fence {
+			k.lost(fmt.Errorf("%w: %q fence %d: the tenure was ended", ErrLost, l.job, k.fence))
+			return
+		}
+		now := l.opts.Now()
+		left := t.deadline.Sub(now)
+		if left <= 0 {
+			l.end(t.fence)
+			k.lost(fmt.Errorf("%w: %q fence %d: local deadline passed without a successful heartbeat", ErrLost, l.job, t.fence))
+			return
+		}
+		timer := time.NewTimer(min(max(next.Sub(now), 0), left))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-drainc:
+			timer.Stop()
+			drainc = nil
+			l.setDraining(t.fence)
+		case <-timer.C:
+			if l.opts.Now().Before(next) {
+				continue // woke for the deadline; checked above
+			}
+		}
+		err := l.Heartbeat(ctx)
+		switch {
+		case err == nil:
+			next = l.current().sentAt.Add(l.opts.HeartbeatInterval)
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, ErrLost), errors.Is(err, ErrNotLeader):
+			k.lost(err)
+			return
+		default:
+			l.log.Warn("ddblease: heartbeat failed; retrying until the deadline", "fence", t.fence, "err", err)
+			next = l.opts.Now().Add(l.opts.RetryInterval)
+		}
+	}
+}
+
+func (l *Lease) setDraining(fence int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ten.held && l.ten.fence == fence {
+		l.ten.draining = true
+	}
+}

@@ -1,0 +1,179 @@
+package ddblease
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Default values of Options.
+const (
+	DefaultLeaseDuration = 30 * time.Second
+	DefaultRetryInterval = time.Second
+	DefaultMaxClockSkew  = time.Second
+	DefaultDrainTimeout  = 10 * time.Second
+)
+
+// MaxJobLength is the longest job name New accepts, in bytes.
+const MaxJobLength = 200
+
+// Options configures a Lease. A zero field takes its default; a negative
+// duration is an error.
+type Options struct {
+	// Owner identifies this contender in the lease item. It must differ
+	// between contenders: two handles with the same Owner count as one.
+	// Default: "<hostname>-<pid>-<random>", unique per handle.
+	Owner string
+
+	// LeaseDuration is how long a written lease stays valid. Default 30s.
+	LeaseDuration time.Duration
+
+	// HeartbeatInterval is how often the leader renews the lease; it must be
+	// below LeaseDuration/2. Default LeaseDuration/3.
+	HeartbeatInterval time.Duration
+
+	// RetryInterval is how often a standby polls the lease, less a random
+	// 5-25% jitter, and how soon a failed heartbeat is retried. A standby that
+	// sees the holder draining polls ten times as often. Default 1s.
+	RetryInterval time.Duration
+
+	// MaxClockSkew bounds the difference between the wall clocks of the
+	// replicas. A standby takes over a lease only once its recorded expiry is
+	// older than MaxClockSkew on the standby's clock (or it has watched the
+	// lease unchanged for a whole lease). Zero means the default, 1s; it must
+	// be below LeaseDuration.
+	MaxClockSkew time.Duration
+
+	// DrainTimeout bounds how long Run keeps the lease alive, after its
+	// context ends, while the leader's function returns. Default 10s.
+	DrainTimeout time.Duration
+
+	// CallTimeout bounds every DynamoDB call; a heartbeat's call is further
+	// bounded by the time left before the local deadline. It must be below
+	// HeartbeatInterval. Default HeartbeatInterval/2.
+	CallTimeout time.Duration
+
+	// Logger receives warnings about retried errors and lost tenures. Errors
+	// are also returned to the caller or delivered as the cause of the leader
+	// context. Default slog.Default().
+	Logger *slog.Logger
+
+	// Now returns the current time. It must carry a monotonic reading, as
+	// time.Now's results do (offsets added with Add keep it). Default
+	// time.Now. Tests inject offset or drifting clocks here.
+	Now func() time.Time
+}
+
+// margin is how much earlier than the written expiry a holder stops
+// believing it leads.
+func (o *Options) margin() time.Duration { return o.LeaseDuration / 10 }
+
+func (o *Options) setDefaults() error {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"LeaseDuration", o.LeaseDuration}, {"HeartbeatInterval", o.HeartbeatInterval},
+		{"RetryInterval", o.RetryInterval}, {"MaxClockSkew", o.MaxClockSkew},
+		{"DrainTimeout", o.DrainTimeout}, {"CallTimeout", o.CallTimeout},
+	} {
+		if d.v < 0 {
+			return invalid("%s is negative (%v)", d.name, d.v)
+		}
+	}
+	if o.LeaseDuration == 0 {
+		o.LeaseDuration = DefaultLeaseDuration
+	}
+	if o.LeaseDuration < 10*time.Millisecond {
+		return invalid("LeaseDuration %v is below 10ms", o.LeaseDuration)
+	}
+	if o.HeartbeatInterval == 0 {
+		o.HeartbeatInterval = o.LeaseDuration / 3
+	}
+	if o.HeartbeatInterval*2 >= o.LeaseDuration {
+		return invalid("HeartbeatInterval %v must be below LeaseDuration/2 (%v)", o.HeartbeatInterval, o.LeaseDuration/2)
+	}
+	if o.RetryInterval == 0 {
+		o.RetryInterval = DefaultRetryInterval
+	}
+	if o.MaxClockSkew == 0 {
+		o.MaxClockSkew = DefaultMaxClockSkew
+	}
+	if o.MaxClockSkew >= o.LeaseDuration {
+		return invalid("MaxClockSkew %v must be below LeaseDuration %v", o.MaxClockSkew, o.LeaseDuration)
+	}
+	if o.DrainTimeout == 0 {
+		o.DrainTimeout = DefaultDrainTimeout
+	}
+	if o.CallTimeout == 0 {
+		o.CallTimeout = o.HeartbeatInterval / 2
+	}
+	if o.CallTimeout >= o.HeartbeatInterval {
+		return invalid("CallTimeout %v must be below HeartbeatInterval %v", o.CallTimeout, o.HeartbeatInterval)
+	}
+	if o.Owner == "" {
+		o.Owner = defaultOwner()
+	}
+	if err := checkName("Owner", o.Owner, 256); err != nil {
+		return err
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return nil
+}
+
+func defaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "host"
+	}
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), randomID(4))
+}
+
+// randomID returns n random bytes in hex.
+func randomID(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails (Go 1.24+).
+	return hex.EncodeToString(b)
+}
+
+// checkName validates a job or owner name: non-empty, at most max bytes,
+// valid UTF-8 without control characters.
+func checkName(what, s string, max int) error {
+	switch {
+	case s == "":
+		return invalid("%s is empty", what)
+	case len(s) > max:
+		return invalid("%s is %d bytes long, over the limit of %d", what, len(s), max)
+	case !utf8.ValidString(s):
+		return invalid("%s %q is not valid UTF-8", what, s)
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return invalid("%s %q contains a control character", what, s)
+		}
+	}
+	return nil
+}
+
+// checkTable validates a DynamoDB table name.
+func checkTable(table string) error {
+	if len(table) < 3 || len(table) > 255 {
+		return invalid("table name %q must be 3 to 255 characters long", table)
+	}
+	for _, r := range table {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' || r == '.') {
+			return invalid("table name %q may hold only letters, digits, '_', '-' and '.'", table)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,79 @@
+package ddblease
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// Resign gives the lease up with a write conditional on this owner and
+// fence that sets its expiry to zero, so that a polling standby takes over
+// at once. The item keeps its fence: the next holder's is one higher. The
+// tenure ends whatever the outcome; ErrLost means another owner had already
+// taken over, ErrNotLeader that this handle had no tenure.
+func (l *Lease) Resign(ctx context.Context) error {
+	l.writeMu.Lock()
+	defer l.writeMu.Unlock()
+	t := l.current()
+	if !t.held {
+		return ErrNotLeader
+	}
+	defer l.end(t.fence)
+	now := l.opts.Now()
+	rv := randomID(8)
+	names := map[string]string{
+		"#owner": attrOwner, "#fence": attrFence, "#exp": attrExpires, "#rv": attrVersion,
+		"#ren": attrRenewedAt, "#drn": attrDraining,
+	}
+	values := map[string]types.AttributeValue{
+		":me":    avS(l.opts.Owner),
+		":fence": avN(t.fence),
+		":zero":  avN(0),
+		":rv":    avS(rv),
+		":now":   avN(now.UnixMilli()),
+	}
+	return l.fencedWrite(ctx, l.opts.CallTimeout, t, "SET #exp = :zero, #rv = :rv, #ren = :now REMOVE #drn", names, values, rv)
+}
+
+// ResignOnSignal resigns the lease when one of sigs arrives (SIGTERM and
+// os.Interrupt when none are given), and does not exit the process: the
+// program's own shutdown goes on. It suits code that drives TryAcquire and
+// Heartbeat itself. With Run, prefer signal.NotifyContext: cancelling Run's
+// context drains the leader's function before resigning.
+//
+// The returned stop function unregisters the handler, waits for a
+// resignation in progress and returns its error (nil if no signal came or
+// this handle held no lease). It is safe to call more than once.
+func (l *Lease) ResignOnSignal(sigs ...os.Signal) (stop func() error) {
+	if len(sigs) == 0 {
+		sigs = []os.Signal{syscall.SIGTERM, os.Interrupt}
+	}
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, sigs...)
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	var err error
+	go func() {
+		defer close(done)
+		select {
+		case <-ch:
+			if e := l.Resign(context.Background()); e != nil && e != ErrNotLeader {
+				err = e
+			}
+		case <-quit:
+		}
+	}()
+	var once sync.Once
+	return func() error {
+		once.Do(func() {
+			signal.Stop(ch)
+			close(quit)
+		})
+		<-done
+		return err
+	}
+}

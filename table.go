@@ -1,0 +1,77 @@
+package ddblease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// ErrTableSchema reports a table whose key schema is not a single string
+// partition key named pk.
+var ErrTableSchema = errors.New("ddblease: table has the wrong key schema")
+
+// CreateTable creates the lease table (on-demand billing, string partition
+// key pk) and waits until it is active. An existing table with that key
+// schema is accepted as it is; one with another schema is an error wrapping
+// ErrTableSchema. Infrastructure code may create the table instead; the
+// job-run items carry a TTL attribute named ttl, which may be enabled for
+// expiry (lease items never carry it).
+func CreateTable(ctx context.Context, db DynamoDBAPI, table string) error {
+	if db == nil {
+		return invalid("DynamoDB client is nil")
+	}
+	if err := checkTable(table); err != nil {
+		return err
+	}
+	_, err := db.CreateTable(ctx, &dynamodb.CreateTableInput{
+		TableName:            aws.String(table),
+		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String(attrPK), AttributeType: types.ScalarAttributeTypeS}},
+		KeySchema:            []types.KeySchemaElement{{AttributeName: aws.String(attrPK), KeyType: types.KeyTypeHash}},
+		BillingMode:          types.BillingModePayPerRequest,
+	})
+	var inUse *types.ResourceInUseException
+	if err != nil && !errors.As(err, &inUse) {
+		return fmt.Errorf("ddblease: create table %q: %w", table, err)
+	}
+	for {
+		out, err := db.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
+		if err != nil {
+			return fmt.Errorf("ddblease: describe table %q: %w", table, err)
+		}
+		if err := checkSchema(table, out.Table); err != nil {
+			return err
+		}
+		switch out.Table.TableStatus {
+		case types.TableStatusActive, types.TableStatusUpdating, "":
+			// Some test servers report no status; their tables are usable.
+			return nil
+		case types.TableStatusCreating:
+		default:
+			return fmt.Errorf("ddblease: table %q is %s", table, out.Table.TableStatus)
+		}
+		if err := sleep(ctx, 200*time.Millisecond); err != nil {
+			return fmt.Errorf("ddblease: waiting for table %q: %w", table, err)
+		}
+	}
+}
+
+func checkSchema(table string, d *types.TableDescription) error {
+	if d == nil {
+		return fmt.Errorf("ddblease: describe table %q: no description returned", table)
+	}
+	ks := d.KeySchema
+	if len(ks) != 1 || aws.ToString(ks[0].AttributeName) != attrPK || ks[0].KeyType != types.KeyTypeHash {
+		return fmt.Errorf("%w: table %q must have only a partition key %q", ErrTableSchema, table, attrPK)
+	}
+	for _, a := range d.AttributeDefinitions {
+		if aws.ToString(a.AttributeName) == attrPK && a.AttributeType != types.ScalarAttributeTypeS {
+			return fmt.Errorf("%w: table %q: key %q is of type %s, not S", ErrTableSchema, table, attrPK, a.AttributeType)
+		}
+	}
+	return nil
+}
