@@ -179,11 +179,15 @@ func (l *Lease) acquireLocked(ctx context.Context) (int64, error) {
 		":now":    avN(now.UnixMilli()),
 		":cutoff": avN(now.Add(-l.opts.MaxClockSkew).UnixMilli()),
 	}
-	cond := "attribute_not_exists(#pk) OR #exp < :cutoff OR #owner = :me"
+	// The item is free, expired, ours, or watched unchanged for a lease; and
+	// it does not carry rv already, so that an SDK retry of a write that did
+	// land is refused instead of taking a second fence.
+	takeover := "#exp < :cutoff OR #owner = :me"
 	if seen, ok := l.watchedLongEnough(now); ok {
-		cond += " OR #rv = :seen"
+		takeover += " OR #rv = :seen"
 		values[":seen"] = avS(seen)
 	}
+	cond := "attribute_not_exists(#pk) OR ((" + takeover + ") AND #rv <> :rv)"
 	in := &dynamodb.UpdateItemInput{
 		TableName: aws.String(l.table),
 		Key:       l.key,
