@@ -20,7 +20,7 @@ const (
 	attrLeaseMs    = "leaseMs"    // N: lease duration written, ms
 	attrAcquiredAt = "acquiredAt" // N: Unix ms
 	attrRenewedAt  = "renewedAt"  // N: Unix ms
-	attrDraining   = "draining"   // BOOL: the holder is draining
+	attrDraining   = "draining"   // BOOL: the holder is about to resign
 )
 
 func leaseKey(job string) string { return "lease#" + job }
@@ -141,3 +141,5 @@ func avS(s string) types.AttributeValue { return &types.AttributeValueMemberS{Va
 func avN(n int64) types.AttributeValue {
 	return &types.AttributeValueMemberN{Value: strconv.FormatInt(n, 10)}
 }
+
+func avBool(b bool) types.AttributeValue { return &types.AttributeValueMemberBOOL{Value: b} }

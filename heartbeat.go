@@ -36,7 +36,7 @@ func (l *Lease) heartbeatLocked(ctx context.Context) error {
 		return fmt.Errorf("%w: %q fence %d: local deadline passed without a successful heartbeat", ErrLost, l.job, t.fence)
 	}
 	rv := randomID(8)
-	update := "SET #exp = :exp, #rv = :rv, #lms = :lms, #ren = :now"
+	update := "SET #exp = :exp, #rv = :rv, #lms = :lms, #ren = :now, #drn = :drn"
 	names := map[string]string{
 		"#owner": attrOwner, "#fence": attrFence, "#exp": attrExpires, "#rv": attrVersion,
 		"#lms": attrLeaseMs, "#ren": attrRenewedAt, "#drn": attrDraining,
@@ -48,12 +48,7 @@ func (l *Lease) heartbeatLocked(ctx context.Context) error {
 		":rv":    avS(rv),
 		":lms":   avN(l.opts.LeaseDuration.Milliseconds()),
 		":now":   avN(now.UnixMilli()),
-	}
-	if t.draining {
-		update += ", #drn = :true"
-		values[":true"] = &types.AttributeValueMemberBOOL{Value: true}
-	} else {
-		update += " REMOVE #drn"
+		":drn":   avBool(t.draining),
 	}
 	err := l.fencedWrite(ctx, min(l.opts.CallTimeout, left), t, update, names, values, rv)
 	if err == nil {

@@ -178,6 +178,7 @@ func (l *Lease) acquireLocked(ctx context.Context) (int64, error) {
 		":lms":    avN(l.opts.LeaseDuration.Milliseconds()),
 		":now":    avN(now.UnixMilli()),
 		":cutoff": avN(now.Add(-l.opts.MaxClockSkew).UnixMilli()),
+		":false":  avBool(false),
 	}
 	// The item is free, expired, ours, or watched unchanged for a lease; and
 	// it does not carry rv already, so that an SDK retry of a write that did
@@ -192,7 +193,7 @@ func (l *Lease) acquireLocked(ctx context.Context) (int64, error) {
 		TableName: aws.String(l.table),
 		Key:       l.key,
 		UpdateExpression: aws.String("SET #owner = :me, #fence = if_not_exists(#fence, :zero) + :one, " +
-			"#exp = :exp, #rv = :rv, #lms = :lms, #acq = :now, #ren = :now REMOVE #drn"),
+			"#exp = :exp, #rv = :rv, #lms = :lms, #acq = :now, #ren = :now, #drn = :false"),
 		ConditionExpression:                 aws.String(cond),
 		ExpressionAttributeNames:            names,
 		ExpressionAttributeValues:           values,

@@ -35,8 +35,9 @@ func (l *Lease) Resign(ctx context.Context) error {
 		":zero":  avN(0),
 		":rv":    avS(rv),
 		":now":   avN(now.UnixMilli()),
+		":false": avBool(false),
 	}
-	return l.fencedWrite(ctx, l.opts.CallTimeout, t, "SET #exp = :zero, #rv = :rv, #ren = :now REMOVE #drn", names, values, rv)
+	return l.fencedWrite(ctx, l.opts.CallTimeout, t, "SET #exp = :zero, #rv = :rv, #ren = :now, #drn = :false", names, values, rv)
 }
 
 // ResignOnSignal resigns the lease when one of sigs arrives (SIGTERM and
