@@ -180,15 +180,20 @@ func (l *Lease) acquireLocked(ctx context.Context) (int64, error) {
 		":cutoff": avN(now.Add(-l.opts.MaxClockSkew).UnixMilli()),
 		":false":  avBool(false),
 	}
-	// The item is free, expired, ours, or watched unchanged for a lease; and
-	// it does not carry rv already, so that an SDK retry of a write that did
-	// land is refused instead of taking a second fence.
+	// The item is absent, or it is expired, ours, or watched unchanged for a
+	// lease; and it does not carry rv already, so that an SDK retry of a
+	// write that did land is refused instead of taking a second fence.
 	takeover := "#exp < :cutoff OR #owner = :me"
 	if seen, ok := l.watchedLongEnough(now); ok {
 		takeover += " OR #rv = :seen"
 		values[":seen"] = avS(seen)
 	}
-	cond := "attribute_not_exists(#pk) OR ((" + takeover + ") AND #rv <> :rv)"
+	// An existing item must also be well formed: a fence that is missing or
+	// not a number would restart fences, so such an item is refused.
+	wellFormed := "attribute_type(#fence, :tn) AND attribute_type(#owner, :ts) AND attribute_type(#rv, :ts) " +
+		"AND attribute_type(#exp, :tn)"
+	cond := "attribute_not_exists(#pk) OR ((" + takeover + ") AND #rv <> :rv AND " + wellFormed + ")"
+	values[":tn"], values[":ts"] = avS("N"), avS("S")
 	in := &dynamodb.UpdateItemInput{
 		TableName: aws.String(l.table),
 		Key:       l.key,
