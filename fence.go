@@ -29,7 +29,7 @@ func leaseKey(job string) string { return "lease#" + job }
 type Record struct {
 	Owner      string
 	Fence      int64
-	ExpiresAt  time.Time     // recorded expiry, by the writer's clock
+	ExpiresAt  time.Time     // recorded expiry, by the writer's clock; zero once resigned
 	Duration   time.Duration // lease duration the writer used
 	AcquiredAt time.Time
 	RenewedAt  time.Time
@@ -60,7 +60,9 @@ func decodeLease(item map[string]types.AttributeValue) (Record, error) {
 	if err != nil {
 		return fail(err)
 	}
-	r.ExpiresAt = time.UnixMilli(exp)
+	if exp != 0 {
+		r.ExpiresAt = time.UnixMilli(exp)
+	}
 	if r.version, err = str(item, attrVersion); err != nil {
 		return fail(err)
 	}
