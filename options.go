@@ -19,6 +19,9 @@ const (
 	DefaultDrainTimeout  = 10 * time.Second
 )
 
+// MaxLeaseDuration is the longest LeaseDuration New accepts.
+const MaxLeaseDuration = 24 * time.Hour
+
 // MaxJobLength is the longest job name New accepts, in bytes.
 const MaxJobLength = 200
 
@@ -30,7 +33,8 @@ type Options struct {
 	// Default: "<hostname>-<pid>-<random>", unique per handle.
 	Owner string
 
-	// LeaseDuration is how long a written lease stays valid. Default 30s.
+	// LeaseDuration is how long a written lease stays valid, from 10ms to
+	// MaxLeaseDuration. Default 30s.
 	LeaseDuration time.Duration
 
 	// HeartbeatInterval is how often the leader renews the lease; it must be
@@ -89,8 +93,8 @@ func (o *Options) setDefaults() error {
 	if o.LeaseDuration == 0 {
 		o.LeaseDuration = DefaultLeaseDuration
 	}
-	if o.LeaseDuration < 10*time.Millisecond {
-		return invalid("LeaseDuration %v is below 10ms", o.LeaseDuration)
+	if o.LeaseDuration < 10*time.Millisecond || o.LeaseDuration > MaxLeaseDuration {
+		return invalid("LeaseDuration %v is outside 10ms to %v", o.LeaseDuration, MaxLeaseDuration)
 	}
 	if o.HeartbeatInterval == 0 {
 		o.HeartbeatInterval = o.LeaseDuration / 3

@@ -37,7 +37,8 @@ func TestNewRejectsBadInput(t *testing.T) {
 		{"short table", db, "t", "job", nil, "3 to 255"},
 		{"bad table", db, "lea ses", "job", nil, "letters, digits"},
 		{"negative lease", db, "leases", "job", set(func(o *ddblease.Options) { o.LeaseDuration = -time.Second }), "LeaseDuration is negative"},
-		{"tiny lease", db, "leases", "job", set(func(o *ddblease.Options) { o.LeaseDuration = time.Millisecond }), "below 10ms"},
+		{"tiny lease", db, "leases", "job", set(func(o *ddblease.Options) { o.LeaseDuration = time.Millisecond }), "outside 10ms"},
+		{"huge lease", db, "leases", "job", set(func(o *ddblease.Options) { o.LeaseDuration = 1000 * time.Hour }), "outside 10ms"},
 		{"negative heartbeat", db, "leases", "job", set(func(o *ddblease.Options) { o.HeartbeatInterval = -1 }), "HeartbeatInterval is negative"},
 		{"heartbeat at half the lease", db, "leases", "job", set(func(o *ddblease.Options) {
 			o.LeaseDuration, o.HeartbeatInterval = 10*time.Second, 5*time.Second

@@ -15,8 +15,11 @@ import (
 // partition key named pk.
 var ErrTableSchema = errors.New("ddblease: table has the wrong key schema")
 
+// tableCallTimeout bounds each call CreateTable makes.
+const tableCallTimeout = 10 * time.Second
+
 // CreateTable creates the lease table (on-demand billing, string partition
-// key pk) and waits until it is active. An existing table with that key
+// key pk) and waits until it is active, or ctx ends. An existing table with that key
 // schema is accepted as it is; one with another schema is an error wrapping
 // ErrTableSchema. Infrastructure code may create the table instead; the
 // job-run items carry a TTL attribute named ttl, which may be enabled for
@@ -28,18 +31,22 @@ func CreateTable(ctx context.Context, db DynamoDBAPI, table string) error {
 	if err := checkTable(table); err != nil {
 		return err
 	}
-	_, err := db.CreateTable(ctx, &dynamodb.CreateTableInput{
+	cctx, cancel := context.WithTimeout(ctx, tableCallTimeout)
+	_, err := db.CreateTable(cctx, &dynamodb.CreateTableInput{
 		TableName:            aws.String(table),
 		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String(attrPK), AttributeType: types.ScalarAttributeTypeS}},
 		KeySchema:            []types.KeySchemaElement{{AttributeName: aws.String(attrPK), KeyType: types.KeyTypeHash}},
 		BillingMode:          types.BillingModePayPerRequest,
 	})
+	cancel()
 	var inUse *types.ResourceInUseException
 	if err != nil && !errors.As(err, &inUse) {
 		return fmt.Errorf("ddblease: create table %q: %w", table, err)
 	}
 	for {
-		out, err := db.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
+		cctx, cancel := context.WithTimeout(ctx, tableCallTimeout)
+		out, err := db.DescribeTable(cctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
+		cancel()
 		if err != nil {
 			return fmt.Errorf("ddblease: describe table %q: %w", table, err)
 		}
