@@ -1,0 +1,599 @@
+package ddblease_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/internal/ddbtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// slowLease gives a lease a long tenure, for a holder that must still
+// believe it leads after another has taken over (with offset).
+func slowLease(o *ddblease.Options) {
+	o.LeaseDuration = 20 * time.Second
+	o.HeartbeatInterval = 5 * time.Second
+	o.CallTimeout = 2 * time.Second
+}
+
+// deposedPair returns two handles on job: a, which acquired fence 1 with a
+// clock an hour slow and still believes it leads, and b, which took over
+// at once with fence 2 (a's expiry looks an hour old to b). before runs
+// while a leads, before b takes over.
+func deposedPair(t *testing.T, dbA, dbB ddblease.DynamoDBAPI, table, job string, before func(a *ddblease.Lease)) (a, b *ddblease.Lease) {
+	t.Helper()
+	ctx := withTimeout(t, 10*time.Second)
+	a = newLease(t, dbA, table, job, fast("a"), slowLease, offset(-time.Hour))
+	b = newLease(t, dbB, table, job, fast("b"))
+	fa, err := a.TryAcquire(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), fa)
+	if before != nil {
+		before(a)
+	}
+	fb, err := b.TryAcquire(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), fb)
+	require.True(t, a.IsLeader(), "a must still believe it leads")
+	return a, b
+}
+
+// oneSlot is a schedule with a single slot.
+func oneSlot(slot time.Time) ddblease.Schedule {
+	return ddblease.ScheduleFunc(func(t time.Time) time.Time {
+		if t.Before(slot) {
+			return slot
+		}
+		return time.Time{}
+	})
+}
+
+// listSlots is a schedule with the given slots, in increasing order.
+func listSlots(slots ...time.Time) ddblease.Schedule {
+	return ddblease.ScheduleFunc(func(t time.Time) time.Time {
+		for _, s := range slots {
+			if s.After(t) {
+				return s
+			}
+		}
+		return time.Time{}
+	})
+}
+
+func runsBySlot(runs []ddblease.RunRecord) map[time.Time]ddblease.RunRecord {
+	m := make(map[time.Time]ddblease.RunRecord, len(runs))
+	for _, r := range runs {
+		m[r.Slot] = r
+	}
+	return m
+}
+
+func putRaw(t *testing.T, db *dynamodb.Client, table string, item map[string]types.AttributeValue) {
+	t.Helper()
+	_, err := db.PutItem(context.Background(), &dynamodb.PutItemInput{TableName: aws.String(table), Item: item})
+	require.NoError(t, err)
+}
+
+func getRaw(t *testing.T, db *dynamodb.Client, table, pk string) map[string]types.AttributeValue {
+	t.Helper()
+	out, err := db.GetItem(context.Background(), &dynamodb.GetItemInput{
+		TableName: aws.String(table), ConsistentRead: aws.Bool(true),
+		Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: pk}},
+	})
+	require.NoError(t, err)
+	return out.Item
+}
+
+func sAttr(s string) types.AttributeValue { return &types.AttributeValueMemberS{Value: s} }
+func nAttr(s string) types.AttributeValue { return &types.AttributeValueMemberN{Value: s} }
+
+func staleFence(t *testing.T, err error, fence, current int64) {
+	t.Helper()
+	require.ErrorIs(t, err, ddblease.ErrStaleFence)
+	var sfe *ddblease.StaleFenceError
+	require.ErrorAs(t, err, &sfe)
+	assert.Equal(t, fence, sfe.Fence, "refused fence")
+	assert.Equal(t, current, sfe.Current, "current fence")
+}
+
+// Test 2 of the issue. A leader claims a slot and loses its lease mid-run
+// (it is paused; another replica takes over). Its Finish and every guarded
+// write it then attempts are refused. Under NeverRerun the new leader marks
+// the run abandoned and does not run it; under Rerun it runs the slot again
+// with its own fence, through RunSchedule.
+func TestLeaderLosesLeaseMidRun(t *testing.T) {
+	t.Parallel()
+	caps := srv.Caps(t)
+	for _, policy := range []ddblease.RerunPolicy{ddblease.NeverRerun, ddblease.Rerun} {
+		t.Run(policy.String(), func(t *testing.T) {
+			t.Parallel()
+			ctx := withTimeout(t, 20*time.Second)
+			table := srv.NewTable(t)
+			db := srv.Client(nil)
+			withPolicy := func(o *ddblease.JobOptions) { o.Rerun = policy }
+			slot := time.Now().Add(-time.Second).Truncate(time.Second).UTC()
+			state := "billing#nightly#state"
+			record := "billing#nightly#" + slot.Format(time.RFC3339Nano)
+			g, err := ddblease.NewGuard(db, table, "nightly")
+			require.NoError(t, err)
+
+			var runA *ddblease.JobRun
+			a, b := deposedPair(t, db, db, table, "nightly", func(a *ddblease.Lease) {
+				var err error
+				runA, err = a.Claim(ctx, slot, withPolicy)
+				require.NoError(t, err)
+				assert.Equal(t, int64(1), runA.Fence())
+				assert.Equal(t, "nightly#"+slot.Format(time.RFC3339Nano), runA.IdempotencyKey())
+			})
+
+			// The new leader marks the job's sink state with its fence as
+			// it takes over (the pattern that makes Guard.Update refuse a
+			// stale leader on items it has not written yet).
+			_, err = g.Update(ctx, 2, &dynamodb.UpdateItemInput{
+				TableName: aws.String(table), Key: map[string]types.AttributeValue{"pk": sAttr(state)},
+				UpdateExpression:          aws.String("SET tenure = :o"),
+				ExpressionAttributeValues: map[string]types.AttributeValue{":o": sAttr("b")},
+			})
+			require.NoError(t, err)
+
+			switch policy {
+			case ddblease.NeverRerun:
+				_, err := b.Claim(ctx, slot, withPolicy)
+				require.ErrorIs(t, err, ddblease.ErrSlotTaken)
+				var taken *ddblease.SlotTakenError
+				require.ErrorAs(t, err, &taken)
+				assert.True(t, taken.Abandoned)
+				assert.Equal(t, ddblease.RunAbandoned, taken.Run.Status)
+				assert.Equal(t, int64(1), taken.Run.Fence)
+				assert.Equal(t, int64(2), taken.Run.AbandonedBy)
+			case ddblease.Rerun:
+				rctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				fences := make(chan int64, 4)
+				done := make(chan error, 1)
+				go func() {
+					done <- b.RunSchedule(rctx, oneSlot(slot), func(ctx context.Context, run *ddblease.JobRun) error {
+						fences <- run.Fence()
+						_, err := g.Put(ctx, run.Fence(), &dynamodb.PutItemInput{
+							TableName: aws.String(table),
+							Item:      map[string]types.AttributeValue{"pk": sAttr(record), "amount": nAttr("42"), "by": sAttr("b")},
+						})
+						return err
+					}, withPolicy)
+				}()
+				// The schedule has one slot: RunSchedule returns once it ran.
+				select {
+				case err := <-done:
+					require.NoError(t, err)
+				case <-ctx.Done():
+					t.Fatal("RunSchedule did not return")
+				}
+				require.Len(t, fences, 1)
+				assert.Equal(t, int64(2), <-fences, "the new leader runs the slot with its own fence")
+			}
+
+			// The paused leader wakes up, still believing it leads.
+			require.True(t, a.IsLeader())
+			staleFence(t, runA.Finish(ctx, nil), 1, 2)
+			staleFence(t, g.Check(ctx, runA.Fence()), 1, 2)
+			called := false
+			staleFence(t, g.Do(ctx, runA.Fence(), func(context.Context, int64) error { called = true; return nil }), 1, 2)
+			assert.False(t, called)
+			_, err = g.Update(ctx, runA.Fence(), &dynamodb.UpdateItemInput{
+				TableName: aws.String(table), Key: map[string]types.AttributeValue{"pk": sAttr(state)},
+				UpdateExpression:          aws.String("SET tenure = :o"),
+				ExpressionAttributeValues: map[string]types.AttributeValue{":o": sAttr("a")},
+			})
+			staleFence(t, err, 1, 2)
+			if policy == ddblease.Rerun {
+				// The record the new leader wrote for the slot carries its
+				// fence; the stale leader's write of it is refused.
+				_, err = g.Put(ctx, runA.Fence(), &dynamodb.PutItemInput{
+					TableName: aws.String(table),
+					Item:      map[string]types.AttributeValue{"pk": sAttr(record), "amount": nAttr("42"), "by": sAttr("a")},
+				})
+				staleFence(t, err, 1, 2)
+				assert.Equal(t, sAttr("b"), getRaw(t, db, table, record)["by"])
+			}
+			txItems := []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table),
+				Item: map[string]types.AttributeValue{"pk": sAttr("billing#nightly#tx-a"), "amount": nAttr("42")}}}}
+			if caps.Transactions {
+				staleFence(t, g.TransactWrite(ctx, runA.Fence(), txItems), 1, 2)
+				staleFence(t, runA.Commit(ctx, txItems), 1, 2)
+				assert.Empty(t, getRaw(t, db, table, "billing#nightly#tx-a"), "a refused transaction writes nothing")
+			} else {
+				require.ErrorIs(t, g.TransactWrite(ctx, runA.Fence(), txItems), ddblease.ErrTransactionsUnsupported)
+				t.Logf("server %s lacks TransactWriteItems: transactional forms not exercised", srv.Name)
+			}
+
+			runs, err := b.ListRuns(ctx, oneSlot(slot), slot, slot)
+			require.NoError(t, err)
+			require.Len(t, runs, 1)
+			r := runs[0]
+			assert.Equal(t, slot, r.Slot)
+			switch policy {
+			case ddblease.NeverRerun:
+				assert.Equal(t, ddblease.RunAbandoned, r.Status)
+				assert.Equal(t, int64(1), r.Fence)
+				assert.Equal(t, "a", r.Owner)
+				assert.Equal(t, int64(2), r.AbandonedBy)
+				assert.Equal(t, 1, r.Claims)
+			case ddblease.Rerun:
+				assert.Equal(t, ddblease.RunSucceeded, r.Status)
+				assert.Equal(t, int64(2), r.Fence)
+				assert.Equal(t, "b", r.Owner)
+				assert.Equal(t, 2, r.Claims)
+			}
+			assert.False(t, r.FinishedAt.IsZero())
+		})
+	}
+}
+
+// Claim and Finish each make exactly one request, and recognise an SDK
+// retry of a write whose first attempt was applied (its response lost).
+func TestClaimFinishRequestsAndLostResponses(t *testing.T) {
+	t.Parallel()
+	caps := srv.Caps(t)
+	ctx := withTimeout(t, 20*time.Second)
+	table := srv.NewTable(t)
+	faults := ddbtest.NewFaults(nil)
+	db := srv.Client(faults.Wrap)
+	l := newLease(t, db, table, "sweeper", fast("a"), slowLease)
+	_, err := l.TryAcquire(ctx)
+	require.NoError(t, err)
+	claimOp := "TransactWriteItems"
+	if !caps.Transactions {
+		claimOp = "UpdateItem"
+		// The first claim of the handle finds out that transactions are
+		// not supported: two requests, once.
+		before := faults.Counts()
+		run, err := l.Claim(ctx, time.Unix(1000, 0))
+		require.NoError(t, err)
+		after := faults.Counts()
+		assert.Equal(t, 1, after["TransactWriteItems"]-before["TransactWriteItems"])
+		assert.Equal(t, 1, after["UpdateItem"]-before["UpdateItem"])
+		require.NoError(t, run.Finish(ctx, nil))
+	}
+	base := time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC)
+
+	t.Run("one request each", func(t *testing.T) {
+		before := faults.Counts()
+		run, err := l.Claim(ctx, base)
+		require.NoError(t, err)
+		mid := faults.Counts()
+		require.NoError(t, run.Finish(ctx, errors.New("card declined")))
+		after := faults.Counts()
+		assert.Equal(t, 1, total(mid)-total(before), "Claim: %v", diff(before, mid))
+		assert.Equal(t, 1, mid[claimOp]-before[claimOp])
+		assert.Equal(t, 1, total(after)-total(mid), "Finish: %v", diff(mid, after))
+		assert.Equal(t, 1, after["UpdateItem"]-mid["UpdateItem"])
+		require.ErrorIs(t, run.Finish(ctx, nil), ddblease.ErrInvalid, "a run finishes once")
+
+		runs, err := l.ListRuns(ctx, ddblease.Every(time.Hour), base, base)
+		require.NoError(t, err)
+		require.Len(t, runs, 1)
+		assert.Equal(t, ddblease.RunFailed, runs[0].Status)
+		assert.Equal(t, "card declined", runs[0].Error)
+		assert.Equal(t, "a", runs[0].Owner)
+		assert.WithinDuration(t, time.Now().Add(ddblease.DefaultRetention), runs[0].ExpiresAt, time.Hour)
+
+		_, err = l.Claim(ctx, base)
+		require.ErrorIs(t, err, ddblease.ErrSlotTaken, "a finished slot is not claimed again")
+	})
+
+	t.Run("lost responses", func(t *testing.T) {
+		slot := base.Add(time.Hour)
+		drop := func(op string) {
+			var once sync.Once
+			faults.Set(func(o string) ddbtest.Action {
+				act := ddbtest.Pass
+				if o == op {
+					once.Do(func() { act = ddbtest.DropResponse })
+				}
+				return act
+			})
+		}
+		drop(claimOp)
+		run, err := l.Claim(ctx, slot)
+		require.NoError(t, err, "the retried claim finds its own token")
+		drop("UpdateItem")
+		require.NoError(t, run.Finish(ctx, nil), "the retried finish finds its own outcome")
+		faults.Set(nil)
+		runs, err := l.ListRuns(ctx, ddblease.Every(time.Hour), slot, slot)
+		require.NoError(t, err)
+		require.Len(t, runs, 1)
+		assert.Equal(t, ddblease.RunSucceeded, runs[0].Status)
+		assert.Equal(t, 1, runs[0].Claims)
+	})
+}
+
+func total(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func diff(before, after map[string]int) map[string]int {
+	d := map[string]int{}
+	for k, v := range after {
+		if v != before[k] {
+			d[k] = v - before[k]
+		}
+	}
+	return d
+}
+
+// JobRun.Commit writes the effect and the run's completion together, once:
+// the slot cannot be re-run after it, and a failed condition among the
+// effect's items leaves the run running.
+func TestCommitExactlyOnce(t *testing.T) {
+	t.Parallel()
+	caps := srv.Caps(t)
+	ctx := withTimeout(t, 20*time.Second)
+	table := srv.NewTable(t)
+	db := srv.Client(nil)
+	l := newLease(t, db, table, "payout", fast("a"), slowLease)
+	_, err := l.TryAcquire(ctx)
+	require.NoError(t, err)
+	slot := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	run, err := l.Claim(ctx, slot, func(o *ddblease.JobOptions) { o.Rerun = ddblease.Rerun })
+	require.NoError(t, err)
+	put := func(pk string, cond string) []types.TransactWriteItem {
+		p := &types.Put{TableName: aws.String(table), Item: map[string]types.AttributeValue{"pk": sAttr(pk)}}
+		if cond != "" {
+			p.ConditionExpression = aws.String(cond)
+		}
+		return []types.TransactWriteItem{{Put: p}}
+	}
+	if !caps.Transactions {
+		require.ErrorIs(t, run.Commit(ctx, put("payout#x", "")), ddblease.ErrTransactionsUnsupported)
+		srv.Require(t, false, "TransactWriteItems")
+	}
+	putRaw(t, db, table, map[string]types.AttributeValue{"pk": sAttr("payout#exists")})
+	err = run.Commit(ctx, put("payout#exists", "attribute_not_exists(pk)"))
+	var tce *types.TransactionCanceledException
+	require.ErrorAs(t, err, &tce, "the effect's own condition failed")
+	assert.NotErrorIs(t, err, ddblease.ErrStaleFence)
+	runs, err := l.ListRuns(ctx, oneSlot(slot), slot, slot)
+	require.NoError(t, err)
+	require.Len(t, runs, 1)
+	assert.Equal(t, ddblease.RunRunning, runs[0].Status)
+
+	require.NoError(t, run.Commit(ctx, put("payout#"+run.IdempotencyKey(), "")))
+	assert.NotEmpty(t, getRaw(t, db, table, "payout#"+run.IdempotencyKey()))
+	runs, err = l.ListRuns(ctx, oneSlot(slot), slot, slot)
+	require.NoError(t, err)
+	assert.Equal(t, ddblease.RunSucceeded, runs[0].Status)
+	require.ErrorIs(t, run.Finish(ctx, nil), ddblease.ErrInvalid)
+	_, err = l.Claim(ctx, slot, func(o *ddblease.JobOptions) { o.Rerun = ddblease.Rerun })
+	require.ErrorIs(t, err, ddblease.ErrSlotTaken, "a committed slot is never re-run")
+}
+
+// A deposed leader that still believes it leads cannot claim where the
+// server has transactions: the claim checks the lease item.
+func TestClaimChecksLeaseItem(t *testing.T) {
+	t.Parallel()
+	caps := srv.Caps(t)
+	ctx := withTimeout(t, 20*time.Second)
+	table := srv.NewTable(t)
+	db := srv.Client(nil)
+	a, _ := deposedPair(t, db, db, table, "sweeper", nil)
+	_, err := a.Claim(ctx, time.Unix(3600, 0))
+	if !caps.Transactions {
+		require.NoError(t, err, "without transactions the claim rests on the local tenure check")
+		srv.Require(t, false, "TransactWriteItems")
+	}
+	require.ErrorIs(t, err, ddblease.ErrLost)
+	assert.Contains(t, err.Error(), `"b"`)
+	assert.False(t, a.IsLeader(), "the failed check ends the tenure")
+	_, err = a.Claim(ctx, time.Unix(7200, 0))
+	require.ErrorIs(t, err, ddblease.ErrNotLeader)
+	_, err = a.Claim(ctx, time.Unix(7200, 0), func(o *ddblease.JobOptions) { o.NoTransactions = true })
+	require.ErrorIs(t, err, ddblease.ErrNotLeader)
+}
+
+// Test 5 of the issue, for job runs and schedules: bad input gets clear
+// errors, never a panic, and no request.
+func TestJobRunBadInput(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 20*time.Second)
+	table := srv.NewTable(t)
+	faults := ddbtest.NewFaults(nil)
+	db := srv.Client(faults.Wrap)
+	l := newLease(t, db, table, "sweeper", fast("a"), slowLease)
+	noop := func(context.Context, *ddblease.JobRun) error { return nil }
+	var nilEvery *everyPtr
+
+	t.Run("Claim", func(t *testing.T) {
+		_, err := l.Claim(ctx, time.Unix(3600, 0))
+		require.ErrorIs(t, err, ddblease.ErrNotLeader)
+		_, err = l.TryAcquire(ctx)
+		require.NoError(t, err)
+		before := total(faults.Counts())
+		for name, c := range map[string]struct {
+			slot time.Time
+			opts func(*ddblease.JobOptions)
+			want string
+		}{
+			"zero slot":          {time.Time{}, nil, "zero time"},
+			"slot after 9999":    {time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), nil, "outside years"},
+			"negative retention": {time.Unix(3600, 0), func(o *ddblease.JobOptions) { o.Retention = -time.Hour }, "negative"},
+			"negative window":    {time.Unix(3600, 0), func(o *ddblease.JobOptions) { o.CatchUpWindow = -1 }, "negative"},
+			"retention <= window": {time.Unix(3600, 0), func(o *ddblease.JobOptions) {
+				o.Retention, o.CatchUpWindow = time.Hour, 2*time.Hour
+			}, "must exceed"},
+			"unknown policy": {time.Unix(3600, 0), func(o *ddblease.JobOptions) { o.Rerun = 7 }, "RerunPolicy"},
+		} {
+			_, err := l.Claim(ctx, c.slot, c.opts)
+			require.ErrorIs(t, err, ddblease.ErrInvalid, name)
+			assert.Contains(t, err.Error(), c.want, name)
+		}
+		assert.Equal(t, before, total(faults.Counts()), "bad input makes no request")
+	})
+
+	t.Run("RunSchedule", func(t *testing.T) {
+		before := total(faults.Counts())
+		same := ddblease.ScheduleFunc(func(t time.Time) time.Time { return t })
+		earlier := ddblease.ScheduleFunc(func(t time.Time) time.Time { return t.Add(-time.Second) })
+		panics := ddblease.ScheduleFunc(func(time.Time) time.Time { panic("boom") })
+		var nilFunc ddblease.ScheduleFunc
+		for name, c := range map[string]struct {
+			sched ddblease.Schedule
+			fn    func(context.Context, *ddblease.JobRun) error
+			want  string
+		}{
+			"nil schedule":       {nil, noop, "schedule is nil"},
+			"typed nil schedule": {nilEvery, noop, "nil"},
+			"nil ScheduleFunc":   {nilFunc, noop, "nil"},
+			"nil fn":             {ddblease.Every(time.Hour), nil, "fn is nil"},
+			"Every(0)":           {ddblease.Every(0), noop, "must be positive"},
+			"Every(-1s)":         {ddblease.Every(-time.Second), noop, "must be positive"},
+			"not after input":    {same, noop, "must be after"},
+			"before input":       {earlier, noop, "must be after"},
+			"panics":             {panics, noop, "panicked"},
+		} {
+			err := l.RunSchedule(ctx, c.sched, c.fn)
+			require.ErrorIs(t, err, ddblease.ErrInvalid, name)
+			assert.Contains(t, err.Error(), c.want, name)
+		}
+		assert.Equal(t, before, total(faults.Counts()), "bad input makes no request")
+	})
+
+	t.Run("schedule that turns bad", func(t *testing.T) {
+		// Valid at first, then returns its input: RunSchedule stops with
+		// the error (after resigning).
+		var mu sync.Mutex
+		calls := 0
+		sched := ddblease.ScheduleFunc(func(t time.Time) time.Time {
+			mu.Lock()
+			defer mu.Unlock()
+			calls++
+			if calls == 1 {
+				return t.Add(time.Hour)
+			}
+			return t
+		})
+		l2 := newLease(t, db, table, "turns-bad", fast("b"))
+		err := l2.RunSchedule(ctx, sched, noop)
+		require.ErrorIs(t, err, ddblease.ErrInvalid)
+		assert.Contains(t, err.Error(), "must be after")
+		assert.False(t, l2.IsLeader())
+	})
+
+	t.Run("ListRuns", func(t *testing.T) {
+		from := time.Unix(0, 0)
+		_, err := l.ListRuns(ctx, nil, from, from)
+		require.ErrorIs(t, err, ddblease.ErrInvalid)
+		_, err = l.ListRuns(ctx, ddblease.Every(time.Second), from.Add(time.Hour), from)
+		require.ErrorIs(t, err, ddblease.ErrInvalid)
+		_, err = l.ListRuns(ctx, ddblease.Every(time.Second), time.Time{}, from)
+		require.ErrorIs(t, err, ddblease.ErrInvalid)
+		_, err = l.ListRuns(ctx, ddblease.Every(time.Second), from, from.Add(time.Hour))
+		require.ErrorIs(t, err, ddblease.ErrInvalid)
+		assert.Contains(t, err.Error(), "more than 1000 slots")
+	})
+
+	t.Run("malformed run items", func(t *testing.T) {
+		raw := srv.Client(nil)
+		slot := time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC)
+		id := slot.Format(time.RFC3339Nano)
+		good := func() map[string]types.AttributeValue {
+			return map[string]types.AttributeValue{
+				"pk": sAttr("jobrun#sweeper#" + id), "job": sAttr("sweeper"), "slot": sAttr(id),
+				"fence": nAttr("1"), "owner": sAttr("x"), "claim": sAttr("c"), "status": sAttr("succeeded"),
+				"startedAt": nAttr("1"),
+			}
+		}
+		cases := map[string]func(map[string]types.AttributeValue){
+			"no fence":      func(m map[string]types.AttributeValue) { delete(m, "fence") },
+			"no status":     func(m map[string]types.AttributeValue) { delete(m, "status") },
+			"no slot":       func(m map[string]types.AttributeValue) { delete(m, "slot") },
+			"bad status":    func(m map[string]types.AttributeValue) { m["status"] = sAttr("exploded") },
+			"string fence":  func(m map[string]types.AttributeValue) { m["fence"] = sAttr("1") },
+			"fence 0":       func(m map[string]types.AttributeValue) { m["fence"] = nAttr("0") },
+			"bad slot text": func(m map[string]types.AttributeValue) { m["slot"] = sAttr("yesterday") },
+			"other slot":    func(m map[string]types.AttributeValue) { m["slot"] = sAttr("2026-11-30T03:00:00Z") },
+			"no claim":      func(m map[string]types.AttributeValue) { delete(m, "claim") },
+			"no startedAt":  func(m map[string]types.AttributeValue) { delete(m, "startedAt") },
+			"bool missed":   func(m map[string]types.AttributeValue) { m["missed"] = &types.AttributeValueMemberBOOL{} },
+		}
+		for name, spoil := range cases {
+			item := good()
+			spoil(item)
+			putRaw(t, raw, table, item)
+			_, err := l.ListRuns(ctx, oneSlot(slot), slot, slot)
+			require.ErrorIs(t, err, ddblease.ErrMalformedItem, name)
+			_, err = l.Claim(ctx, slot)
+			require.ErrorIs(t, err, ddblease.ErrMalformedItem, name)
+		}
+		putRaw(t, raw, table, good())
+		runs, err := l.ListRuns(ctx, oneSlot(slot), slot, slot)
+		require.NoError(t, err)
+		require.Len(t, runs, 1)
+	})
+}
+
+// everyPtr is a Schedule with a pointer receiver, for a typed nil.
+type everyPtr struct{ d time.Duration }
+
+func (e *everyPtr) Next(t time.Time) time.Time { return t.Add(e.d) }
+
+// opsByItem counts requests by operation and, for single-item operations,
+// the kind of item (the pk prefix before '#'): "UpdateItem lease",
+// "UpdateItem jobrun", "TransactWriteItems", "BatchGetItem".
+type opsByItem struct {
+	base   http.RoundTripper
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (c *opsByItem) wrap(rt http.RoundTripper) http.RoundTripper {
+	c.base, c.counts = rt, map[string]int{}
+	return c
+}
+
+func (c *opsByItem) RoundTrip(r *http.Request) (*http.Response, error) {
+	name := ddbtest.Op(r)
+	if r.Body != nil && (name == "GetItem" || name == "UpdateItem" || name == "PutItem") {
+		b, err := io.ReadAll(r.Body)
+		_ = r.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		var in struct{ Key struct{ Pk struct{ S string } } }
+		_ = json.Unmarshal(b, &in)
+		kind, _, _ := strings.Cut(in.Key.Pk.S, "#")
+		name += " " + kind
+		r = r.Clone(r.Context())
+		r.Body = io.NopCloser(bytes.NewReader(b))
+	}
+	c.mu.Lock()
+	c.counts[name]++
+	c.mu.Unlock()
+	return c.base.RoundTrip(r)
+}
+
+func (c *opsByItem) snapshot() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := make(map[string]int, len(c.counts))
+	for k, v := range c.counts {
+		m[k] = v
+	}
+	return m
+}

@@ -1,0 +1,448 @@
+package ddblease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/bits"
+	"reflect"
+	"time"
+)
+
+// Schedule tells when a job's slots fall due. Next returns the first slot
+// strictly after t, or the zero time when the schedule has no further slot.
+// It has the method set of robfig/cron's Schedule, so a parsed cron
+// expression (cron.ParseStandard("0 2 * * *")) can be passed as it is.
+//
+// A slot is an instant: this package keeps it in UTC and drops its
+// monotonic clock reading. A Next that returns a time not after its input,
+// or that panics, is reported as an error wrapping ErrInvalid.
+type Schedule interface {
+	Next(t time.Time) time.Time
+}
+
+// ScheduleFunc adapts a function to the Schedule interface.
+type ScheduleFunc func(t time.Time) time.Time
+
+// Next calls f(t).
+func (f ScheduleFunc) Next(t time.Time) time.Time { return f(t) }
+
+// Every returns a Schedule whose slots are the multiples of d since the Unix
+// epoch: Every(time.Hour) falls due on the hour, Every(24*time.Hour) at
+// midnight UTC, whatever the time zone and whenever the process started. A
+// period that is not positive is reported, as an error wrapping ErrInvalid,
+// by RunSchedule and ListRuns.
+func Every(d time.Duration) Schedule { return every(d) }
+
+type every time.Duration
+
+func (e every) Next(t time.Time) time.Time {
+	d := time.Duration(e)
+	if d <= 0 {
+		return t // refused by validate
+	}
+	t = t.Round(0).UTC()
+	return t.Add(d - epochRem(t, d))
+}
+
+func (e every) validate() error {
+	if e <= 0 {
+		return invalid("Every(%v): the period must be positive", time.Duration(e))
+	}
+	return nil
+}
+
+func (e every) String() string { return "every " + time.Duration(e).String() }
+
+// epochRem returns the time elapsed since the latest multiple of d since the
+// Unix epoch, in [0, d), computed without overflow for any t.
+func epochRem(t time.Time, d time.Duration) time.Duration {
+	sec, nsec, dd := t.Unix(), uint64(t.Nanosecond()), uint64(d)
+	if sec >= 0 {
+		hi, lo := bits.Mul64(uint64(sec), 1e9)
+		var c uint64
+		lo, c = bits.Add64(lo, nsec, 0)
+		return time.Duration(bits.Rem64(hi+c, lo, dd))
+	}
+	// t is before the epoch: take |t - epoch| mod d, then floor.
+	hi, lo := bits.Mul64(uint64(-sec), 1e9)
+	var b uint64
+	lo, b = bits.Sub64(lo, nsec, 0)
+	m := bits.Rem64(hi-b, lo, dd)
+	if m == 0 {
+		return 0
+	}
+	return time.Duration(dd - m)
+}
+
+// checkSchedule rejects a nil schedule (also a typed nil) and one that
+// validates itself as invalid, such as Every(0).
+func checkSchedule(s Schedule) error {
+	if s == nil {
+		return invalid("schedule is nil")
+	}
+	switch v := reflect.ValueOf(s); v.Kind() {
+	case reflect.Pointer, reflect.Func, reflect.Map, reflect.Slice, reflect.Interface, reflect.Chan:
+		if v.IsNil() {
+			return invalid("schedule is a nil %T", s)
+		}
+	}
+	if v, ok := s.(interface{ validate() error }); ok {
+		return v.validate()
+	}
+	return nil
+}
+
+// nextSlot calls s.Next(t) and checks its answer: the zero time (no further
+// slot) or a time after t, returned in UTC without a monotonic reading.
+func nextSlot(s Schedule, t time.Time) (next time.Time, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			next, err = time.Time{}, invalid("schedule %T panicked on Next(%s): %v", s, fmtSlot(t), p)
+		}
+	}()
+	next = s.Next(t)
+	if next.IsZero() {
+		return time.Time{}, nil
+	}
+	if !next.After(t) {
+		return time.Time{}, invalid("schedule %T returned %s for Next(%s): a slot must be after the time given",
+			s, fmtSlot(next), fmtSlot(t))
+	}
+	return next.Round(0).UTC(), nil
+}
+
+func fmtSlot(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// Limits of the runner's catch-up bookkeeping.
+const (
+	// maxSweep is how many of the slots skipped by a catch-up are read back
+	// (one BatchGetItem) to count the missed ones and abandon orphaned runs.
+	maxSweep = 100
+	// maxEnumerate bounds the Next calls made to find the due slots.
+	maxEnumerate = 100_000
+	// maxSleep bounds one wait for a slot, so that a wall clock that jumps
+	// is noticed.
+	maxSleep = time.Minute
+)
+
+// RunSchedule campaigns for the lease like Run and, while it leads, fires
+// fn once for each slot of sched. Each firing claims its slot with Claim
+// (the slot is the nominal fire time, never the time the timer woke),
+// calls fn with the leader context and the run, and records the outcome
+// with Finish unless fn already did (Finish or JobRun.Commit). fn's context
+// is cancelled the moment leadership is lost; when ctx ends (SIGTERM through
+// signal.NotifyContext), the running firing is drained and the lease
+// resigned, as Run does. All replicas must pass equivalent schedules and
+// options.
+//
+// Catch-up rule. When this replica becomes leader, or when fn ran past
+// later slots, several slots may be due at once. Only the most recent of
+// them is fired, and only if it is at most JobOptions.CatchUpWindow old
+// (default 15 minutes); its claim fails with ErrSlotTaken, and nothing runs,
+// if another tenure already handled it. The older due slots are skipped:
+// up to 100 of them are read back with one BatchGetItem; those without a
+// run after the latest one that has a run are counted as missed (logged,
+// and recorded in the fired run's Missed field), and runs an older tenure
+// left running are marked abandoned, whatever the RerunPolicy: only the
+// slot being fired may be run again.
+// Slots older than the window are never fired; if this replica had led
+// before, it logs how many it skipped that way. A slot whose claim keeps
+// failing with transient errors is given up once the next slot is due.
+//
+// Failures. fn's error is recorded in the run (status failed) and logged,
+// and the schedule goes on. A slot whose run item is malformed is logged
+// and skipped. RunSchedule returns what Run returns: nil after a shutdown,
+// or when the schedule has no further slot; an error that stops the
+// campaign; or an error wrapping ErrInvalid when sched misbehaves.
+//
+// Cost in DynamoDB requests, besides the lease's own: one write to claim
+// each fired slot (a TransactWriteItems with a check on the lease item,
+// where the server supports transactions, which costs twice the write
+// units), one UpdateItem to finish it, and one BatchGetItem per catch-up
+// that skips slots.
+func (l *Lease) RunSchedule(ctx context.Context, sched Schedule, fn func(ctx context.Context, run *JobRun) error,
+	optFns ...func(*JobOptions)) error {
+	if err := checkSchedule(sched); err != nil {
+		return fmt.Errorf("RunSchedule: %w", err)
+	}
+	if fn == nil {
+		return invalid("RunSchedule: fn is nil")
+	}
+	o, err := newJobOptions(optFns)
+	if err != nil {
+		return err
+	}
+	if _, err := nextSlot(sched, l.opts.Now()); err != nil {
+		return fmt.Errorf("RunSchedule: %w", err)
+	}
+	r := &runner{l: l, sched: sched, fn: fn, o: o}
+	return l.Run(ctx, r.lead)
+}
+
+// runner fires a schedule's slots for RunSchedule. Its fields are used by
+// one tenure at a time.
+type runner struct {
+	l     *Lease
+	sched Schedule
+	fn    func(context.Context, *JobRun) error
+	o     JobOptions
+	last  time.Time // latest slot handled (fired or given up); zero if none
+}
+
+// lead is the function given to Run: it fires slots for one tenure.
+func (r *runner) lead(ctx context.Context, fence int64) error {
+	for ctx.Err() == nil {
+		slot, missed, ok, err := r.due(ctx, fence)
+		if err != nil || !ok {
+			return err
+		}
+		if err := r.fire(ctx, fence, slot, missed); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// due waits for the next slot to fire and applies the catch-up rule. ok is
+// false when ctx ended or the schedule has no further slot.
+func (r *runner) due(ctx context.Context, fence int64) (slot time.Time, missed int, ok bool, err error) {
+	l := r.l
+	for {
+		now := l.opts.Now()
+		floor := now.Add(-r.o.CatchUpWindow)
+		if !r.last.IsZero() {
+			if r.last.Before(floor) {
+				r.logTooOld(r.last, floor)
+				r.last = time.Time{}
+			} else {
+				floor = r.last
+			}
+		}
+		first, err := nextSlot(r.sched, floor)
+		if err != nil {
+			return time.Time{}, 0, false, err
+		}
+		if first.IsZero() {
+			l.log.Info("ddblease: the schedule has no further slot", "after", fmtSlot(floor))
+			return time.Time{}, 0, false, nil
+		}
+		if first.After(now) {
+			if sleep(ctx, min(first.Sub(now), maxSleep)) != nil {
+				return time.Time{}, 0, false, nil
+			}
+			continue
+		}
+		latest, older, n, err := r.dueSlots(first, now)
+		if err != nil {
+			return time.Time{}, 0, false, err
+		}
+		if n > 0 {
+			missed = r.sweep(ctx, fence, older, n, latest)
+		}
+		r.last = latest
+		return latest, missed, true, nil
+	}
+}
+
+// dueSlots returns the latest slot due at now, starting from first (which
+// is due), up to maxSweep of the slots before it (oldest first), and how many
+// slots before it there are (a lower bound when there are very many).
+func (r *runner) dueSlots(first, now time.Time) (latest time.Time, older []time.Time, n int, err error) {
+	latest = first
+	for i := 0; ; i++ {
+		if i == maxEnumerate {
+			// A very dense schedule: find the latest slot by looking back
+			// from now over doubling spans instead.
+			l2, older2, err := r.recentSlots(now)
+			if err != nil || l2.IsZero() {
+				return latest, older, n, err
+			}
+			return l2, older2, n + len(older2), nil
+		}
+		next, err := nextSlot(r.sched, latest)
+		if err != nil {
+			return time.Time{}, nil, 0, err
+		}
+		if next.IsZero() || next.After(now) {
+			return latest, older, n, nil
+		}
+		older = append(older, latest)
+		if len(older) > maxSweep {
+			older = older[1:]
+		}
+		n++
+		latest = next
+	}
+}
+
+// recentSlots finds the latest slot due at now, and some before it, by
+// enumerating from now-span for doubling spans.
+func (r *runner) recentSlots(now time.Time) (latest time.Time, older []time.Time, err error) {
+	for span := time.Microsecond; span < r.o.CatchUpWindow; span *= 2 {
+		s, err := nextSlot(r.sched, now.Add(-span))
+		if err != nil || s.IsZero() {
+			return time.Time{}, nil, err
+		}
+		if s.After(now) {
+			continue
+		}
+		latest = s
+		for i := 0; i < maxEnumerate; i++ {
+			next, err := nextSlot(r.sched, latest)
+			if err != nil {
+				return time.Time{}, nil, err
+			}
+			if next.IsZero() || next.After(now) {
+				return latest, older, nil
+			}
+			older = append(older, latest)
+			if len(older) > maxSweep {
+				older = older[1:]
+			}
+			latest = next
+		}
+		return latest, older, nil
+	}
+	return time.Time{}, nil, nil
+}
+
+// sweep reads back the skipped slots, counts those after the latest run
+// that have no run (the missed slots), abandons runs that an older tenure
+// left running, and logs what it found. n is how many slots were skipped in
+// all, of which older are the latest.
+func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n int, latest time.Time) int {
+	l := r.l
+	ids := make([]string, len(older))
+	for i, s := range older {
+		ids[i] = fmtSlot(s)
+	}
+	items, err := l.getRuns(ctx, ids)
+	if err != nil {
+		l.log.Warn("ddblease: could not check the slots skipped by a catch-up", "skipped", n, "firing", fmtSlot(latest), "err", err)
+		return 0
+	}
+	missed, abandoned := 0, 0
+	var firstMissed, lastMissed string
+	for _, id := range ids {
+		item, ok := items[runItemKey(l.job, id)]
+		if !ok {
+			if missed == 0 {
+				firstMissed = id
+			}
+			missed++
+			lastMissed = id
+			continue
+		}
+		// Slots missing before a run were settled by the catch-up that
+		// fired that run: count only those after the latest run.
+		missed, firstMissed, lastMissed = 0, "", ""
+		rec, err := decodeRun(item)
+		if err != nil {
+			l.log.Error("ddblease: skipped slot has a malformed run item", "slot", id, "err", err)
+			continue
+		}
+		if rec.Status == RunRunning && rec.Fence < fence {
+			if _, ok, err := l.abandon(ctx, rec, fence); err != nil {
+				l.log.Warn("ddblease: could not mark an orphaned run abandoned", "slot", id, "fence", rec.Fence, "err", err)
+			} else if ok {
+				abandoned++
+			}
+		}
+	}
+	if missed > 0 || abandoned > 0 || n > len(older) {
+		l.log.Warn("ddblease: catch-up skipped slots", "firing", fmtSlot(latest), "skipped", n,
+			"missed", missed, "firstMissed", firstMissed, "lastMissed", lastMissed,
+			"abandoned", abandoned, "unchecked", n-len(older))
+	}
+	return missed
+}
+
+// logTooOld logs the slots after last that fell out of the catch-up window
+// before this replica could fire them.
+func (r *runner) logTooOld(last, floor time.Time) {
+	n, s := 0, last
+	for n < maxEnumerate {
+		next, err := nextSlot(r.sched, s)
+		if err != nil || next.IsZero() || next.After(floor) {
+			break
+		}
+		n++
+		s = next
+	}
+	if n > 0 {
+		r.l.log.Warn("ddblease: slots older than the catch-up window were skipped", "after", fmtSlot(last),
+			"skipped", n, "window", r.o.CatchUpWindow)
+	}
+}
+
+// fire claims slot, calls fn and records the outcome. It returns an error
+// only when the campaign must stop.
+func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed int) error {
+	l := r.l
+	token := randomID(8)
+	var run *JobRun
+	for {
+		var err error
+		run, err = l.claim(ctx, slot, &r.o, token, missed)
+		if err == nil {
+			break
+		}
+		switch {
+		case errors.Is(err, ErrSlotTaken):
+			l.log.Debug("ddblease: slot already handled", "slot", fmtSlot(slot), "err", err)
+			return nil
+		case errors.Is(err, ErrLost), errors.Is(err, ErrNotLeader):
+			// The tenure is over; the keeper cancels ctx and Run campaigns
+			// again.
+			<-ctx.Done()
+			return nil
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, ErrMalformedItem):
+			l.log.Error("ddblease: slot skipped: its run item is malformed", "slot", fmtSlot(slot), "err", err)
+			return nil
+		case !retryable(err):
+			return err
+		}
+		if next, nerr := nextSlot(r.sched, slot); nerr == nil && !next.IsZero() && !next.After(l.opts.Now()) {
+			l.log.Warn("ddblease: slot given up: the next one is due", "slot", fmtSlot(slot), "err", err)
+			return nil
+		}
+		l.log.Warn("ddblease: claim failed; retrying", "slot", fmtSlot(slot), "err", err)
+		if sleep(ctx, l.opts.RetryInterval) != nil {
+			return nil
+		}
+	}
+	fnErr := r.fn(ctx, run)
+	if fnErr != nil && ctx.Err() != nil && (errors.Is(fnErr, context.Canceled) || errors.Is(fnErr, context.DeadlineExceeded)) {
+		fnErr = fmt.Errorf("%w (%v)", fnErr, context.Cause(ctx))
+	}
+	if fnErr != nil {
+		l.log.Warn("ddblease: job run failed", "slot", run.id, "fence", fence, "err", fnErr)
+	}
+	r.finish(ctx, fence, run, fnErr)
+	return nil
+}
+
+// finish records the run's outcome, retrying transient errors while the
+// tenure lasts, even when ctx has ended (the firing is draining).
+func (r *runner) finish(ctx context.Context, fence int64, run *JobRun, fnErr error) {
+	l := r.l
+	if run.isFinished() {
+		return
+	}
+	fctx := context.WithoutCancel(ctx)
+	for {
+		err := run.Finish(fctx, fnErr)
+		if err == nil {
+			return
+		}
+		if errors.Is(err, ErrStaleFence) || !retryable(err) || !l.leads(fence) {
+			l.log.Warn("ddblease: could not record the run's outcome", "slot", run.id, "fence", fence, "err", err)
+			return
+		}
+		l.log.Warn("ddblease: finishing the run failed; retrying", "slot", run.id, "fence", fence, "err", err)
+		_ = sleep(fctx, l.opts.RetryInterval)
+	}
+}

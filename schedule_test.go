@@ -1,0 +1,354 @@
+package ddblease_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/internal/ddbtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestEvery(t *testing.T) {
+	t.Parallel()
+	utc := func(s string) time.Time {
+		v, err := time.Parse(time.RFC3339Nano, s)
+		require.NoError(t, err)
+		return v
+	}
+	plus5 := time.FixedZone("+05", 5*3600)
+	for _, c := range []struct {
+		d        time.Duration
+		in, want time.Time
+	}{
+		{time.Hour, utc("2026-11-30T02:30:00Z"), utc("2026-11-30T03:00:00Z")},
+		{time.Hour, utc("2026-11-30T03:00:00Z"), utc("2026-11-30T04:00:00Z")}, // strictly after
+		{24 * time.Hour, time.Date(2026, 11, 30, 2, 0, 0, 0, plus5), utc("2026-11-30T00:00:00Z")},
+		{7 * 24 * time.Hour, utc("2026-11-30T12:00:00Z"), utc("2026-12-03T00:00:00Z")}, // epoch was a Thursday
+		{time.Hour, utc("1969-12-31T23:30:00Z"), utc("1970-01-01T00:00:00Z")},
+		{time.Hour, utc("1969-12-31T23:00:00Z"), utc("1970-01-01T00:00:00Z")},
+		{time.Hour, utc("1969-12-31T22:59:59.999999999Z"), utc("1969-12-31T23:00:00Z")},
+		{100 * time.Millisecond, utc("2026-11-30T02:00:00.05Z"), utc("2026-11-30T02:00:00.1Z")},
+		{3 * time.Second, utc("1970-01-01T00:00:01Z"), utc("1970-01-01T00:00:03Z")},
+		{time.Hour, time.Date(9999, 12, 31, 23, 30, 0, 0, time.UTC), time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)},
+		{time.Hour, time.Date(1, 1, 1, 0, 30, 0, 0, time.UTC), time.Date(1, 1, 1, 1, 0, 0, 0, time.UTC)},
+	} {
+		got := ddblease.Every(c.d).Next(c.in)
+		assert.True(t, c.want.Equal(got), "Every(%v).Next(%v) = %v, want %v", c.d, c.in, got, c.want)
+		assert.Equal(t, time.UTC, got.Location())
+	}
+	now := time.Now()
+	next := ddblease.Every(time.Second).Next(now)
+	assert.Equal(t, next, next.Round(0), "no monotonic reading")
+	assert.True(t, next.After(now))
+	assert.Equal(t, 0, next.Nanosecond())
+}
+
+// The catch-up rule, on a schedule whose slots are all in the past: only
+// the most recent one inside the window runs; older ones inside the window
+// are read back (missed ones counted since the latest run, orphans
+// abandoned); nothing outside the window is touched.
+func TestCatchUpRule(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	at := func(d time.Duration) time.Time { return now.Add(d).Truncate(time.Second) }
+	s1, s2, s3, s4, s5, s6, s7 := at(-20*time.Minute), at(-10*time.Minute), at(-8*time.Minute), at(-6*time.Minute),
+		at(-4*time.Minute), at(-2*time.Minute), at(-time.Minute)
+	sched := listSlots(s1, s2, s3, s4, s5, s6, s7)
+	for _, c := range []struct {
+		name      string
+		window    time.Duration
+		fired     bool
+		abandoned bool // the orphan at s5
+	}{
+		{"default window", 0, true, true},
+		{"window of 3m", 3 * time.Minute, true, false},
+		{"window of 30s", 30 * time.Second, false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := withTimeout(t, 20*time.Second)
+			table := srv.NewTable(t)
+			db := srv.Client(nil)
+			// An earlier tenure ran s3 and died running s5.
+			old := newLease(t, db, table, "report", fast("old"))
+			_, err := old.TryAcquire(ctx)
+			require.NoError(t, err)
+			run, err := old.Claim(ctx, s3)
+			require.NoError(t, err)
+			require.NoError(t, run.Finish(ctx, nil))
+			_, err = old.Claim(ctx, s5)
+			require.NoError(t, err)
+			require.NoError(t, old.Resign(ctx))
+
+			l := newLease(t, db, table, "report", fast("new"))
+			var mu sync.Mutex
+			var fired []*ddblease.JobRun
+			// The schedule ends after s7, so RunSchedule returns.
+			err = l.RunSchedule(ctx, sched, func(_ context.Context, run *ddblease.JobRun) error {
+				mu.Lock()
+				defer mu.Unlock()
+				fired = append(fired, run)
+				return nil
+			}, func(o *ddblease.JobOptions) { o.CatchUpWindow = c.window })
+			require.NoError(t, err)
+
+			runs, err := l.ListRuns(ctx, sched, s1, s7)
+			require.NoError(t, err)
+			by := runsBySlot(runs)
+			for _, s := range []time.Time{s1, s2, s4, s6} {
+				assert.NotContains(t, by, s, "slot %v never runs", s)
+			}
+			assert.Equal(t, ddblease.RunSucceeded, by[s3].Status)
+			if c.abandoned {
+				assert.Equal(t, ddblease.RunAbandoned, by[s5].Status)
+				assert.Equal(t, int64(2), by[s5].AbandonedBy)
+			} else {
+				assert.Equal(t, ddblease.RunRunning, by[s5].Status, "outside the window: untouched")
+			}
+			if !c.fired {
+				assert.Empty(t, fired)
+				assert.NotContains(t, by, s7)
+				return
+			}
+			require.Len(t, fired, 1)
+			assert.Equal(t, s7, fired[0].Slot())
+			assert.Equal(t, int64(2), fired[0].Fence())
+			// Missed since the latest run (s5): s6. s2 and s4 were
+			// skipped by the catch-ups that fired s3 and s5.
+			assert.Equal(t, 1, fired[0].Missed())
+			assert.Equal(t, ddblease.RunSucceeded, by[s7].Status)
+			assert.Equal(t, 1, by[s7].Missed)
+			assert.Equal(t, "new", by[s7].Owner)
+		})
+	}
+}
+
+// Test 1 of the issue. Three replicas, each with its own client, run a
+// schedule of 100ms slots while the leader is resigned (a rolling deploy:
+// it is replaced by a new replica) and killed (its network goes: it neither
+// renews nor resigns, and later comes back as a standby), twice each. Every
+// slot fired is fired once and has one run; no run is left running; and
+// the slots missed are those the catch-up rule skips: between two runs,
+// exactly the number the later run recorded as missed, and a kill leaves a
+// lease duration's worth of them.
+func TestScheduleThreeReplicasResignAndKill(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table := srv.NewTable(t)
+	const period = 100 * time.Millisecond
+	sched := ddblease.Every(period)
+
+	var mu sync.Mutex
+	calls := map[time.Time][]int64{} // fences of fn calls, by slot
+	completed := map[time.Time]int{} // fn calls that returned nil
+	fn := func(ctx context.Context, run *ddblease.JobRun) error {
+		mu.Lock()
+		calls[run.Slot()] = append(calls[run.Slot()], run.Fence())
+		mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+		mu.Lock()
+		completed[run.Slot()]++
+		mu.Unlock()
+		return nil
+	}
+	firedBy := func(fence int64) int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, fs := range calls {
+			if slices.Contains(fs, fence) {
+				n++
+			}
+		}
+		return n
+	}
+
+	type replica struct {
+		name   string
+		lease  *ddblease.Lease
+		faults *ddbtest.Faults
+		cancel context.CancelFunc
+		done   chan error
+	}
+	start := func(name string) *replica {
+		f := ddbtest.NewFaults(nil)
+		rctx, cancel := context.WithCancel(ctx)
+		r := &replica{name: name, lease: newLease(t, srv.Client(f.Wrap), table, "sweeper", fast(name)),
+			faults: f, cancel: cancel, done: make(chan error, 1)}
+		go func() { r.done <- r.lease.RunSchedule(rctx, sched, fn) }()
+		return r
+	}
+	wait := func(r *replica) error {
+		select {
+		case err := <-r.done:
+			return err
+		case <-ctx.Done():
+			t.Fatalf("replica %s did not stop", r.name)
+			return nil
+		}
+	}
+	live := []*replica{start("r0"), start("r1"), start("r2")}
+	stopAll := func() {
+		for _, r := range live {
+			r.cancel()
+		}
+		for _, r := range live {
+			assert.NoError(t, wait(r), r.name)
+		}
+		live = nil
+	}
+	defer stopAll()
+	// leader waits for a replica other than prev to lead and fire 3 slots.
+	leader := func(prev *replica) *replica {
+		for {
+			for _, r := range live {
+				if s := r.lease.State(); r != prev && s.Leader && firedBy(s.Fence) >= 3 {
+					return r
+				}
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatal("no new leader firing slots")
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	resign := func(r *replica, next string) {
+		r.cancel()
+		require.NoError(t, wait(r), "a resigning replica drains and returns nil")
+		live[slices.Index(live, r)] = start(next)
+	}
+	kill := func(r *replica) func() {
+		r.faults.Set(func(string) ddbtest.Action { return ddbtest.Reset })
+		return func() { r.faults.Set(nil) }
+	}
+
+	l1 := leader(nil)
+	resign(l1, "r3")
+	l2 := leader(l1)
+	heal := kill(l2)
+	l3 := leader(l2)
+	heal()
+	resign(l3, "r4")
+	l4 := leader(l3)
+	heal = kill(l4)
+	leader(l4)
+	heal()
+	stopAll()
+
+	mu.Lock()
+	defer mu.Unlock()
+	var slots []time.Time
+	for s, fences := range calls {
+		slots = append(slots, s)
+		assert.Len(t, fences, 1, "slot %v fired more than once: fences %v", s, fences)
+	}
+	slices.SortFunc(slots, time.Time.Compare)
+	require.NotEmpty(t, slots)
+	reader := newLease(t, srv.Client(nil), table, "sweeper", fast("reader"))
+	runs, err := reader.ListRuns(ctx, sched, slots[0], slots[len(slots)-1])
+	require.NoError(t, err)
+	require.Len(t, runs, len(slots), "one run per slot fired, none for others")
+
+	counts := map[ddblease.RunStatus]int{}
+	missing, bigGaps := 0, 0
+	for i, r := range runs {
+		require.Contains(t, calls, r.Slot)
+		assert.Equal(t, calls[r.Slot][0], r.Fence, "run of %v", r.Slot)
+		counts[r.Status]++
+		switch r.Status {
+		case ddblease.RunSucceeded:
+			assert.Equal(t, 1, completed[r.Slot], "a succeeded run's fn completed once")
+		case ddblease.RunFailed, ddblease.RunAbandoned:
+			// Only where a tenure ended: no later run of the same fence.
+			for _, later := range runs[i+1:] {
+				assert.NotEqual(t, r.Fence, later.Fence, "%s run at %v mid-tenure", r.Status, r.Slot)
+			}
+			if r.Status == ddblease.RunAbandoned {
+				assert.Greater(t, r.AbandonedBy, r.Fence)
+			}
+		default:
+			t.Errorf("run at %v left %s", r.Slot, r.Status)
+		}
+		if i == 0 {
+			continue // its catch-up counted the slots before the test
+		}
+		gap := int(r.Slot.Sub(runs[i-1].Slot)/period) - 1
+		assert.Equal(t, gap, r.Missed, "slots missed before %v", r.Slot)
+		missing += gap
+		if gap >= 5 {
+			bigGaps++
+		}
+	}
+	assert.GreaterOrEqual(t, bigGaps, 2, "each kill leaves the slots of a lease duration unfired")
+	t.Logf("%s: %d slots fired over %v, %d missed (%d long gaps); runs by status %v",
+		srv.Name, len(slots), slots[len(slots)-1].Sub(slots[0]), missing, bigGaps, counts)
+}
+
+// The requests a firing costs: one claim and one finish per slot, and one
+// BatchGetItem for the catch-up when the replica starts leading.
+func TestRunScheduleRequestsPerTick(t *testing.T) {
+	t.Parallel()
+	caps := srv.Caps(t)
+	ctx := withTimeout(t, 20*time.Second)
+	table := srv.NewTable(t)
+	counter := &opsByItem{}
+	l := newLease(t, srv.Client(counter.wrap), table, "tick", fast("a"))
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	fired := make(chan time.Time, 100)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		done <- l.RunSchedule(rctx, ddblease.Every(100*time.Millisecond), func(_ context.Context, run *ddblease.JobRun) error {
+			fired <- run.Slot()
+			return nil
+		})
+	}()
+	var first, last time.Time
+	for i := 0; i < 8; i++ {
+		select {
+		case s := <-fired:
+			if i == 0 {
+				first = s
+			}
+			last = s
+		case <-ctx.Done():
+			t.Fatal("slots not fired")
+		}
+	}
+	cancel()
+	require.NoError(t, <-done)
+	elapsed := time.Since(start)
+	c := counter.snapshot()
+	for len(fired) > 0 {
+		last = <-fired
+	}
+	runs, err := l.ListRuns(ctx, ddblease.Every(100*time.Millisecond), first, last)
+	require.NoError(t, err)
+	n := len(runs)
+	require.GreaterOrEqual(t, n, 8)
+	for _, r := range runs {
+		assert.Equal(t, ddblease.RunSucceeded, r.Status)
+	}
+	if caps.Transactions {
+		assert.Equal(t, n, c["TransactWriteItems"], "one claim per slot")
+		assert.Equal(t, n, c["UpdateItem jobrun"], "one finish per slot")
+	} else {
+		assert.Equal(t, 1, c["TransactWriteItems"], "one probe for transactions")
+		assert.Equal(t, 2*n, c["UpdateItem jobrun"], "one claim and one finish per slot")
+	}
+	assert.Equal(t, 1, c["BatchGetItem"], "one catch-up read, when the tenure began")
+	assert.Zero(t, c["GetItem jobrun"])
+	t.Logf("%s: %d slots fired in %v; requests %v (lease: %d UpdateItem for acquire, heartbeats every %v and resign)",
+		srv.Name, n, elapsed.Round(time.Millisecond), c, c["UpdateItem lease"], l.Options().HeartbeatInterval)
+}
