@@ -575,7 +575,9 @@ func (c *opsByItem) RoundTrip(r *http.Request) (*http.Response, error) {
 		if err != nil {
 			return nil, err
 		}
-		var in struct{ Key struct{ Pk struct{ S string } } }
+		var in struct {
+			Key struct{ Pk struct{ S string } }
+		}
 		_ = json.Unmarshal(b, &in)
 		kind, _, _ := strings.Cut(in.Key.Pk.S, "#")
 		name += " " + kind
