@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/ddblease/ddblease/internal/probe"
 )
 
 // Lease is one contender's handle on the lease of one job. Its methods are
@@ -382,7 +383,6 @@ func (l *Lease) current() tenure {
 // begin records a new tenure from the item our write produced.
 func (l *Lease) begin(rec Record, sentAt time.Time) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.ten = tenure{
 		held:       true,
 		fence:      rec.Fence,
@@ -392,28 +392,38 @@ func (l *Lease) begin(rec Record, sentAt time.Time) {
 		acquiredAt: sentAt.Round(0),
 		renewedAt:  sentAt.Round(0),
 	}
+	t := l.ten
+	l.mu.Unlock()
+	probe.Tenure(l.job, l.opts.Owner, t.fence, t.deadline, false)
 }
 
 // renewed records a successful fenced write sent at sentAt.
 func (l *Lease) renewed(fence int64, version string, sentAt time.Time) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if !l.ten.held || l.ten.fence != fence {
+		l.mu.Unlock()
 		return
 	}
 	l.ten.version = version
 	l.ten.sentAt = sentAt
 	l.ten.deadline = sentAt.Add(l.opts.LeaseDuration - l.opts.margin())
 	l.ten.renewedAt = sentAt.Round(0)
+	deadline := l.ten.deadline
+	l.mu.Unlock()
+	probe.Tenure(l.job, l.opts.Owner, fence, deadline, false)
 }
 
 // end closes the tenure with the given fence.
 func (l *Lease) end(fence int64) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.ten.fence == fence {
+	ended := l.ten.held && l.ten.fence == fence
+	if ended {
 		l.ten.held = false
 		l.ten.draining = false
+	}
+	l.mu.Unlock()
+	if ended {
+		probe.Tenure(l.job, l.opts.Owner, fence, time.Time{}, true)
 	}
 }
 
