@@ -2,6 +2,7 @@ package ddblease_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -332,4 +333,45 @@ func TestGuardFailsClosed(t *testing.T) {
 		require.Error(t, err, "a mark that is not a number refuses the write")
 		assert.Equal(t, sAttr("high"), getRaw(t, srv.Client(nil), table, "sink#bad")["fence"])
 	})
+}
+
+// A sink in DynamoDB refuses a stale leader's write with Guard.Put: the
+// record keeps the highest fence that wrote it. (Guard.TransactWrite also
+// refuses records that no newer fence has written, where the server has
+// transactions.)
+func ExampleGuard_Put() {
+	ctx := context.Background()
+	db := srv.Client(nil)
+	table := "example-" + ddbtest.RandomID()
+	if err := ddblease.CreateTable(ctx, db, table); err != nil {
+		fmt.Println(err)
+		return
+	}
+	old, _ := ddblease.New(db, table, "nightly-billing", func(o *ddblease.Options) { o.Owner = "old" })
+	cur, _ := ddblease.New(db, table, "nightly-billing", func(o *ddblease.Options) { o.Owner = "new" })
+	oldFence, _ := old.TryAcquire(ctx)
+	_ = old.Resign(ctx) // a rolling deploy replaces the old leader
+	newFence, _ := cur.TryAcquire(ctx)
+
+	g, err := ddblease.NewGuard(db, table, "nightly-billing")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	write := func(fence int64, by string) error {
+		_, err := g.Put(ctx, fence, &dynamodb.PutItemInput{
+			TableName: aws.String(table),
+			Item:      item("pk", "invoice#2026-11", "by", by),
+		})
+		return err
+	}
+	fmt.Println("new leader's write:", write(newFence, "new"))
+	err = write(oldFence, "old")
+	var stale *ddblease.StaleFenceError
+	if errors.As(err, &stale) {
+		fmt.Println("old leader's write refused: fence", stale.Fence, "current", stale.Current)
+	}
+	// Output:
+	// new leader's write: <nil>
+	// old leader's write refused: fence 1 current 2
 }

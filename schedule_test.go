@@ -2,6 +2,8 @@ package ddblease_test
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"testing"
@@ -351,4 +353,50 @@ func TestRunScheduleRequestsPerTick(t *testing.T) {
 	assert.Zero(t, c["GetItem jobrun"])
 	t.Logf("%s: %d slots fired in %v; requests %v (lease: %d UpdateItem for acquire, heartbeats every %v and resign)",
 		srv.Name, n, elapsed.Round(time.Millisecond), c, c["UpdateItem lease"], l.Options().HeartbeatInterval)
+}
+
+// RunSchedule fires each slot of a schedule once across the replicas that
+// run it. Here the schedule has a single slot, a minute ago: the catch-up
+// rule fires it at once, and RunSchedule returns because the schedule has
+// no further slot. A service would pass ddblease.Every(24*time.Hour), or a
+// parsed cron expression, and a context cancelled by SIGTERM.
+func ExampleLease_RunSchedule() {
+	ctx := context.Background()
+	db := srv.Client(nil) // a *dynamodb.Client
+	table := "example-" + ddbtest.RandomID()
+	if err := ddblease.CreateTable(ctx, db, table); err != nil {
+		fmt.Println(err)
+		return
+	}
+	lease, err := ddblease.New(db, table, "nightly-billing", func(o *ddblease.Options) {
+		o.Owner = "replica-1"
+		o.Logger = slog.New(slog.DiscardHandler)
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	slot := time.Now().Add(-time.Minute).Truncate(time.Second)
+	sched := ddblease.ScheduleFunc(func(t time.Time) time.Time {
+		if t.Before(slot) {
+			return slot
+		}
+		return time.Time{} // no further slot
+	})
+	err = lease.RunSchedule(ctx, sched, func(ctx context.Context, run *ddblease.JobRun) error {
+		fmt.Println("running the slot of a minute ago:", run.Slot().Equal(slot), "fence", run.Fence())
+		return nil // recorded as succeeded
+	})
+	fmt.Println("RunSchedule returned", err)
+
+	runs, err := lease.ListRuns(ctx, sched, slot, slot)
+	if err != nil || len(runs) != 1 {
+		fmt.Println(runs, err)
+		return
+	}
+	fmt.Println(runs[0].Status, "by", runs[0].Owner, "with fence", runs[0].Fence)
+	// Output:
+	// running the slot of a minute ago: true fence 1
+	// RunSchedule returned <nil>
+	// succeeded by replica-1 with fence 1
 }
