@@ -188,3 +188,8 @@ func (s *Server) Require(t testing.TB, have bool, what string) {
 		t.Skip(fmt.Sprintf("server %s lacks %s", s.Name, what))
 	}
 }
+
+// Endpoint returns a Server for an endpoint that is already running.
+func Endpoint(url string) *Server {
+	return &Server{URL: url, Name: url, transport: http.DefaultTransport.(*http.Transport).Clone()}
+}

@@ -1,0 +1,90 @@
+package chaos
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+)
+
+// Event is one line of a replica's history. T is the real time (the
+// machine's wall clock, shared by all replicas) in Unix nanoseconds.
+type Event struct {
+	T        int64  `json:"t"`
+	Replica  string `json:"replica"`
+	Kind     string `json:"kind"`
+	Fence    int64  `json:"fence,omitempty"`
+	Slot     string `json:"slot,omitempty"`
+	Deadline int64  `json:"deadline,omitempty"` // real time, Unix ns
+	OK       bool   `json:"ok,omitempty"`
+	Err      string `json:"err,omitempty"`
+}
+
+// Event kinds.
+const (
+	EvStart    = "start"    // process started
+	EvTenure   = "tenure"   // a tenure's local deadline, in real time
+	EvEnded    = "ended"    // a tenure ended
+	EvRun      = "run"      // fn called for a slot
+	EvEffect   = "effect"   // guarded side effect: OK if the sink accepted it
+	EvFinished = "finished" // run recorded as finished (OK) or refused
+	EvExit     = "exit"     // RunSchedule returned
+)
+
+// Recorder appends events to a file, one JSON object a line. Each event is
+// one write system call, so a SIGKILL loses none that was recorded.
+type Recorder struct {
+	mu      sync.Mutex
+	f       *os.File
+	replica string
+}
+
+// NewRecorder opens path for appending.
+func NewRecorder(path, replica string) (*Recorder, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	return &Recorder{f: f, replica: replica}, nil
+}
+
+// Record writes e, stamped with the real time and the replica's name.
+func (r *Recorder) Record(e Event) {
+	e.T = time.Now().UnixNano()
+	e.Replica = r.replica
+	b, _ := json.Marshal(e)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, _ = r.f.Write(append(b, '\n'))
+}
+
+// Close closes the file.
+func (r *Recorder) Close() error { return r.f.Close() }
+
+// ReadEvents reads a history file. A torn last line (a process killed while
+// writing) is ignored; any other bad line is an error.
+func ReadEvents(path string) ([]Event, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var evs []Event
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<16), 1<<20)
+	var bad string
+	for sc.Scan() {
+		if bad != "" {
+			return nil, fmt.Errorf("%s: bad event line %q", path, bad)
+		}
+		var e Event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			bad = sc.Text()
+			continue
+		}
+		evs = append(evs, e)
+	}
+	return evs, sc.Err()
+}

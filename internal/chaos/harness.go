@@ -1,0 +1,350 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/internal/ddbtest"
+)
+
+// ReplicaEnv is the environment variable that makes the suite's binary run
+// as a replica; it holds the ReplicaConfig as JSON.
+const ReplicaEnv = "DDBLEASE_CHAOS_REPLICA"
+
+// Harness runs plans against a server.
+type Harness struct {
+	Binary string          // re-executed with ReplicaEnv set
+	Server *ddbtest.Server // the server under test
+	Dir    string          // histories and replicas' stderr go here
+	Timing Timing
+}
+
+// Result is what one run did and what the checker found.
+type Result struct {
+	Plan       *Plan
+	Violations []string
+	Faults     map[string]int // injected, by kind (proxy faults and signals)
+	Stats      Stats
+}
+
+type proc struct {
+	name   string
+	cmd    *exec.Cmd
+	proxy  *Proxy
+	stderr string
+	done   chan struct{}
+	err    error
+	paused bool
+	killed bool
+	termed bool
+}
+
+type pending struct {
+	at time.Time
+	do func()
+}
+
+// Run executes one plan and checks its history.
+func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
+	db := h.Server.Client(nil)
+	table := fmt.Sprintf("chaos-%d-%s", plan.Seed, ddbtest.RandomID())
+	sink := table + "-sink"
+	for _, name := range []string{table, sink} {
+		if err := ddbtest.CreateRawTable(ctx, db, name, "pk", types.ScalarAttributeTypeS); err != nil {
+			return nil, fmt.Errorf("create table %s: %w", name, err)
+		}
+	}
+	job := "chaos"
+	res := &Result{Plan: plan, Faults: map[string]int{}}
+	var procs []*proc
+	var proxies []*Proxy
+	defer func() {
+		for _, p := range procs {
+			if p.cmd.Process != nil && !exited(p) {
+				_ = p.cmd.Process.Kill()
+				<-p.done
+			}
+		}
+		for _, px := range proxies {
+			px.Close()
+		}
+	}()
+	seq := 0
+	start := func() (*proc, error) {
+		seq++
+		px, err := NewProxy(h.Server.URL, plan.Seed*1000+uint64(seq))
+		if err != nil {
+			return nil, err
+		}
+		proxies = append(proxies, px)
+		off, drift := plan.Clock(h.Timing)
+		t := h.Timing
+		name := "replica-" + strconv.Itoa(seq)
+		cfg := ReplicaConfig{
+			Name: name, Endpoint: px.URL(), Table: table, Sink: sink, Job: job,
+			Lease: t.Lease, Heartbeat: t.Heartbeat, Retry: t.Retry, Skew: t.Skew, Drain: t.Drain, Call: t.Call,
+			Slot: t.Slot, Work: t.Work, Offset: off, DriftPPM: drift,
+			Events: filepath.Join(h.Dir, name+".events"),
+		}
+		js, _ := json.Marshal(cfg)
+		p := &proc{name: name, proxy: px, stderr: filepath.Join(h.Dir, name+".stderr"), done: make(chan struct{})}
+		errf, err := os.Create(p.stderr)
+		if err != nil {
+			return nil, err
+		}
+		p.cmd = exec.Command(h.Binary, "-test.run=^$")
+		p.cmd.Env = append(os.Environ(), ReplicaEnv+"="+string(js))
+		p.cmd.Stdout, p.cmd.Stderr = errf, errf
+		if err := p.cmd.Start(); err != nil {
+			errf.Close()
+			return nil, err
+		}
+		go func() {
+			p.err = p.cmd.Wait()
+			errf.Close()
+			close(p.done)
+		}()
+		procs = append(procs, p)
+		return p, nil
+	}
+	running := func() []*proc {
+		var out []*proc
+		for _, p := range procs {
+			if !exited(p) && !p.killed && !p.termed && !p.paused {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	// pick chooses a step's target: the leader for even targets (as the
+	// table names it), else any running replica.
+	pick := func(target int) (*proc, int) {
+		live := running()
+		if len(live) == 0 {
+			return nil, 0
+		}
+		if target%2 == 0 {
+			if out, err := db.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table), ConsistentRead: aws.Bool(true),
+				Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "lease#" + job}}}); err == nil {
+				if o, ok := out.Item["owner"].(*types.AttributeValueMemberS); ok {
+					for _, p := range live {
+						if p.name == o.Value {
+							return p, len(live)
+						}
+					}
+				}
+			}
+		}
+		return live[target/2%len(live)], len(live)
+	}
+	for range plan.Replicas {
+		if _, err := start(); err != nil {
+			return nil, err
+		}
+	}
+	t0 := time.Now()
+	var queue []pending
+	for _, s := range plan.Steps {
+		queue = append(queue, pending{at: t0.Add(s.At), do: h.stepFunc(s, pick, start, &queue, res)})
+	}
+	var quietFrom time.Time
+	queue = append(queue, pending{at: t0.Add(plan.Faulty), do: func() {
+		for _, p := range procs {
+			p.proxy.Set(Faults{})
+			if p.paused {
+				_ = p.cmd.Process.Signal(syscall.SIGCONT)
+				p.paused = false
+			}
+		}
+		for len(running()) < 2 {
+			if _, err := start(); err != nil {
+				res.Violations = append(res.Violations, "could not start a replica: "+err.Error())
+				return
+			}
+		}
+		quietFrom = time.Now()
+	}})
+	for len(queue) > 0 {
+		sort.SliceStable(queue, func(i, j int) bool { return queue[i].at.Before(queue[j].at) })
+		next := queue[0]
+		queue = queue[1:]
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Until(next.at)):
+		}
+		next.do()
+	}
+	time.Sleep(time.Until(quietFrom.Add(plan.Quiet)))
+	end := time.Now()
+
+	// Stop every replica gracefully; each must exit on its own.
+	for _, p := range procs {
+		if !exited(p) {
+			_ = p.cmd.Process.Signal(syscall.SIGCONT)
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	for _, p := range procs {
+		select {
+		case <-p.done:
+		case <-time.After(15 * time.Second):
+			res.Violations = append(res.Violations, p.name+" did not exit within 15s of SIGTERM")
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	}
+	for _, px := range proxies {
+		for k, v := range px.Counts() {
+			res.Faults[k] += v
+		}
+	}
+
+	in := CheckInput{Timing: h.Timing, Wild: plan.Wild, QuietFrom: quietFrom, End: end}
+	for _, p := range procs {
+		evs, err := ReadEvents(filepath.Join(h.Dir, p.name+".events"))
+		if err != nil && !os.IsNotExist(err) {
+			res.Violations = append(res.Violations, err.Error())
+		}
+		in.Events = append(in.Events, evs...)
+		stderr, _ := os.ReadFile(p.stderr)
+		in.Procs = append(in.Procs, ProcExit{Name: p.name, Killed: p.killed, Err: p.err, Stderr: string(stderr)})
+	}
+	var err error
+	if in.Sink, err = readSink(ctx, db, sink, job); err != nil {
+		return nil, err
+	}
+	// Slots come from the replicas' clocks, which a wild plan offsets by up
+	// to five leases, and a catch-up may fire one from before the start.
+	margin := 10*h.Timing.Lease + 4*h.Timing.Slot
+	if in.Runs, err = readRuns(ctx, db, table, job, h.Timing.Slot, t0.Add(-margin), end.Add(margin)); err != nil {
+		return nil, err
+	}
+	v, stats := Check(in)
+	res.Violations = append(res.Violations, v...)
+	res.Stats = stats
+	return res, nil
+}
+
+func exited(p *proc) bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stepFunc turns a plan step into an action on the replicas.
+func (h *Harness) stepFunc(s Step, pick func(int) (*proc, int), start func() (*proc, error), queue *[]pending, res *Result) func() {
+	return func() {
+		p, live := pick(s.Target)
+		if p == nil {
+			return
+		}
+		switch s.Action {
+		case ActKill:
+			if live < 2 {
+				return
+			}
+			_ = p.cmd.Process.Kill()
+			p.killed = true
+			res.Faults["sigkill"]++
+			*queue = append(*queue, pending{at: time.Now().Add(s.Dur), do: func() { _, _ = start() }})
+		case ActDeploy:
+			if _, err := start(); err != nil {
+				res.Violations = append(res.Violations, "could not start a replica: "+err.Error())
+				return
+			}
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+			p.termed = true
+			res.Faults["sigterm"]++
+		case ActPause:
+			if live < 2 {
+				return
+			}
+			_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+			p.paused = true
+			res.Faults["sigstop"]++
+			*queue = append(*queue, pending{at: time.Now().Add(s.Dur), do: func() {
+				if p.paused {
+					_ = p.cmd.Process.Signal(syscall.SIGCONT)
+					p.paused = false
+				}
+			}})
+		case ActNet:
+			p.proxy.Set(s.Faults)
+			res.Faults["net-phase"]++
+			*queue = append(*queue, pending{at: time.Now().Add(s.Dur), do: func() { p.proxy.Set(Faults{}) }})
+		}
+	}
+}
+
+// SinkEntry is one side effect the sink accepted, in order.
+type SinkEntry struct {
+	Fence   int64
+	Slot    string
+	Replica string
+}
+
+func readSink(ctx context.Context, db *dynamodb.Client, sink, job string) ([]SinkEntry, error) {
+	out, err := db.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(sink), Key: SinkKey(job), ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		return nil, err
+	}
+	l, ok := out.Item["log"].(*types.AttributeValueMemberL)
+	if !ok {
+		return nil, nil
+	}
+	var entries []SinkEntry
+	for _, v := range l.Value {
+		m, ok := v.(*types.AttributeValueMemberM)
+		if !ok {
+			return nil, fmt.Errorf("sink log entry %v is not a map", v)
+		}
+		var e SinkEntry
+		if n, ok := m.Value["fence"].(*types.AttributeValueMemberN); ok {
+			f, err := strconv.ParseFloat(n.Value, 64)
+			if err != nil {
+				return nil, err
+			}
+			e.Fence = int64(f)
+		}
+		if s, ok := m.Value["slot"].(*types.AttributeValueMemberS); ok {
+			e.Slot = s.Value
+		}
+		if s, ok := m.Value["replica"].(*types.AttributeValueMemberS); ok {
+			e.Replica = s.Value
+		}
+		entries = append(entries, e)
+	}
+	return entries, nil
+}
+
+func readRuns(ctx context.Context, db *dynamodb.Client, table, job string, slot time.Duration, from, to time.Time) ([]ddblease.RunRecord, error) {
+	l, err := ddblease.New(db, table, job, func(o *ddblease.Options) { o.Owner = "checker" })
+	if err != nil {
+		return nil, err
+	}
+	return l.ListRuns(ctx, ddblease.Every(slot), from, to)
+}
+
+// Describe summarises a result in one line.
+func (r *Result) Describe() string {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "seed %d wild=%v: %+v faults=%v", r.Plan.Seed, r.Plan.Wild, r.Stats, r.Faults)
+	return b.String()
+}

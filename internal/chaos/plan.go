@@ -1,0 +1,118 @@
+package chaos
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+)
+
+// Timing is the lease and schedule timing every replica of a run uses.
+type Timing struct {
+	Lease, Heartbeat, Retry, Skew, Drain, Call time.Duration
+	Slot, Work                                 time.Duration
+}
+
+// DefaultTiming keeps a run short: a one-second lease.
+var DefaultTiming = Timing{
+	Lease: time.Second, Heartbeat: 250 * time.Millisecond, Retry: 100 * time.Millisecond,
+	Skew: 400 * time.Millisecond, Drain: 500 * time.Millisecond, Call: 200 * time.Millisecond,
+	Slot: 300 * time.Millisecond, Work: 150 * time.Millisecond,
+}
+
+// Action kinds of a plan step.
+const (
+	ActKill   = "kill"   // SIGKILL a replica; start a new one after Dur
+	ActDeploy = "deploy" // start a new replica, then SIGTERM an old one
+	ActPause  = "pause"  // SIGSTOP a replica for Dur (longer than a lease), then SIGCONT
+	ActNet    = "net"    // set a replica's proxy faults for Dur
+)
+
+// Step is one fault at time At after the run starts. Target picks among
+// the replicas alive then (modulo their number).
+type Step struct {
+	At     time.Duration
+	Action string
+	Target int
+	Dur    time.Duration
+	Faults Faults
+}
+
+// Plan is a run's whole fault schedule, drawn from its seed.
+type Plan struct {
+	Seed     uint64
+	Wild     bool // clock offsets far beyond MaxClockSkew
+	Replicas int  // started at once
+	Faulty   time.Duration
+	Quiet    time.Duration // after the faults, none
+	Steps    []Step
+	rng      *rand.Rand
+}
+
+// NewPlan draws a plan. In a wild plan clocks are offset by up to five
+// leases; otherwise offsets and drift keep every pair of clocks within
+// MaxClockSkew for the run.
+func NewPlan(seed uint64, wild bool, t Timing) *Plan {
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	p := &Plan{Seed: seed, Wild: wild, Replicas: 3 + rng.IntN(3), Faulty: 6 * t.Lease, Quiet: 4 * t.Lease, rng: rng}
+	at := t.Lease + time.Duration(rng.Int64N(int64(t.Lease)))
+	for at < p.Faulty {
+		s := Step{At: at, Target: rng.IntN(8)}
+		switch x := rng.IntN(10); {
+		case x < 2:
+			s.Action, s.Dur = ActKill, time.Duration(rng.Int64N(int64(t.Lease)))
+		case x < 4:
+			s.Action = ActDeploy
+		case x < 6:
+			// Pause the leader: it wakes up stale, mid-tick with luck.
+			s.Action, s.Dur = ActPause, t.Lease+time.Duration(rng.Int64N(int64(2*t.Lease)))
+			s.Target = 2 * rng.IntN(4)
+		default:
+			s.Action, s.Dur = ActNet, t.Lease/2+time.Duration(rng.Int64N(int64(2*t.Lease)))
+			s.Faults = p.drawFaults(t)
+		}
+		p.Steps = append(p.Steps, s)
+		at += t.Lease/2 + time.Duration(rng.Int64N(int64(t.Lease)))
+	}
+	return p
+}
+
+func (p *Plan) drawFaults(t Timing) Faults {
+	var f Faults
+	switch p.rng.IntN(5) {
+	case 0:
+		f.Drop = 0.3 + 0.5*p.rng.Float64()
+	case 1:
+		f.Reset = 0.3 + 0.5*p.rng.Float64()
+	case 2:
+		f.Error5xx = 0.3 + 0.5*p.rng.Float64()
+	case 3:
+		f.Throttle = 0.3 + 0.5*p.rng.Float64()
+	default:
+		f.Drop, f.Reset, f.Error5xx, f.Throttle = 0.1, 0.1, 0.1, 0.1
+	}
+	if p.rng.IntN(3) == 0 {
+		f.Latency = time.Duration(p.rng.Int64N(int64(t.Call)))
+	}
+	return f
+}
+
+// Clock draws a new replica's clock: offset and drift.
+func (p *Plan) Clock(t Timing) (time.Duration, int64) {
+	if p.Wild {
+		return time.Duration(p.rng.Int64N(int64(10*t.Lease))) - 5*t.Lease, p.rng.Int64N(100_001) - 50_000
+	}
+	// Offsets within ±Skew/4 and drift within ±0.2%: over a run of about
+	// 12 s two clocks stay within Skew/2 + 50 ms of each other.
+	return time.Duration(p.rng.Int64N(int64(t.Skew/2))) - t.Skew/4, p.rng.Int64N(4001) - 2000
+}
+
+// String lists the plan, for a failure report.
+func (p *Plan) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "seed %d wild=%v replicas=%d faulty=%v quiet=%v\n", p.Seed, p.Wild, p.Replicas, p.Faulty, p.Quiet)
+	for _, s := range p.Steps {
+		fmt.Fprintf(&b, "  %8v %-6s target=%d dur=%v %+v\n", s.At, s.Action, s.Target, s.Dur, s.Faults)
+	}
+	return b.String()
+}
