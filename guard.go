@@ -496,9 +496,15 @@ func conditionFailed(err error, i int) (map[string]types.AttributeValue, bool) {
 	return r.Item, aws.ToString(r.Code) == "ConditionalCheckFailed"
 }
 
-// retryable is transient, and also counts as transient a transaction
-// cancelled only by conflicts or throttling.
+// retryable is transient, except for this package's verdicts (a lost
+// tenure, a taken slot, a stale fence), and also counts as transient a
+// transaction cancelled only by conflicts or throttling.
 func retryable(err error) bool {
+	for _, verdict := range []error{ErrLost, ErrNotLeader, ErrSlotTaken, ErrStaleFence, ErrTransactionsUnsupported} {
+		if errors.Is(err, verdict) {
+			return false
+		}
+	}
 	var tce *types.TransactionCanceledException
 	if !errors.As(err, &tce) {
 		return transient(err)

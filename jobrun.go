@@ -350,9 +350,10 @@ func (r *JobRun) isFinished() bool {
 
 // Claim records a run of slot for this handle's tenure, with one
 // conditional write of the item jobrun#<job>#<slot>, and returns the run.
-// The slot is the schedule's nominal fire time, never time.Now(); its
-// identity is the instant, kept in UTC (see slot formatting in the item key:
-// RFC 3339 with as many fractional digits as needed).
+// The slot is the schedule's nominal fire time, never time.Now(). Its
+// identity is the instant: the key holds it in UTC, RFC 3339 with as many
+// fractional digits as it needs (2026-11-30T02:00:00Z); the zero time and
+// years outside 0001-9999 are errors wrapping ErrInvalid.
 //
 // Only the current holder can claim: a handle with no tenure, or past its
 // local deadline, gets ErrNotLeader; where the server supports transactions
@@ -422,6 +423,8 @@ func (l *Lease) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 	switch {
 	case errors.Is(err, ErrLost):
 		return nil, err
+	case err != nil && !retryable(err):
+		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
 	case err != nil:
 		// The outcome is unknown: read the item back.
 		rec, present, rerr := l.readRun(ctx, key)
@@ -758,7 +761,7 @@ func (r *JobRun) refusedRecord(rec RunRecord, present bool, st RunStatus, cause 
 	case rec.Status == RunAbandoned:
 		return &StaleFenceError{Job: r.l.job, Fence: r.fence, Current: rec.AbandonedBy, err: cause}
 	}
-	return fmt.Errorf("the run is %s", rec.Status)
+	return invalid("the run is already %s", rec.Status)
 }
 
 // errorText returns err's text fit for a run item: valid UTF-8, not empty,
@@ -784,7 +787,8 @@ func errorText(err error) string {
 // one request per 100 slots (each slot costs a read unit, found or not),
 // and at most MaxListSlots slots per call, so the cost does not grow with
 // the table. Runs it cannot decode are left out and reported in an error
-// wrapping ErrMalformedItem, returned with the others.
+// wrapping ErrMalformedItem, returned with the others. It needs no tenure:
+// an operator's tool may list with a handle made by New just for that.
 func (l *Lease) ListRuns(ctx context.Context, sched Schedule, from, to time.Time) ([]RunRecord, error) {
 	if err := checkSchedule(sched); err != nil {
 		return nil, fmt.Errorf("ListRuns: %w", err)

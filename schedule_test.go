@@ -304,7 +304,8 @@ func TestRunScheduleRequestsPerTick(t *testing.T) {
 	ctx := withTimeout(t, 20*time.Second)
 	table := srv.NewTable(t)
 	counter := &opsByItem{}
-	l := newLease(t, srv.Client(counter.wrap), table, "tick", fast("a"))
+	// A long lease, so that a loaded machine does not end the tenure midway.
+	l := newLease(t, srv.Client(counter.wrap), table, "tick", fast("a"), slowLease)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	fired := make(chan time.Time, 100)
