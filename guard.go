@@ -138,6 +138,9 @@ func (g *Guard) Job() string { return g.job }
 // *StaleFenceError (a newer fence exists, or the job has no lease item), or
 // the error that prevented the read: it fails closed. One GetItem request.
 //
+// Check looks at the fence only, not at the lease's expiry: a fence stays
+// current until a newer one is issued, so the writes of a leader that is
+// draining, or whose lease lapsed with no one taking over, are accepted.
 // Check is not atomic with what follows it: a newer leader may take over
 // just after. Use it only for sinks outside DynamoDB (see Do).
 func (g *Guard) Check(ctx context.Context, fence int64) error {

@@ -156,11 +156,11 @@ const (
 // or when the schedule has no further slot; an error that stops the
 // campaign; or an error wrapping ErrInvalid when sched misbehaves.
 //
-// Cost in DynamoDB requests, besides the lease's own: one write to claim
-// each fired slot (a TransactWriteItems with a check on the lease item,
-// where the server supports transactions, which costs twice the write
-// units), one UpdateItem to finish it, and one BatchGetItem per catch-up
-// that skips slots.
+// Cost in DynamoDB requests, besides the lease's own heartbeats: one write
+// to claim each fired slot (a TransactWriteItems with a check on the lease
+// item where the server supports transactions: about four write units
+// instead of one), one UpdateItem to finish it, and one BatchGetItem per
+// catch-up that skips slots (at most 100 strongly consistent reads).
 func (l *Lease) RunSchedule(ctx context.Context, sched Schedule, fn func(ctx context.Context, run *JobRun) error,
 	optFns ...func(*JobOptions)) error {
 	if err := checkSchedule(sched); err != nil {
