@@ -84,8 +84,10 @@ func Check(in CheckInput) (violations []string, st Stats) {
 	// fence is acquired later. (With wild clocks a replica may start to
 	// believe in a fence after a newer one was issued: the write that
 	// issued it was earlier, its answer arrived later.)
+	byStart := append([]*window(nil), ws...)
+	sort.Slice(byStart, func(i, j int) bool { return byStart[i].start.Before(byStart[j].start) })
 	lastOf := map[string]int64{}
-	for _, w := range ws {
+	for _, w := range byStart {
 		if w.fence <= lastOf[w.replica] {
 			bad("%s acquired fence %d after fence %d", w.replica, w.fence, lastOf[w.replica])
 		}
