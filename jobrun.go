@@ -70,6 +70,7 @@ const (
 	Rerun
 )
 
+// String returns the policy's name.
 func (p RerunPolicy) String() string {
 	switch p {
 	case NeverRerun:
