@@ -86,3 +86,42 @@ func FuzzNew(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeRun feeds job-run items of arbitrary shape to the decoder: it
+// must return an error or a record that keeps the invariants, never panic.
+func FuzzDecodeRun(f *testing.F) {
+	f.Add("job", byte(1), "2026-11-30T02:00:00Z", byte(2), "3", byte(1), "succeeded", byte(2), "1764470000000", byte(2), "2", byte(1), "boom")
+	f.Add("a#b", byte(1), "2026-11-30T02:00:00.5Z", byte(2), "1e2", byte(1), "running", byte(1), "x", byte(0), "", byte(3), "")
+	f.Add("", byte(1), "not a time", byte(2), "-1", byte(1), "weird", byte(2), "NaN", byte(2), "-7", byte(2), "1")
+	f.Fuzz(func(t *testing.T, job string, ks byte, slot string, kf byte, fence string, kst byte, status string,
+		kt byte, started string, kc byte, claims string, ke byte, errText string) {
+		item := map[string]types.AttributeValue{
+			attrPK:    &types.AttributeValueMemberS{Value: runItemKey(job, slot)},
+			attrJob:   &types.AttributeValueMemberS{Value: job},
+			attrOwner: &types.AttributeValueMemberS{Value: "o"},
+			attrClaim: &types.AttributeValueMemberS{Value: "c"},
+		}
+		for _, a := range []struct {
+			name string
+			k    byte
+			s    string
+		}{
+			{attrSlot, ks, slot}, {attrFence, kf, fence}, {attrStatus, kst, status}, {attrStartedAt, kt, started},
+			{attrClaims, kc, claims}, {attrError, ke, errText}, {attrMissed, kc, claims}, {RunTTLAttribute, kt, started},
+		} {
+			if v, ok := attr(a.k, a.s); ok {
+				item[a.name] = v
+			}
+		}
+		r, err := decodeRun(item)
+		if err != nil {
+			return
+		}
+		switch {
+		case r.Fence < 1, r.Claims < 1, r.Missed < 0, r.Job != job, r.Slot.IsZero():
+			t.Fatalf("decoded an invalid run %+v from %v", r, item)
+		case r.Status != RunRunning && r.Status != RunSucceeded && r.Status != RunFailed && r.Status != RunAbandoned:
+			t.Fatalf("decoded an unknown status %q", r.Status)
+		}
+	})
+}
