@@ -58,16 +58,20 @@ func (l *Lease) heartbeatLocked(ctx context.Context) error {
 }
 
 // fencedWrite applies an update to the lease item on condition that it
-// still names this owner and the tenure's fence. It returns ErrLost (and
-// ends the tenure) when the condition fails, and the error when the outcome
-// stays unknown.
+// still names this owner and the tenure's fence, and carries a renewal
+// version this handle wrote. It returns ErrLost (and ends the tenure) when
+// the condition fails, and the error when the outcome stays unknown.
 func (l *Lease) fencedWrite(ctx context.Context, timeout time.Duration, t tenure, update string,
 	names map[string]string, values map[string]types.AttributeValue, rv string) error {
+	cond := "#owner = :me AND #fence = :fence"
+	if mine := l.mineIn(values); mine != "" {
+		cond += " AND " + mine
+	}
 	in := &dynamodb.UpdateItemInput{
 		TableName:                           aws.String(l.table),
 		Key:                                 l.key,
 		UpdateExpression:                    aws.String(update),
-		ConditionExpression:                 aws.String("#owner = :me AND #fence = :fence"),
+		ConditionExpression:                 aws.String(cond),
 		ExpressionAttributeNames:            names,
 		ExpressionAttributeValues:           values,
 		ReturnValues:                        types.ReturnValueAllNew,
@@ -82,8 +86,11 @@ func (l *Lease) fencedWrite(ctx context.Context, timeout time.Duration, t tenure
 		return fmt.Errorf("ddblease: write lease %q: %w", l.job, err)
 	}
 	l.end(t.fence)
-	if rec == (Record{}) {
+	switch {
+	case rec == (Record{}):
 		return fmt.Errorf("%w: %q fence %d: the lease item is gone", ErrLost, l.job, t.fence)
+	case rec.Owner == l.opts.Owner && rec.Fence == t.fence:
+		return fmt.Errorf("%w: %q fence %d: the item carries a renewal version this handle no longer tracks", ErrLost, l.job, t.fence)
 	}
 	return fmt.Errorf("%w: %q fence %d: now held by %q with fence %d", ErrLost, l.job, t.fence, rec.Owner, rec.Fence)
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,10 +29,20 @@ type Lease struct {
 
 	writeMu sync.Mutex // held across every write to the lease item
 
-	mu  sync.Mutex // guards ten and obs
+	mu  sync.Mutex // guards ten, obs and mine
 	ten tenure
 	obs observation
+	// mine lists renewal versions this handle wrote that the item may
+	// carry: the last one confirmed, then any whose outcome is unknown. Our
+	// own writes are conditioned on the item carrying one of them, so a
+	// write that lands late (its answer lost, or abandoned on a timeout)
+	// can never undo a newer one, such as a resignation.
+	mine []string
 }
+
+// maxMine bounds Lease.mine; an older version in doubt is forgotten, which
+// at worst makes a later write of ours fail its condition.
+const maxMine = 50
 
 // tenure is this handle's own view of its leadership.
 type tenure struct {
@@ -181,10 +193,14 @@ func (l *Lease) acquireLocked(ctx context.Context) (int64, error) {
 		":cutoff": avN(now.Add(-l.opts.MaxClockSkew).UnixMilli()),
 		":false":  avBool(false),
 	}
-	// The item is absent, or it is expired, ours, or watched unchanged for a
-	// lease; and it does not carry rv already, so that an SDK retry of a
-	// write that did land is refused instead of taking a second fence.
-	takeover := "#exp < :cutoff OR #owner = :me"
+	// The item is absent, or it is expired, still ours (it carries a
+	// version we wrote), or watched unchanged for a lease; and it does not
+	// carry rv already, so that an SDK retry of a write that did land is
+	// refused instead of taking a second fence.
+	takeover := "#exp < :cutoff"
+	if mine := l.mineIn(values); mine != "" {
+		takeover += " OR (#owner = :me AND " + mine + ")"
+	}
 	if seen, ok := l.watchedLongEnough(now); ok {
 		takeover += " OR #rv = :seen"
 		values[":seen"] = avS(seen)
@@ -248,9 +264,11 @@ func (l *Lease) write(ctx context.Context, timeout time.Duration, in *dynamodb.U
 			return Record{}, false, errors.Join(err, rerr)
 		}
 		if !present {
+			l.wrote(rv, false, err != nil)
 			return Record{}, false, err
 		}
 		l.observe(r, true)
+		l.wrote(rv, r.version == rv, err != nil)
 		return r, r.version == rv, err
 	}
 	r, derr := decodeLease(item)
@@ -258,7 +276,46 @@ func (l *Lease) write(ctx context.Context, timeout time.Duration, in *dynamodb.U
 		return Record{}, false, derr
 	}
 	l.observe(r, true)
+	l.wrote(rv, r.version == rv, false)
 	return r, r.version == rv, nil
+}
+
+// wrote records the outcome of a write of version rv: applied, or in doubt
+// (it may still land).
+func (l *Lease) wrote(rv string, applied, inDoubt bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case applied:
+		l.mine = append(l.mine[:0], rv)
+	case inDoubt:
+		l.mine = append(l.mine, rv)
+		if len(l.mine) > maxMine {
+			l.mine = l.mine[len(l.mine)-maxMine:]
+		}
+	}
+}
+
+// mineIn returns the condition that the item carries a version this handle
+// wrote, adding its values; "" when there is none.
+func (l *Lease) mineIn(values map[string]types.AttributeValue) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.mine) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("#rv IN (")
+	for i, v := range l.mine {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		k := ":mine" + strconv.Itoa(i)
+		values[k] = avS(v)
+		b.WriteString(k)
+	}
+	b.WriteString(")")
+	return b.String()
 }
 
 // read gets the lease item; consistent selects a strongly consistent read.

@@ -375,3 +375,48 @@ func TestContention(t *testing.T) {
 		assert.Equal(t, int64(i+1), f, "fences %v", fences)
 	}
 }
+
+// A write of ours that the client gave up on (a timeout, a cancelled
+// context) and that reaches the server late can never undo a newer write:
+// neither a resignation nor a newer heartbeat.
+func TestLateWriteCannotUndoNewerOne(t *testing.T) {
+	t.Parallel()
+	for _, newer := range []string{"resign", "heartbeat"} {
+		t.Run(newer, func(t *testing.T) {
+			t.Parallel()
+			ctx := withTimeout(t, 10*time.Second)
+			table := srv.NewTable(t)
+			faults := ddbtest.NewFaults(nil)
+			a := newLease(t, noRetry{srv.Client(faults.Wrap)}, table, "job", fast("a"))
+			b := newLease(t, srv.Client(nil), table, "job", fast("b"))
+			_, err := a.TryAcquire(ctx)
+			require.NoError(t, err)
+
+			var once atomic.Bool
+			faults.Set(func(op string) ddbtest.Action {
+				if op == "UpdateItem" && once.CompareAndSwap(false, true) {
+					return ddbtest.Hold
+				}
+				return ddbtest.Pass
+			})
+			require.Error(t, a.Heartbeat(ctx), "the held heartbeat's outcome is unknown")
+			require.True(t, a.IsLeader(), "an unknown outcome leaves the tenure open until its deadline")
+
+			if newer == "resign" {
+				require.NoError(t, a.Resign(ctx))
+			} else {
+				require.NoError(t, a.Heartbeat(ctx))
+			}
+			before := rawLease(t, srv.Client(nil), table, "job")
+			assert.Equal(t, []int{400}, faults.Release(), "the late heartbeat fails its condition")
+			assert.Equal(t, before, rawLease(t, srv.Client(nil), table, "job"), "the late heartbeat changed the item")
+			if newer == "resign" {
+				fence, err := b.TryAcquire(ctx)
+				require.NoError(t, err, "the resignation stands")
+				assert.Equal(t, int64(2), fence)
+			} else {
+				require.NoError(t, a.Heartbeat(ctx), "the tenure goes on")
+			}
+		})
+	}
+}

@@ -1,6 +1,8 @@
 package ddbtest
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -24,6 +26,10 @@ const (
 	// Throttle answers ProvisionedThroughputExceededException without
 	// forwarding the request.
 	Throttle
+	// Hold answers a connection reset at once but keeps the request, and
+	// sends it to the server when Release is called: a request abandoned
+	// by the client that lands late.
+	Hold
 )
 
 // Faults is an http.RoundTripper that counts requests by DynamoDB operation
@@ -34,6 +40,7 @@ type Faults struct {
 	mu     sync.Mutex
 	rule   func(op string) Action
 	counts map[string]int
+	held   []*http.Request
 }
 
 // NewFaults returns a Faults in front of base.
@@ -101,6 +108,17 @@ func (f *Faults) RoundTrip(r *http.Request) (*http.Response, error) {
 			_ = resp.Body.Close()
 		}
 		return nil, errReset
+	case Hold:
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return nil, err
+		}
+		late := r.Clone(context.Background())
+		late.Body = io.NopCloser(bytes.NewReader(body))
+		f.mu.Lock()
+		f.held = append(f.held, late)
+		f.mu.Unlock()
+		return nil, errReset
 	case Reset:
 		if r.Body != nil {
 			_ = r.Body.Close()
@@ -112,6 +130,27 @@ func (f *Faults) RoundTrip(r *http.Request) (*http.Response, error) {
 		return answer(r, 400, `{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"injected"}`), nil
 	}
 	return f.Base.RoundTrip(r)
+}
+
+// Release sends the held requests to the server, in order, and returns the
+// status of each answer (0 where the request failed).
+func (f *Faults) Release() []int {
+	f.mu.Lock()
+	held := f.held
+	f.held = nil
+	f.mu.Unlock()
+	var codes []int
+	for _, r := range held {
+		resp, err := f.Base.RoundTrip(r)
+		if err != nil {
+			codes = append(codes, 0)
+			continue
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		codes = append(codes, resp.StatusCode)
+	}
+	return codes
 }
 
 func answer(r *http.Request, status int, body string) *http.Response {
