@@ -438,14 +438,14 @@ func TestRunScheduleDrainsOnShutdown(t *testing.T) {
 			if c.fnErr {
 				assert.Contains(t, runs[0].Error, "shutting down")
 			}
-			// Resigned: the tenure is over. (The lease item itself may show
-			// a live expiry: the drain heartbeat, cancelled by Run, can be
-			// applied by the server after the resignation's write. That is
-			// a lease-core issue, reported separately.)
+			// Resigned: the tenure is over and the item says so, even though
+			// Run cancelled a drain heartbeat that the server may apply
+			// after the resignation (refused since b4402c7).
 			assert.False(t, l.IsLeader())
 			rec, err := l.Holder(ctx)
 			require.NoError(t, err)
 			assert.Equal(t, "a", rec.Owner)
+			assert.True(t, rec.ExpiresAt.IsZero(), "resigned: %+v", rec)
 		})
 	}
 }
