@@ -261,6 +261,9 @@ func (l *Lease) write(ctx context.Context, timeout time.Duration, in *dynamodb.U
 		r, present, rerr := l.read(rctx, true)
 		cancel()
 		if rerr != nil {
+			// Even a conditional failure leaves the write in doubt here: an
+			// earlier attempt of it, retried by the SDK, may have landed.
+			l.wrote(rv, false, true)
 			return Record{}, false, errors.Join(err, rerr)
 		}
 		if !present {

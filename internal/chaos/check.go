@@ -145,9 +145,11 @@ func Check(in CheckInput) (violations []string, st Stats) {
 	for _, e := range in.Events {
 		switch e.Kind {
 		case EvRun:
+			// The effect may land even if the replica dies before it
+			// records the outcome.
+			attempted[SinkEntry{Fence: e.Fence, Slot: e.Slot, Replica: e.Replica}] = true
 			st.Runs++
 		case EvEffect:
-			attempted[SinkEntry{Fence: e.Fence, Slot: e.Slot, Replica: e.Replica}] = true
 			if e.OK {
 				if s, ok := slots[e.Slot]; !ok || s.Fence != e.Fence || s.Replica != e.Replica {
 					bad("%s reported its effect for slot %s (fence %d) accepted, but the sink does not have it", e.Replica, e.Slot, e.Fence)
