@@ -420,3 +420,32 @@ func TestLateWriteCannotUndoNewerOne(t *testing.T) {
 		})
 	}
 }
+
+// Regression (fault suite, seed 13): a heartbeat that landed but whose
+// answers were all lost, and which could not be read back either, is kept
+// in doubt; the resignation that follows still succeeds.
+func TestWriteInDoubtWhenReadBackFails(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 10*time.Second)
+	table := srv.NewTable(t)
+	faults := ddbtest.NewFaults(nil)
+	a := newLease(t, srv.Client(faults.Wrap), table, "job", fast("a"))
+	b := newLease(t, srv.Client(nil), table, "job", fast("b"))
+	_, err := a.TryAcquire(ctx)
+	require.NoError(t, err)
+	faults.Set(func(op string) ddbtest.Action {
+		switch op {
+		case "UpdateItem":
+			return ddbtest.DropResponse
+		case "GetItem":
+			return ddbtest.Reset
+		}
+		return ddbtest.Pass
+	})
+	require.Error(t, a.Heartbeat(ctx))
+	faults.Set(nil)
+	require.NoError(t, a.Resign(ctx))
+	fence, err := b.TryAcquire(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), fence)
+}
