@@ -179,7 +179,7 @@ const (
 	attrFinishedAt  = "finishedAt"  // N: Unix ms
 	attrError       = "error"       // S: error text of a failed run
 	attrClaims      = "claims"      // N: claims made, 1 + re-runs
-	attrMissed      = "missed"      // N: slots found missed by the catch-up
+	attrMissed      = "missed"      // N: slots found missed by the catch-up; -1: unknown
 	attrAbandonedBy = "abandonedBy" // N: fence of the tenure that abandoned it
 )
 
@@ -213,6 +213,9 @@ type RunRecord struct {
 	// Missed counts the slots that the catch-up before this run skipped
 	// and found without a run, after the latest earlier run (RunSchedule).
 	Missed int
+	// MissedUnknown reports that the catch-up could not read the skipped
+	// slots back (Missed is then 0).
+	MissedUnknown bool
 	// AbandonedBy is the fence of the tenure that marked the run abandoned.
 	AbandonedBy int64
 	// ExpiresAt is when the item may be deleted (its time to live).
@@ -288,7 +291,14 @@ func decodeRun(item map[string]types.AttributeValue) (RunRecord, error) {
 	if n, err = optNum(item, attrMissed); err != nil {
 		return fail(err)
 	}
-	r.Missed = int(max(n, 0))
+	switch {
+	case n == -1: // written when the catch-up could not count
+		r.MissedUnknown = true
+	case n < 0:
+		return fail(fmt.Errorf("%s %d is below -1", attrMissed, n))
+	default:
+		r.Missed = int(n)
+	}
 	if r.AbandonedBy, err = optNum(item, attrAbandonedBy); err != nil {
 		return fail(err)
 	}
@@ -334,8 +344,14 @@ func (r *JobRun) StartedAt() time.Time { return r.started }
 
 // Missed returns how many slots the catch-up before this run skipped and
 // found without a run, after the latest earlier run: the slots missed since
-// then (RunSchedule; zero for Claim).
-func (r *JobRun) Missed() int { return r.missed }
+// then (RunSchedule; zero for Claim). known is false when the catch-up
+// could not read the skipped slots back.
+func (r *JobRun) Missed() (n int, known bool) {
+	if r.missed < 0 {
+		return 0, false
+	}
+	return r.missed, true
+}
 
 // IdempotencyKey returns "<job>#<slot>", the same for every claim of the
 // slot, whatever the fence. A sink that refuses a key it has seen makes the

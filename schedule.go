@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"math/bits"
 	"reflect"
+	"slices"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
 // Schedule tells when a job's slots fall due. Next returns the first slot
@@ -143,12 +146,14 @@ const (
 // if another tenure already handled it. The older due slots are skipped:
 // up to 100 of them are read back with one BatchGetItem; those without a
 // run after the latest one that has a run are counted as missed (logged,
-// and recorded in the fired run's Missed field), and runs an older tenure
-// left running are marked abandoned, whatever the RerunPolicy: only the
-// slot being fired may be run again.
+// and recorded in the fired run: RunRecord.Missed, or MissedUnknown if they
+// could not be read), and runs an older tenure left running are marked abandoned,
+// whatever the RerunPolicy: only the slot being fired may be run again.
 // Slots older than the window are never fired; if this replica had led
 // before, it logs how many it skipped that way. A slot whose claim keeps
-// failing with transient errors is given up once the next slot is due.
+// failing with transient errors is given up once the next slot is due, and
+// is swept like a missed slot by the catch-up that follows (abandoned if
+// the claim did land after all).
 //
 // Failures. fn's error is recorded in the run (status failed) and logged,
 // and the schedule goes on. A slot whose run item is malformed is logged
@@ -187,7 +192,11 @@ type runner struct {
 	sched Schedule
 	fn    func(context.Context, *JobRun) error
 	o     JobOptions
-	last  time.Time // latest slot handled (fired or given up); zero if none
+	last  time.Time // latest slot handled (fired, found taken or skipped); zero if none
+	// givenUp holds the claim tokens of the latest slots given up after
+	// claims with unknown outcomes: a sweep abandons such a claim if it did
+	// land.
+	givenUp []string
 }
 
 // lead is the function given to Run: it fires slots for one tenure.
@@ -197,15 +206,22 @@ func (r *runner) lead(ctx context.Context, fence int64) error {
 		if err != nil || !ok {
 			return err
 		}
-		if err := r.fire(ctx, fence, slot, missed); err != nil {
+		handled, err := r.fire(ctx, fence, slot, missed)
+		if err != nil {
 			return err
 		}
+		if handled {
+			r.last = slot
+		}
+		// A slot not handled (given up, or the tenure ended) is due again
+		// at the next catch-up, which fires a later slot and sweeps it.
 	}
 	return nil
 }
 
 // due waits for the next slot to fire and applies the catch-up rule. ok is
-// false when ctx ended or the schedule has no further slot.
+// false when ctx ended or the schedule has no further slot. missed is -1
+// when the skipped slots could not be read back.
 func (r *runner) due(ctx context.Context, fence int64) (slot time.Time, missed int, ok bool, err error) {
 	l := r.l
 	for {
@@ -240,7 +256,6 @@ func (r *runner) due(ctx context.Context, fence int64) (slot time.Time, missed i
 		if n > 0 {
 			missed = r.sweep(ctx, fence, older, n, latest)
 		}
-		r.last = latest
 		return latest, missed, true, nil
 	}
 }
@@ -309,18 +324,26 @@ func (r *runner) recentSlots(now time.Time) (latest time.Time, older []time.Time
 
 // sweep reads back the skipped slots, counts those after the latest run
 // that have no run (the missed slots), abandons runs that an older tenure
-// left running, and logs what it found. n is how many slots were skipped in
-// all, of which older are the latest.
+// left running (or that this one claimed and gave up), and logs what it
+// found. n is how many slots were skipped in all, of which older are the
+// latest. It returns -1 when the slots could not be read.
 func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n int, latest time.Time) int {
 	l := r.l
 	ids := make([]string, len(older))
 	for i, s := range older {
 		ids[i] = fmtSlot(s)
 	}
-	items, err := l.getRuns(ctx, ids)
+	var items map[string]map[string]types.AttributeValue
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		if items, err = l.getRuns(ctx, ids); err == nil || !retryable(err) || ctx.Err() != nil {
+			break
+		}
+		_ = sleep(ctx, l.opts.RetryInterval)
+	}
 	if err != nil {
 		l.log.Warn("ddblease: could not check the slots skipped by a catch-up", "skipped", n, "firing", fmtSlot(latest), "err", err)
-		return 0
+		return -1
 	}
 	missed, abandoned := 0, 0
 	var firstMissed, lastMissed string
@@ -342,7 +365,7 @@ func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n in
 			l.log.Error("ddblease: skipped slot has a malformed run item", "slot", id, "err", err)
 			continue
 		}
-		if rec.Status == RunRunning && rec.Fence < fence {
+		if rec.Status == RunRunning && (rec.Fence < fence || rec.Fence == fence && slices.Contains(r.givenUp, rec.claim)) {
 			if _, ok, err := l.abandon(ctx, rec, fence); err != nil {
 				l.log.Warn("ddblease: could not mark an orphaned run abandoned", "slot", id, "fence", rec.Fence, "err", err)
 			} else if ok {
@@ -376,9 +399,10 @@ func (r *runner) logTooOld(last, floor time.Time) {
 	}
 }
 
-// fire claims slot, calls fn and records the outcome. It returns an error
-// only when the campaign must stop.
-func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed int) error {
+// fire claims slot, calls fn and records the outcome. handled is false
+// when the slot was given up or the tenure ended before it was claimed; err
+// is set only when the campaign must stop.
+func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed int) (handled bool, err error) {
 	l := r.l
 	token := randomID(8)
 	var run *JobRun
@@ -391,27 +415,31 @@ func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed i
 		switch {
 		case errors.Is(err, ErrSlotTaken):
 			l.log.Debug("ddblease: slot already handled", "slot", fmtSlot(slot), "err", err)
-			return nil
+			return true, nil
 		case errors.Is(err, ErrLost), errors.Is(err, ErrNotLeader):
 			// The tenure is over; the keeper cancels ctx and Run campaigns
 			// again.
 			<-ctx.Done()
-			return nil
+			return false, nil
 		case ctx.Err() != nil:
-			return nil
+			return false, nil
 		case errors.Is(err, ErrMalformedItem):
 			l.log.Error("ddblease: slot skipped: its run item is malformed", "slot", fmtSlot(slot), "err", err)
-			return nil
+			return true, nil
 		case !retryable(err):
-			return err
+			return false, err
 		}
 		if next, nerr := nextSlot(r.sched, slot); nerr == nil && !next.IsZero() && !next.After(l.opts.Now()) {
 			l.log.Warn("ddblease: slot given up: the next one is due", "slot", fmtSlot(slot), "err", err)
-			return nil
+			r.givenUp = append(r.givenUp, token)
+			if len(r.givenUp) > maxSweep {
+				r.givenUp = r.givenUp[1:]
+			}
+			return false, nil
 		}
 		l.log.Warn("ddblease: claim failed; retrying", "slot", fmtSlot(slot), "err", err)
 		if sleep(ctx, l.opts.RetryInterval) != nil {
-			return nil
+			return false, nil
 		}
 	}
 	fnErr := r.fn(ctx, run)
@@ -422,7 +450,7 @@ func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed i
 		l.log.Warn("ddblease: job run failed", "slot", run.id, "fence", fence, "err", fnErr)
 	}
 	r.finish(ctx, fence, run, fnErr)
-	return nil
+	return true, nil
 }
 
 // finish records the run's outcome, retrying transient errors while the

@@ -122,9 +122,12 @@ func TestCatchUpRule(t *testing.T) {
 			assert.Equal(t, int64(2), fired[0].Fence())
 			// Missed since the latest run (s5): s6. s2 and s4 were
 			// skipped by the catch-ups that fired s3 and s5.
-			assert.Equal(t, 1, fired[0].Missed())
+			missed, known := fired[0].Missed()
+			assert.True(t, known)
+			assert.Equal(t, 1, missed)
 			assert.Equal(t, ddblease.RunSucceeded, by[s7].Status)
 			assert.Equal(t, 1, by[s7].Missed)
+			assert.False(t, by[s7].MissedUnknown)
 			assert.Equal(t, "new", by[s7].Owner)
 		})
 	}
@@ -262,7 +265,7 @@ func TestScheduleThreeReplicasResignAndKill(t *testing.T) {
 	require.Len(t, runs, len(slots), "one run per slot fired, none for others")
 
 	counts := map[ddblease.RunStatus]int{}
-	missing, bigGaps := 0, 0
+	missing, bigGaps, unknown := 0, 0, 0
 	for i, r := range runs {
 		require.Contains(t, calls, r.Slot)
 		assert.Equal(t, calls[r.Slot][0], r.Fence, "run of %v", r.Slot)
@@ -285,19 +288,24 @@ func TestScheduleThreeReplicasResignAndKill(t *testing.T) {
 			continue // its catch-up counted the slots before the test
 		}
 		gap := int(r.Slot.Sub(runs[i-1].Slot)/period) - 1
-		assert.Equal(t, gap, r.Missed, "slots missed before %v", r.Slot)
+		if r.MissedUnknown {
+			unknown++ // the catch-up could not read back (a loaded machine)
+		} else {
+			assert.Equal(t, gap, r.Missed, "slots missed before %v", r.Slot)
+		}
 		missing += gap
 		if gap >= 5 {
 			bigGaps++
 		}
 	}
 	assert.GreaterOrEqual(t, bigGaps, 2, "each kill leaves the slots of a lease duration unfired")
-	t.Logf("%s: %d slots fired over %v, %d missed (%d long gaps); runs by status %v",
-		srv.Name, len(slots), slots[len(slots)-1].Sub(slots[0]), missing, bigGaps, counts)
+	t.Logf("%s: %d slots fired over %v, %d missed (%d long gaps, %d catch-ups that could not count); runs by status %v",
+		srv.Name, len(slots), slots[len(slots)-1].Sub(slots[0]), missing, bigGaps, unknown, counts)
 }
 
 // The requests a firing costs: one claim and one finish per slot, and one
-// BatchGetItem for the catch-up when the replica starts leading.
+// BatchGetItem for each catch-up (when the replica starts leading, and
+// when a firing ran past the next slot).
 func TestRunScheduleRequestsPerTick(t *testing.T) {
 	t.Parallel()
 	caps := srv.Caps(t)
@@ -350,7 +358,16 @@ func TestRunScheduleRequestsPerTick(t *testing.T) {
 		assert.Equal(t, 1, c["TransactWriteItems"], "one probe for transactions")
 		assert.Equal(t, 2*n, c["UpdateItem jobrun"], "one claim and one finish per slot")
 	}
-	assert.Equal(t, 1, c["BatchGetItem"], "one catch-up read, when the tenure began")
+	// One catch-up read when the tenure began, and one more each time a
+	// firing ran late past the next slot (a loaded machine), which shows
+	// as a gap between runs.
+	gaps := 0
+	for i := 1; i < n; i++ {
+		if runs[i].Slot.Sub(runs[i-1].Slot) > 100*time.Millisecond {
+			gaps++
+		}
+	}
+	assert.Equal(t, 1+gaps, c["BatchGetItem"], "catch-up reads")
 	assert.Zero(t, c["GetItem jobrun"])
 	t.Logf("%s: %d slots fired in %v; requests %v (lease: %d UpdateItem for acquire, heartbeats every %v and resign)",
 		srv.Name, n, elapsed.Round(time.Millisecond), c, c["UpdateItem lease"], l.Options().HeartbeatInterval)
