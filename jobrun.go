@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
-	"weak"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -476,7 +474,7 @@ func (l *Lease) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 // condition failed, old is the item then returned, if any. A failed check
 // on the lease item ends the tenure and returns ErrLost.
 func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *JobOptions) (failed bool, old map[string]types.AttributeValue, err error) {
-	if !o.NoTransactions && !l.txnUnsupported() {
+	if !o.NoTransactions && !l.noTxn.Load() {
 		check := &types.ConditionCheck{
 			TableName:                           aws.String(l.table),
 			Key:                                 l.key,
@@ -497,7 +495,7 @@ func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 			return false, nil, err
 		}
 		l.log.Info("ddblease: the server does not support transactions; claims will not check the lease item", "err", err)
-		l.setTxnUnsupported()
+		l.noTxn.Store(true)
 	}
 	in := &dynamodb.UpdateItemInput{
 		TableName:                           upd.TableName,
@@ -600,22 +598,6 @@ func (l *Lease) leads(fence int64) bool {
 	return t.held && t.fence == fence && l.opts.Now().Before(t.deadline)
 }
 
-// noTxn holds the leases whose server answered that it does not support
-// TransactWriteItems, so that Claim finds out once per Lease. Entries go
-// when their Lease is garbage collected.
-var noTxn sync.Map // weak.Pointer[Lease] -> struct{}
-
-func (l *Lease) txnUnsupported() bool {
-	_, ok := noTxn.Load(weak.Make(l))
-	return ok
-}
-
-func (l *Lease) setTxnUnsupported() {
-	wp := weak.Make(l)
-	if _, loaded := noTxn.LoadOrStore(wp, struct{}{}); !loaded {
-		runtime.AddCleanup(l, func(wp weak.Pointer[Lease]) { noTxn.Delete(wp) }, wp)
-	}
-}
 
 // Finish records the run's outcome: succeeded when runErr is nil, else
 // failed with runErr's text (up to 4 KiB). The write is conditional on the

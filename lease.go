@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -38,6 +39,10 @@ type Lease struct {
 	// write that lands late (its answer lost, or abandoned on a timeout)
 	// can never undo a newer one, such as a resignation.
 	mine []string
+
+	// noTxn records that the server answered TransactWriteItems with
+	// UnknownOperationException, so that Claim asks only once.
+	noTxn atomic.Bool
 }
 
 // maxMine bounds Lease.mine; an older version in doubt is forgotten, which

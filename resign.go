@@ -2,6 +2,7 @@ package ddblease
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/signal"
 	"sync"
@@ -62,7 +63,7 @@ func (l *Lease) ResignOnSignal(sigs ...os.Signal) (stop func() error) {
 		defer close(done)
 		select {
 		case <-ch:
-			if e := l.Resign(context.Background()); e != nil && e != ErrNotLeader {
+			if e := l.Resign(context.Background()); e != nil && !errors.Is(e, ErrNotLeader) {
 				err = e
 			}
 		case <-quit:
