@@ -598,7 +598,6 @@ func (l *Lease) leads(fence int64) bool {
 	return t.held && t.fence == fence && l.opts.Now().Before(t.deadline)
 }
 
-
 // Finish records the run's outcome: succeeded when runErr is nil, else
 // failed with runErr's text (up to 4 KiB). The write is conditional on the
 // item still holding this claim, running: a stale claimant is refused with
