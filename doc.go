@@ -43,9 +43,36 @@
 // When clocks differ by more than MaxClockSkew, two replicas may both believe
 // they lead for a while; fenced writes remain safe.
 //
+// # Schedules and job runs
+//
+// RunSchedule wraps Run around a Schedule (Every, or any type with
+// robfig/cron's Next method): only the leader fires, and each firing first
+// claims its slot, the schedule's nominal fire time, with a conditional
+// write of a job-run item that records the claimant's fence. A slot has at
+// most one run; a run that an older tenure left running is marked abandoned
+// (NeverRerun, the default) or run again by the newer tenure (Rerun). Slots
+// that came due while no one led follow the catch-up rule: the latest one
+// fires if it is at most JobOptions.CatchUpWindow old, older ones are
+// skipped and counted.
+//
+// A slot's effect happens once only if it is deduplicated by slot: commit
+// it together with the run's completion (JobRun.Commit), or key it by
+// JobRun.IdempotencyKey in a sink that refuses a key twice.
+//
+// # Guarding side effects
+//
+// A Guard, which may live in another service, refuses writes that carry a
+// stale fence. Its atomic forms check the fence in the same request as the
+// write: TransactWrite (a ConditionCheck on the lease item) and Put and
+// Update (a fence high-water mark kept in the written item). Check and Do
+// are for sinks outside DynamoDB and are not atomic. Every form fails
+// closed.
+//
 // # Errors
 //
-// ErrHeld, ErrLost, ErrNotLeader and ErrMalformedItem are sentinels to test
-// with errors.Is; HeldError carries the current holder. Errors from the AWS
-// SDK stay in the chain for errors.As.
+// ErrHeld, ErrLost, ErrNotLeader, ErrSlotTaken, ErrStaleFence,
+// ErrTransactionsUnsupported, ErrMalformedItem, ErrDrainTimeout and
+// ErrInvalid are sentinels to test with errors.Is; HeldError,
+// SlotTakenError and StaleFenceError carry the details. Errors from the
+// AWS SDK stay in the chain for errors.As.
 package ddblease

@@ -21,9 +21,9 @@ const tableCallTimeout = 10 * time.Second
 // CreateTable creates the lease table (on-demand billing, string partition
 // key pk) and waits until it is active, or ctx ends. An existing table with that key
 // schema is accepted as it is; one with another schema is an error wrapping
-// ErrTableSchema. Infrastructure code may create the table instead; the
-// job-run items carry a TTL attribute named ttl, which may be enabled for
-// expiry (lease items never carry it).
+// ErrTableSchema. Infrastructure code may create the table instead. Job-run
+// items carry their expiry in RunTTLAttribute; enable DynamoDB's time to
+// live on it for old runs to be deleted (lease items never carry it).
 func CreateTable(ctx context.Context, db DynamoDBAPI, table string) error {
 	if db == nil {
 		return invalid("DynamoDB client is nil")
