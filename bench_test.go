@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"sync"
 	"testing"
 
@@ -57,6 +58,18 @@ func benchLease(b *testing.B, db ddblease.DynamoDBAPI, table, job string) *ddble
 		b.Fatal(err)
 	}
 	return l
+}
+
+// keepVersion returns a copy of a heartbeat request that writes the renewal
+// version held by the item that the acquire request created (":rv" of
+// acquire), so that it can be sent again and again: every write of the
+// library is conditional on a version it wrote itself, and a heartbeat
+// captured right after an acquire accepts the acquire's version.
+func keepVersion(heartbeat, acquire *dynamodb.UpdateItemInput) *dynamodb.UpdateItemInput {
+	c := *heartbeat
+	c.ExpressionAttributeValues = maps.Clone(heartbeat.ExpressionAttributeValues)
+	c.ExpressionAttributeValues[":rv"] = acquire.ExpressionAttributeValues[":rv"]
+	return &c
 }
 
 // onKey returns a copy of the request aimed at another lease item.
@@ -157,7 +170,7 @@ func BenchmarkRawUpdateItem(b *testing.B) {
 		if _, err := db.UpdateItem(ctx, onKey(acquire, "raw-heartbeat")); err != nil {
 			b.Fatal(err)
 		}
-		in := onKey(heartbeat, "raw-heartbeat")
+		in := onKey(keepVersion(heartbeat, acquire), "raw-heartbeat")
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {

@@ -62,6 +62,7 @@ type config struct {
 	// scale role
 	n, rounds, warmup, conns int
 	ramp                     time.Duration
+	cpuprofile               string
 
 	// parent
 	dynalite     string
@@ -102,6 +103,7 @@ func main() {
 	fs.IntVar(&c.rounds, "rounds", 3, "internal: heartbeat rounds measured by the scale process")
 	fs.IntVar(&c.warmup, "warmup", 1, "internal: heartbeat rounds before the scale measurement")
 	fs.IntVar(&c.conns, "conns", 64, "internal: HTTP connections of the scale process")
+	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "internal: CPU profile of the scale process's measurement window")
 	fs.DurationVar(&c.ramp, "ramp", 0, "internal: time over which the scale process starts its leases (default: one heartbeat interval)")
 
 	fs.StringVar(&c.dynalite, "dynalite", "", "dynalite executable (default: node_modules/.bin/dynalite above the working directory)")
@@ -118,7 +120,8 @@ func main() {
 	fs.BoolVar(&c.coldForge, "cold-forge", false, "cold start: write the item a killed process leaves instead of killing one and waiting 2 x lease")
 	fs.DurationVar(&c.costWindow, "cost-window", 3*time.Minute, "window over which requests are counted")
 	fs.IntVar(&c.overhead, "overhead", 1000, "interleaved calls per kind for the overhead ratio")
-	fs.StringVar(&c.scale, "scale", "1000,10000", "lease counts held by one process")
+	fs.StringVar(&c.scale, "scale", "1000,10000,10000/minidyn,10000/dynalite/120s/40s",
+		"leases held by one process: N[/server[/lease/heartbeat]], server dynalite (the run's) or minidyn (a separate process); settings (b) unless given")
 	fs.IntVar(&c.scaleRounds, "scale-rounds", 3, "heartbeat rounds measured at scale")
 	_ = fs.Parse(os.Args[1:])
 	if c.ramp == 0 {
@@ -131,6 +134,8 @@ func main() {
 		err = runContender(c, start)
 	case "scale":
 		err = runScale(c)
+	case "minidyn":
+		err = runMinidyn()
 	case "":
 		if c.quick {
 			quickDefaults(&c, fs)

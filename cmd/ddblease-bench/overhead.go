@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -34,6 +35,18 @@ func (r *recorder) lastUpdate() *dynamodb.UpdateItemInput {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.last
+}
+
+// keepVersion returns a copy of a heartbeat request that writes the renewal
+// version held by the item that the acquire request created (":rv" of
+// acquire), so that it can be sent again and again: every write of the
+// library is conditional on a version it wrote itself, and a heartbeat
+// captured right after an acquire accepts the acquire's version.
+func keepVersion(heartbeat, acquire *dynamodb.UpdateItemInput) *dynamodb.UpdateItemInput {
+	c := *heartbeat
+	c.ExpressionAttributeValues = maps.Clone(heartbeat.ExpressionAttributeValues)
+	c.ExpressionAttributeValues[":rv"] = acquire.ExpressionAttributeValues[":rv"]
+	return &c
 }
 
 // onKey returns a copy of the request aimed at the lease item of job.
@@ -83,7 +96,7 @@ func (r *runner) overhead() {
 		r.fail("overhead", err)
 		return
 	}
-	heartbeatIn = onKey(heartbeatIn, rawHB)
+	heartbeatIn = onKey(keepVersion(heartbeatIn, acquireIn), rawHB)
 
 	// Warm up connections and the server.
 	for i := range 20 {

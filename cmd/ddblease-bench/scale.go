@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -65,6 +66,12 @@ func heapInuse() (inuse, sys uint64) {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return ms.HeapInuse, ms.Sys
+}
+
+func memStats() runtime.MemStats {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms
 }
 
 // runScale holds cfg.n leases in this one process, each its own Lease on
@@ -155,6 +162,7 @@ func runScale(cfg config) error {
 	}
 	sample(false)
 	heap1, sys1 := heapInuse()
+	ms1 := memStats()
 	rss1, _ := rss()
 	g1 := runtime.NumGoroutine()
 	lost0 := lost.Load()
@@ -163,6 +171,13 @@ func runScale(cfg config) error {
 	lat.on = true
 	lat.mu.Unlock()
 	cnt0 := counter.Snapshot()
+	if cfg.cpuprofile != "" {
+		if f, err := os.Create(cfg.cpuprofile); err == nil {
+			if err := pprof.StartCPUProfile(f); err == nil {
+				defer f.Close()
+			}
+		}
+	}
 	cpu0, wall0 := cpuTime(), time.Now()
 	winEnd := wall0.Add(cfg.set.hb * time.Duration(cfg.rounds))
 	for time.Now().Before(winEnd) {
@@ -170,6 +185,9 @@ func runScale(cfg config) error {
 		sample(true)
 	}
 	cpu1, wall1 := cpuTime(), time.Now()
+	if cfg.cpuprofile != "" {
+		pprof.StopCPUProfile()
+	}
 	cnt := counter.Snapshot().Sub(cnt0)
 	lat.mu.Lock()
 	lat.on = false
@@ -177,6 +195,7 @@ func runScale(cfg config) error {
 	latErrs := lat.errs
 	lat.mu.Unlock()
 	_, rssPeak := rss()
+	ms2 := memStats()
 	lostInWindow := lost.Load() - lost0
 	leadingAtEnd := leading.Load()
 
@@ -204,6 +223,8 @@ func runScale(cfg config) error {
 		fmt.Sprintf("heap_base=%d", heap0),
 		fmt.Sprintf("heap=%d", heap1),
 		fmt.Sprintf("sys=%d", sys1),
+		fmt.Sprintf("stack=%d", ms1.StackInuse),
+		fmt.Sprintf("gc_cycles=%d", ms2.NumGC-ms1.NumGC),
 		fmt.Sprintf("rss_base=%d", rss0),
 		fmt.Sprintf("rss=%d", rss1),
 		fmt.Sprintf("rss_peak=%d", rssPeak),

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/ddblease/ddblease"
 	"github.com/ddblease/ddblease/internal/reqcount"
 )
 
@@ -556,30 +558,105 @@ func lastBefore(evs []event, t time.Time) *event {
 	return last
 }
 
+// scaleSpec is one scale measurement: N leases on a server, with settings.
+type scaleSpec struct {
+	n      int
+	server string // "dynalite" (the run's server) or "minidyn" (a separate process)
+	set    settings
+}
+
+// parseScale reads entries N[/server[/lease/heartbeat]], comma-separated.
+func parseScale(s string) ([]scaleSpec, error) {
+	var out []scaleSpec
+	for _, f := range splitComma(s) {
+		parts := strings.Split(f, "/")
+		n, err := strconv.Atoi(parts[0])
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("scale entry %q: bad count", f)
+		}
+		sp := scaleSpec{n: n, server: "dynalite", set: setB}
+		if len(parts) > 1 {
+			sp.server = parts[1]
+		}
+		if len(parts) == 4 {
+			lease, err1 := time.ParseDuration(parts[2])
+			hb, err2 := time.ParseDuration(parts[3])
+			if err1 != nil || err2 != nil {
+				return nil, fmt.Errorf("scale entry %q: bad durations", f)
+			}
+			sp.set = settings{name: "custom", lease: lease, hb: hb, retry: time.Second}
+		} else if len(parts) != 1 && len(parts) != 2 {
+			return nil, fmt.Errorf("scale entry %q: want N[/server[/lease/heartbeat]]", f)
+		}
+		if sp.server != "dynalite" && sp.server != "minidyn" {
+			return nil, fmt.Errorf("scale entry %q: server is dynalite or minidyn", f)
+		}
+		out = append(out, sp)
+	}
+	return out, nil
+}
+
 func (r *runner) scaleAll() {
-	for _, f := range splitInts(r.cfg.scale) {
-		r.scaleOne(setB, f)
+	specs, err := parseScale(r.cfg.scale)
+	if err != nil {
+		r.fail("scale", err)
+		return
+	}
+	for _, sp := range specs {
+		r.scaleOne(sp)
 	}
 }
 
-func (r *runner) scaleOne(s settings, n int) {
-	what := fmt.Sprintf("scale %d leases %v", n, s)
-	r.logf("%s: measuring %d rounds", what, r.cfg.scaleRounds)
-	job := fmt.Sprintf("scale-%d-%s", n, r.runID)
-	ramp := s.hb
+func (r *runner) scaleOne(sp scaleSpec) {
+	s, n := sp.set, sp.n
+	what := fmt.Sprintf("scale %d leases on %s %v", n, sp.server, s)
+	endpoint, serverPid := r.cfg.endpoint, r.dynalitePid
+	serverName := r.server
+	if sp.server == "minidyn" {
+		md, err := spawn("minidyn", r.log, "-role", "minidyn")
+		if err != nil {
+			r.fail(what, err)
+			return
+		}
+		defer func() { _ = md.stop(10 * time.Second) }()
+		ready, err := md.first("READY", 10*time.Second)
+		if err != nil {
+			r.fail(what, err)
+			return
+		}
+		endpoint, serverPid = ready.fields["url"], md.cmd.Process.Pid
+		serverName = "minidyn v0.8.2 (separate process)"
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err = ddblease.CreateTable(ctx, newClient(endpoint, newTransport(2)), r.cfg.table)
+		cancel()
+		if err != nil {
+			r.fail(what, err)
+			return
+		}
+	}
+	// dynalite takes some 7 ms per acquisition (a new item): spread them.
+	ramp := max(s.hb, time.Duration(n)*10*time.Millisecond)
+	if sp.server == "minidyn" {
+		ramp = s.hb
+	}
 	if r.cfg.quick {
 		ramp = 2 * time.Second
 	}
+	r.logf("%s: ramp %v, measuring %d rounds", what, ramp, r.cfg.scaleRounds)
+	job := fmt.Sprintf("scale-%d-%s", n, r.runID)
 	warm := 1
-	p, err := spawn("scale", r.log, r.cfg.childArgs("scale", job, s,
+	cfg := r.cfg
+	cfg.endpoint = endpoint
+	prof := filepath.Join(r.cfg.out, fmt.Sprintf("scale-%d-%s-%s.pprof", n, sp.server, s.hb))
+	p, err := spawn("scale", r.log, cfg.childArgs("scale", job, s,
 		"-n", strconv.Itoa(n), "-rounds", strconv.Itoa(r.cfg.scaleRounds), "-warmup", strconv.Itoa(warm),
-		"-ramp", ramp.String())...)
+		"-ramp", ramp.String(), "-cpuprofile", prof)...)
 	if err != nil {
 		r.fail(what, err)
 		return
 	}
 	defer func() { _ = p.stop(time.Minute) }()
-	cpu0 := procCPU(r.dynalitePid)
+	cpu0 := procCPU(serverPid)
 	t0 := time.Now()
 	ev, err := p.first("SCALE", ramp+s.lease+s.hb*time.Duration(warm+r.cfg.scaleRounds)+5*time.Minute)
 	if err != nil {
@@ -587,10 +664,13 @@ func (r *runner) scaleOne(s settings, n int) {
 		return
 	}
 	ev.fields["server_cpu_share"] = ""
-	if r.dynalitePid != 0 {
-		ev.fields["server_cpu_share"] = fmt.Sprintf("%.2f", (procCPU(r.dynalitePid)-cpu0).Seconds()/time.Since(t0).Seconds())
+	if serverPid != 0 {
+		ev.fields["server_cpu_share"] = fmt.Sprintf("%.2f", (procCPU(serverPid)-cpu0).Seconds()/time.Since(t0).Seconds())
 	}
-	ev.fields["settings"] = s.name
+	ev.fields["server"] = serverName
+	ev.fields["settings"] = fmt.Sprintf("%v/%v/%v", s.lease, s.hb, s.retry)
+	ev.fields["hb_ms"] = strconv.FormatInt(s.hb.Milliseconds(), 10)
+	ev.fields["profile"] = prof
 	r.mu.Lock()
 	r.res.Scale = append(r.res.Scale, ev.fields)
 	r.mu.Unlock()
