@@ -33,6 +33,11 @@ var (
 	// this error.
 	ErrDrainTimeout = errors.New("ddblease: drain timeout")
 
+	// ErrNotResigned reports that Run could not resign when its function
+	// returned (after retrying until the lease's deadline): standbys take
+	// over when the lease expires, as after a crash.
+	ErrNotResigned = errors.New("ddblease: not resigned")
+
 	// ErrInvalid reports bad input to a constructor or method; the message
 	// names what was wrong.
 	ErrInvalid = errors.New("ddblease: invalid argument")

@@ -454,3 +454,29 @@ func TestWriteInDoubtWhenReadBackFails(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), fence)
 }
+
+// Regression (fault suite, seed 1117): a resigning holder stops believing
+// it leads before its resignation can land, since a standby may lead the
+// moment it does, before the answer comes back.
+func TestResignEndsBeliefBeforeTheWrite(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 10*time.Second)
+	table := srv.NewTable(t)
+	faults := ddbtest.NewFaults(nil)
+	a := newLease(t, srv.Client(faults.Wrap), table, "job", fast("a"))
+	_, err := a.TryAcquire(ctx)
+	require.NoError(t, err)
+	var leaderDuringWrite atomic.Int32
+	faults.Set(func(op string) ddbtest.Action {
+		if op == "UpdateItem" {
+			if a.IsLeader() {
+				leaderDuringWrite.Store(1)
+			} else {
+				leaderDuringWrite.Store(2)
+			}
+		}
+		return ddbtest.Pass
+	})
+	require.NoError(t, a.Resign(ctx))
+	assert.Equal(t, int32(2), leaderDuringWrite.Load(), "IsLeader was true while the resignation was on its way")
+}

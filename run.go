@@ -29,7 +29,10 @@ import (
 // Run returns nil after such a shutdown, or when fn returns nil on its own
 // (it then resigns). It returns fn's error, other than the context's own,
 // after resigning, and any error that stops the campaign (a missing table,
-// say). It never returns while fn runs and leaves no goroutine behind.
+// say). A resignation that keeps failing is retried until the lease's
+// deadline and then reported with an error wrapping ErrNotResigned: the
+// lease lapses at its expiry. It never returns while fn runs and leaves no
+// goroutine behind.
 func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, fence int64) error) error {
 	if fn == nil {
 		return invalid("Run: fn is nil")
@@ -43,7 +46,7 @@ func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, fence int6
 			return err
 		}
 		if ctx.Err() != nil {
-			return l.resign(ctx)
+			return l.resignRetrying(ctx)
 		}
 		done, err := l.lead(ctx, fence, fn)
 		if done {
@@ -98,7 +101,7 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 	}
 	var resignErr, drainErr error
 	if l.holds(fence) {
-		resignErr = l.resign(ctx)
+		resignErr = l.resignRetrying(ctx)
 	}
 	if drainExpired.Load() {
 		drainErr = fmt.Errorf("%w: fence %d ran past %v", ErrDrainTimeout, fence, l.opts.DrainTimeout)
@@ -110,11 +113,3 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 	return true, errors.Join(fnErr, resignErr, drainErr)
 }
 
-// resign resigns with a context that outlives ctx's cancellation.
-func (l *Lease) resign(ctx context.Context) error {
-	err := l.Resign(context.WithoutCancel(ctx))
-	if errors.Is(err, ErrNotLeader) {
-		return nil
-	}
-	return err
-}

@@ -220,8 +220,11 @@ func TestRunDrainTimeout(t *testing.T) {
 	close(release)
 	err = receive(t, runDone, "Run to return")
 	assert.ErrorIs(t, err, ddblease.ErrDrainTimeout)
-	assert.ErrorIs(t, err, ddblease.ErrLost, "the late resignation found b's tenure")
-	assert.True(t, b.IsLeader())
+	assert.NotErrorIs(t, err, ddblease.ErrNotResigned, "b leading is as good as a resignation")
+	rec, err := b.Holder(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "b", rec.Owner, "the late resignation changed nothing")
+	assert.Equal(t, int64(2), rec.Fence)
 }
 
 // fn returning on its own ends Run: nil after a resignation, or fn's error.
