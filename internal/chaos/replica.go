@@ -103,7 +103,13 @@ func RunReplica(cfg ReplicaConfig) error {
 		o.CatchUpWindow = 4 * cfg.Slot
 		o.Retention = time.Hour
 	})
-	rec.Record(Event{Kind: EvExit, OK: err == nil, Err: errText(err)})
+	// A resignation that failed under the faults is reported, as
+	// documented; the lease then lapses at its expiry.
+	ok := err == nil || errors.Is(err, ddblease.ErrNotResigned)
+	rec.Record(Event{Kind: EvExit, OK: ok, Err: errText(err)})
+	if ok {
+		return nil
+	}
 	return err
 }
 
