@@ -112,4 +112,3 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 	}
 	return true, errors.Join(fnErr, resignErr, drainErr)
 }
-
