@@ -210,6 +210,10 @@ type RunRecord struct {
 	Claims int
 	// Missed counts the slots that the catch-up before this run skipped
 	// and found without a run, after the latest earlier run (RunSchedule).
+	// Only slots within CatchUpWindow of the catch-up are looked at: after
+	// an outage longer than the window, older slots went unrun uncounted,
+	// and a run an old tenure left running there stays running until its
+	// item expires. ListRuns shows them.
 	Missed int
 	// MissedUnknown reports that the catch-up could not read the skipped
 	// slots back (Missed is then 0).
