@@ -639,12 +639,12 @@ func (r *runner) scaleOne(sp scaleSpec) {
 	if sp.server == "minidyn" {
 		ramp = s.hb
 	}
+	warm := 1
 	if r.cfg.quick {
-		ramp = 2 * time.Second
+		ramp, warm = 2*time.Second, 0
 	}
 	r.logf("%s: ramp %v, measuring %d rounds", what, ramp, r.cfg.scaleRounds)
 	job := fmt.Sprintf("scale-%d-%s", n, r.runID)
-	warm := 1
 	cfg := r.cfg
 	cfg.endpoint = endpoint
 	prof := filepath.Join(r.cfg.out, fmt.Sprintf("scale-%d-%s-%s.pprof", n, sp.server, s.hb))
