@@ -65,23 +65,22 @@ type config struct {
 	cpuprofile               string
 
 	// parent
-	dynalite     string
-	out          string
-	quick        bool
-	only         string
-	setNames     string
-	handover     int
-	drainTrials  int
-	failover     int
-	cold         int
-	coldForge    bool
-	costWindow   time.Duration
-	overhead     int
-	scale        string
-	scaleRounds  int
-	parallel     int
-	drainFor     time.Duration
-	coldParallel bool
+	dynalite    string
+	out         string
+	quick       bool
+	only        string
+	setNames    string
+	handover    int
+	drainTrials int
+	failover    int
+	cold        int
+	coldForge   bool
+	costWindow  time.Duration
+	overhead    int
+	scale       string
+	scaleRounds int
+	parallel    int
+	drainFor    time.Duration
 }
 
 func main() {

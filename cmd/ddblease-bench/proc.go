@@ -146,19 +146,6 @@ func (p *proc) first(kind string, timeout time.Duration) (event, error) {
 	return p.nth(kind, 1, timeout)
 }
 
-// count returns how many events of kind arrived so far.
-func (p *proc) count(kind string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for _, ev := range p.events {
-		if ev.kind == kind {
-			n++
-		}
-	}
-	return n
-}
-
 // all returns the events of kind so far.
 func (p *proc) all(kind string) []event {
 	p.mu.Lock()

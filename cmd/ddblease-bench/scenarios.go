@@ -59,22 +59,21 @@ type overheadResult struct {
 }
 
 type results struct {
-	Server    string
-	Machine   string
-	Started   time.Time
-	Finished  time.Time
-	Args      []string
-	Handover  map[string][]handoverTrial
-	Drain     map[string][]handoverTrial
-	Failover  map[string][]failoverTrial
-	Cold      map[string][]coldTrial
-	Cost      map[string]costResult
-	Overhead  *overheadResult
-	Scale     []map[string]string
-	Errors    []string
-	DrainFor  float64
-	Settings  map[string]string
-	Condensed bool `json:",omitempty"`
+	Server   string
+	Machine  string
+	Started  time.Time
+	Finished time.Time
+	Args     []string
+	Handover map[string][]handoverTrial
+	Drain    map[string][]handoverTrial
+	Failover map[string][]failoverTrial
+	Cold     map[string][]coldTrial
+	Cost     map[string]costResult
+	Overhead *overheadResult
+	Scale    []map[string]string
+	Errors   []string
+	DrainFor float64
+	Settings map[string]string
 }
 
 type runner struct {
