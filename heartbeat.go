@@ -130,6 +130,7 @@ func (k *keeper) loop(ctx context.Context) {
 	l := k.l
 	drainc := k.drainc
 	next := l.current().sentAt.Add(l.opts.HeartbeatInterval)
+	failures := 0
 	for {
 		t := l.current()
 		if !t.held || t.fence != k.fence {
@@ -157,7 +158,10 @@ func (k *keeper) loop(ctx context.Context) {
 				continue // woke for the deadline; checked above
 			}
 		}
-		err := l.Heartbeat(ctx)
+		// A heartbeat in flight is not abandoned when the keeper stops: it
+		// completes (bounded by CallTimeout and the deadline), so that the
+		// resignation that usually follows finds its outcome known.
+		err := l.Heartbeat(context.WithoutCancel(ctx))
 		switch {
 		case err == nil:
 			next = l.current().sentAt.Add(l.opts.HeartbeatInterval)
@@ -167,9 +171,19 @@ func (k *keeper) loop(ctx context.Context) {
 			k.lost(err)
 			return
 		default:
-			l.log.Warn("ddblease: heartbeat failed; retrying until the deadline", "fence", t.fence, "err", err)
-			next = l.opts.Now().Add(l.opts.RetryInterval)
+			// Back off, from RetryInterval up to half the heartbeat
+			// interval, so that an overloaded server is not made worse.
+			failures++
+			wait := l.opts.RetryInterval
+			for i := 1; i < failures && wait < l.opts.HeartbeatInterval/2; i++ {
+				wait *= 2
+			}
+			wait = min(wait, l.opts.HeartbeatInterval/2)
+			l.log.Warn("ddblease: heartbeat failed; retrying until the deadline", "fence", t.fence, "err", err, "retry_in", wait)
+			next = l.opts.Now().Add(wait)
+			continue
 		}
+		failures = 0
 	}
 }
 

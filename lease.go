@@ -387,15 +387,27 @@ func (l *Lease) poll(ctx context.Context) error {
 	return err
 }
 
+// pollInterval is how long a standby waits before it looks again: a
+// jittered RetryInterval (a tenth of it while the holder drains), or less
+// when the lease becomes takeable sooner, by its recorded expiry or by the
+// watch on its renewal version, so that a crashed holder's lease is taken
+// the moment it may be, without extra reads.
 func (l *Lease) pollInterval() time.Duration {
+	now := l.opts.Now()
 	l.mu.Lock()
-	fast := l.obs.present && l.obs.rec.Draining
+	o := l.obs
 	l.mu.Unlock()
 	d := l.opts.RetryInterval
-	if fast {
+	if o.present && o.rec.Draining {
 		d /= 10
 	}
-	return time.Duration(float64(d) * (0.75 + 0.2*rand.Float64()))
+	d = time.Duration(float64(d) * (0.75 + 0.2*rand.Float64()))
+	if o.present {
+		byExpiry := o.rec.ExpiresAt.Add(l.opts.MaxClockSkew).Sub(now)
+		byWatch := o.since.Add(max(l.opts.LeaseDuration, o.rec.Duration)).Sub(now)
+		d = min(d, max(min(byExpiry, byWatch)+time.Millisecond, 0))
+	}
+	return d
 }
 
 func (l *Lease) observe(rec Record, present bool) {
