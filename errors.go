@@ -53,6 +53,7 @@ type HeldError struct {
 	Draining  bool      // the holder is draining and about to resign
 }
 
+// Error names the job, the holder, its fence and the recorded expiry.
 func (e *HeldError) Error() string {
 	return fmt.Sprintf("ddblease: lease %q held by %q (fence %d) until %s",
 		e.Job, e.Owner, e.Fence, e.ExpiresAt.UTC().Format(time.RFC3339Nano))

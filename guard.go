@@ -42,6 +42,7 @@ type StaleFenceError struct {
 	err error
 }
 
+// Error names the job, the refused fence and the current one.
 func (e *StaleFenceError) Error() string {
 	if e.Current == 0 {
 		return fmt.Sprintf("ddblease: stale fence: %q fence %d refused: the job has no lease", e.Job, e.Fence)

@@ -27,6 +27,7 @@ type SlotTakenError struct {
 	Abandoned bool
 }
 
+// Error names the slot and the run that holds it.
 func (e *SlotTakenError) Error() string {
 	return fmt.Sprintf("ddblease: slot %s of %q taken: %s by %q (fence %d)",
 		fmtSlot(e.Run.Slot), e.Run.Job, e.Run.Status, e.Run.Owner, e.Run.Fence)

@@ -39,6 +39,7 @@ func Every(d time.Duration) Schedule { return every(d) }
 
 type every time.Duration
 
+// Next returns the first multiple of the period since the Unix epoch after t.
 func (e every) Next(t time.Time) time.Time {
 	d := time.Duration(e)
 	if d <= 0 {
@@ -55,6 +56,7 @@ func (e every) validate() error {
 	return nil
 }
 
+// String returns "every <d>".
 func (e every) String() string { return "every " + time.Duration(e).String() }
 
 // epochRem returns the time elapsed since the latest multiple of d since the
