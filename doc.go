@@ -71,8 +71,9 @@
 // # Errors
 //
 // ErrHeld, ErrLost, ErrNotLeader, ErrSlotTaken, ErrStaleFence,
-// ErrTransactionsUnsupported, ErrMalformedItem, ErrDrainTimeout and
-// ErrInvalid are sentinels to test with errors.Is; HeldError,
+// ErrTransactionsUnsupported, ErrMalformedItem, ErrDrainTimeout,
+// ErrNotResigned, ErrTableSchema and ErrInvalid are sentinels to test with
+// errors.Is; HeldError,
 // SlotTakenError and StaleFenceError carry the details. Errors from the
 // AWS SDK stay in the chain for errors.As.
 package ddblease
