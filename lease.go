@@ -161,7 +161,9 @@ func (l *Lease) Holder(ctx context.Context) (Record, error) {
 
 // TryAcquire makes one conditional write that takes the lease if it is free,
 // expired, or already this owner's, and returns the new fence. When another
-// owner holds a live lease it returns a *HeldError (errors.Is(err, ErrHeld)).
+// owner holds a live lease it returns a *HeldError (errors.Is(err, ErrHeld));
+// when the write's success is learned only after the tenure's local
+// deadline (a slow answer, retries), an error wrapping ErrLost.
 // On a handle that already leads, it renews the lease and returns the
 // current fence.
 func (l *Lease) TryAcquire(ctx context.Context) (int64, error) {
@@ -229,6 +231,10 @@ func (l *Lease) acquireLocked(ctx context.Context) (int64, error) {
 	}
 	rec, ours, err := l.write(ctx, l.opts.CallTimeout, in, rv)
 	switch {
+	case ours && !l.opts.Now().Before(now.Add(l.opts.LeaseDuration-l.opts.margin())):
+		// The write landed, but we learned it only after the tenure's
+		// local deadline: it is over before it began.
+		return 0, fmt.Errorf("%w: %q fence %d: the acquisition was confirmed only after its local deadline", ErrLost, l.job, rec.Fence)
 	case ours:
 		l.begin(rec, now)
 		return rec.Fence, nil
@@ -362,7 +368,7 @@ func (l *Lease) Acquire(ctx context.Context) (int64, error) {
 		} else if err = l.poll(ctx); err == nil && l.takeable() {
 			continue
 		}
-		if err != nil && !errors.Is(err, ErrHeld) {
+		if err != nil && !errors.Is(err, ErrHeld) && !errors.Is(err, ErrLost) {
 			if ctx.Err() != nil {
 				return 0, fmt.Errorf("ddblease: acquire %q: %w", l.job, context.Cause(ctx))
 			}

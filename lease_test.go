@@ -2,8 +2,10 @@ package ddblease_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -479,4 +481,43 @@ func TestResignEndsBeliefBeforeTheWrite(t *testing.T) {
 	})
 	require.NoError(t, a.Resign(ctx))
 	assert.Equal(t, int32(2), leaderDuringWrite.Load(), "IsLeader was true while the resignation was on its way")
+}
+
+// lateAnswers forwards every request and answers it after delay; the
+// answer to an UpdateItem is lost.
+type lateAnswers struct {
+	base  http.RoundTripper
+	delay time.Duration
+}
+
+func (l lateAnswers) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := l.base.RoundTrip(r)
+	time.Sleep(l.delay)
+	if err == nil && ddbtest.Op(r) == "UpdateItem" {
+		_ = resp.Body.Close()
+		return nil, errors.New("read tcp: connection reset by peer (injected)")
+	}
+	return resp, err
+}
+
+// Regression (fault suite, seed 2129): an acquisition whose success is
+// learned only after its tenure's local deadline is no tenure at all.
+func TestAcquisitionConfirmedTooLate(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 10*time.Second)
+	table := srv.NewTable(t)
+	slow := func(rt http.RoundTripper) http.RoundTripper { return lateAnswers{rt, 910 * time.Millisecond} }
+	a := newLease(t, noRetry{srv.Client(slow)}, table, "job", func(o *ddblease.Options) {
+		o.Owner, o.Logger, o.MaxClockSkew = "a", quiet, 50*time.Millisecond
+		// Each answer comes within CallTimeout, both together after the
+		// deadline (0.9 × 2 s).
+		o.LeaseDuration, o.HeartbeatInterval, o.CallTimeout = 2*time.Second, 999*time.Millisecond, 998*time.Millisecond
+	})
+	_, err := a.TryAcquire(ctx)
+	require.ErrorIs(t, err, ddblease.ErrLost)
+	assert.ErrorContains(t, err, "after its local deadline")
+	assert.False(t, a.IsLeader())
+	rec, err := a.Holder(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "a", rec.Owner, "the write did land")
 }

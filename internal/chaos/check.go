@@ -74,7 +74,9 @@ func Check(in CheckInput) (violations []string, st Stats) {
 	}
 	var ws []*window
 	for _, w := range wins {
-		ws = append(ws, w)
+		if w.end.After(w.start) { // else never believed: confirmed too late
+			ws = append(ws, w)
+		}
 	}
 	sort.Slice(ws, func(i, j int) bool { return ws[i].fence < ws[j].fence })
 	st.Tenures = len(ws)
