@@ -6,12 +6,12 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"sync"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/internal/reqcount"
 )
 
 // Per-call cost of the lease writes against a raw UpdateItem that sends the
@@ -25,26 +25,6 @@ import (
 //
 // The server is the in-process one unless DDBLEASE_TEST_ENDPOINT names
 // another (dynalite, say). BENCHMARKS.md has figures.
-
-// benchRecorder remembers the last UpdateItem request the library sent.
-type benchRecorder struct {
-	ddblease.DynamoDBAPI
-	mu   sync.Mutex
-	last *dynamodb.UpdateItemInput
-}
-
-func (r *benchRecorder) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
-	r.mu.Lock()
-	r.last = in
-	r.mu.Unlock()
-	return r.DynamoDBAPI.UpdateItem(ctx, in, optFns...)
-}
-
-func (r *benchRecorder) lastUpdate() *dynamodb.UpdateItemInput {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.last
-}
 
 func benchOpts(o *ddblease.Options) {
 	o.Owner = "bench"
@@ -84,16 +64,16 @@ func onKey(in *dynamodb.UpdateItemInput, job string) *dynamodb.UpdateItemInput {
 func captured(b *testing.B, table string) (acquire, heartbeat *dynamodb.UpdateItemInput) {
 	b.Helper()
 	ctx := context.Background()
-	rec := &benchRecorder{DynamoDBAPI: srv.Client(nil)}
+	rec := &reqcount.Recorder{DynamoDBAPI: srv.Client(nil)}
 	l := benchLease(b, rec, table, "capture")
 	if _, err := l.TryAcquire(ctx); err != nil {
 		b.Fatal(err)
 	}
-	acquire = rec.lastUpdate()
+	acquire = rec.LastUpdate()
 	if err := l.Heartbeat(ctx); err != nil {
 		b.Fatal(err)
 	}
-	heartbeat = rec.lastUpdate()
+	heartbeat = rec.LastUpdate()
 	if err := l.Resign(ctx); err != nil {
 		b.Fatal(err)
 	}

@@ -7,35 +7,13 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/internal/reqcount"
 )
-
-// recorder remembers the last UpdateItem request the library sent, so that
-// the raw calls send the very same request (expressions, names, values and
-// return-value settings), whatever the library's expressions become.
-type recorder struct {
-	ddblease.DynamoDBAPI
-	mu   sync.Mutex
-	last *dynamodb.UpdateItemInput
-}
-
-func (r *recorder) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
-	r.mu.Lock()
-	r.last = in
-	r.mu.Unlock()
-	return r.DynamoDBAPI.UpdateItem(ctx, in, optFns...)
-}
-
-func (r *recorder) lastUpdate() *dynamodb.UpdateItemInput {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.last
-}
 
 // keepVersion returns a copy of a heartbeat request that writes the renewal
 // version held by the item that the acquire request created (":rv" of
@@ -75,7 +53,7 @@ func (r *runner) overhead() {
 
 	// Capture the library's acquire and heartbeat requests (owner "ours",
 	// fence 1), and make an item that the heartbeat request renews.
-	rec := &recorder{DynamoDBAPI: db}
+	rec := &reqcount.Recorder{DynamoDBAPI: db}
 	capture, err := ddblease.New(rec, r.cfg.table, prefix+"-capture", opts("ours"))
 	if err != nil {
 		r.fail("overhead", err)
@@ -85,12 +63,12 @@ func (r *runner) overhead() {
 		r.fail("overhead", err)
 		return
 	}
-	acquireIn := rec.lastUpdate()
+	acquireIn := rec.LastUpdate()
 	if err := capture.Heartbeat(ctx); err != nil {
 		r.fail("overhead", err)
 		return
 	}
-	heartbeatIn := rec.lastUpdate()
+	heartbeatIn := rec.LastUpdate()
 	rawHB := prefix + "-hb-raw"
 	if _, err := db.UpdateItem(ctx, onKey(acquireIn, rawHB)); err != nil {
 		r.fail("overhead", err)
