@@ -74,6 +74,11 @@ type GuardOptions struct {
 	// FenceAttribute names the attribute in which Put and Update keep the
 	// target item's fence high-water mark (a number). Default "fence".
 	FenceAttribute string
+
+	// Observer, if not nil, is told of every write the guard refuses for a
+	// stale fence (EventStaleFence) and of every DynamoDB request it makes
+	// (EventCall), as Options.Observer is. Default nil.
+	Observer func(Event)
 }
 
 // Guard refuses side effects of stale leaders of one job: a write that

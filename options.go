@@ -67,6 +67,17 @@ type Options struct {
 	// context. Default slog.Default().
 	Logger *slog.Logger
 
+	// Observer, if not nil, is told of every change of leadership, renewal,
+	// job run and DynamoDB request of this handle (see Event). Use it for
+	// logs, metrics and alerts. It is called synchronously by the goroutine
+	// that made the change, after the change (IsLeader already answers the
+	// new state), never while a lock of the Lease is held, and one call at a
+	// time per handle, in the order of the changes; it may call the Lease's
+	// read methods. It must not block: a slow observer delays the goroutine
+	// that reports, which may be the one renewing the lease, though never
+	// the end of a tenure at its deadline. A panic in it is not recovered.
+	Observer func(Event)
+
 	// Now returns the current time. It must carry a monotonic reading, as
 	// time.Now's results do (offsets added with Add keep it). Default
 	// time.Now. Tests inject offset or drifting clocks here.

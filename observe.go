@@ -1,0 +1,179 @@
+package ddblease
+
+import (
+	"sync"
+	"time"
+)
+
+// EventKind says what an Event reports.
+type EventKind uint8
+
+// The kinds of Event. The fields each kind sets are listed beside it; Job,
+// Owner and Time are always set.
+const (
+	// EventCampaign: Run, RunSchedule or Acquire began to campaign.
+	EventCampaign EventKind = iota + 1
+	// EventAcquired: this handle took the lease. Fence, Latency (of the
+	// write that took it).
+	EventAcquired
+	// EventRenewed: a heartbeat landed. Fence, Latency, Margin (how long
+	// the tenure had left before its local deadline when the renewal was
+	// confirmed: the early warning before a loss).
+	EventRenewed
+	// EventLost: a tenure ended other than by this handle resigning.
+	// Fence, Reason, Err.
+	EventLost
+	// EventDraining: Run's context ended while leading; the leader context
+	// is cancelled and the lease is kept while fn returns. Fence.
+	EventDraining
+	// EventResigned: this handle gave the lease up. Fence; Err is set when
+	// the resignation could not be written (the lease then lapses at its
+	// expiry).
+	EventResigned
+	// EventLeaderSeen: a standby saw a holder it had not seen before.
+	// Holder, Fence.
+	EventLeaderSeen
+	// EventRunClaimed: a job run was claimed. Slot, Fence.
+	EventRunClaimed
+	// EventRunFinished: a job run's outcome was recorded. Slot, Fence,
+	// Status, Duration (from the claim), Err (fn's error, if any).
+	EventRunFinished
+	// EventSlotsMissed: a catch-up skipped slots that no tenure ran. Slot
+	// (the slot fired instead), Missed (-1 when unknown).
+	EventSlotsMissed
+	// EventStaleFence: a Guard refused a write. Fence (the one presented),
+	// Current (the one in force, when known), Op (the guard form).
+	EventStaleFence
+	// EventCall: a DynamoDB request finished. Op ("GetItem", "UpdateItem",
+	// ...), Outcome, Latency, Err.
+	EventCall
+)
+
+var eventNames = [...]string{
+	EventCampaign: "campaign", EventAcquired: "acquired", EventRenewed: "renewed", EventLost: "lost",
+	EventDraining: "draining", EventResigned: "resigned", EventLeaderSeen: "leader-seen",
+	EventRunClaimed: "run-claimed", EventRunFinished: "run-finished", EventSlotsMissed: "slots-missed",
+	EventStaleFence: "stale-fence", EventCall: "call",
+}
+
+// String returns the kind's name in lower case, such as "acquired".
+func (k EventKind) String() string {
+	if int(k) < len(eventNames) && eventNames[k] != "" {
+		return eventNames[k]
+	}
+	return "unknown"
+}
+
+// LossReason says why a tenure ended (EventLost).
+type LossReason string
+
+// The reasons a tenure ends other than by this handle's resignation.
+const (
+	// LossDeposed: the lease item names another owner or fence.
+	LossDeposed LossReason = "deposed"
+	// LossDeadline: the local deadline passed without a confirmed renewal.
+	LossDeadline LossReason = "deadline"
+	// LossResignedElsewhere: Resign (or ResignOnSignal) was called on this
+	// handle while Run led, or the handle gave the lease up on an operator's
+	// request.
+	LossResignedElsewhere LossReason = "resigned-elsewhere"
+	// LossPanic: the function given to Run panicked.
+	LossPanic LossReason = "panic"
+)
+
+// CallOutcome classifies a finished DynamoDB request (EventCall).
+type CallOutcome string
+
+// The outcomes of a DynamoDB request.
+const (
+	CallOK              CallOutcome = "ok"
+	CallConditionFailed CallOutcome = "condition_failed" // a condition or a transaction's check failed
+	CallThrottled       CallOutcome = "throttled"
+	CallError           CallOutcome = "error"    // refused: the request certainly did not apply
+	CallInDoubt         CallOutcome = "in_doubt" // no answer: a write may or may not have applied
+)
+
+// Event is one thing that happened to a lease or guard, as reported to
+// Options.Observer and GuardOptions.Observer. Which fields are set depends
+// on Kind.
+type Event struct {
+	Kind  EventKind
+	Job   string
+	Owner string    // this handle's owner id ("" for a Guard)
+	Time  time.Time // Options.Now when it happened
+
+	Fence    int64
+	Reason   LossReason    // EventLost
+	Err      error         // EventLost, EventResigned, EventRunFinished, EventCall
+	Holder   string        // EventLeaderSeen: the new holder's owner id
+	Margin   time.Duration // EventRenewed
+	Latency  time.Duration // EventAcquired, EventRenewed, EventCall
+	Op       string        // EventCall, EventStaleFence
+	Outcome  CallOutcome   // EventCall
+	Slot     time.Time     // EventRunClaimed, EventRunFinished, EventSlotsMissed
+	Status   RunStatus     // EventRunFinished
+	Duration time.Duration // EventRunFinished
+	Missed   int           // EventSlotsMissed
+	Current  int64         // EventStaleFence
+}
+
+// notifier delivers events to an observer in the order they were queued,
+// one at a time, never while a lock of the library's state is held.
+//
+// Events are queued by the goroutine that made the change, under the lock
+// that guards it, so that their order is the order of the changes; the same
+// goroutine then delivers whatever is queued. A goroutine that finds another
+// delivering leaves its events to it.
+type notifier struct {
+	fn func(Event)
+
+	mu         sync.Mutex
+	queue      []Event
+	delivering bool
+}
+
+// queue adds e to the queue. The caller then calls flush.
+func (n *notifier) push(e Event) {
+	if n.fn == nil {
+		return
+	}
+	n.mu.Lock()
+	n.queue = append(n.queue, e)
+	n.mu.Unlock()
+}
+
+// flush delivers the queued events, unless another goroutine is doing so.
+func (n *notifier) flush() {
+	if n.fn == nil {
+		return
+	}
+	for {
+		n.mu.Lock()
+		if n.delivering || len(n.queue) == 0 {
+			n.mu.Unlock()
+			return
+		}
+		q := n.queue
+		n.queue = nil
+		n.delivering = true
+		n.mu.Unlock()
+		n.deliver(q)
+	}
+}
+
+func (n *notifier) deliver(q []Event) {
+	defer func() {
+		n.mu.Lock()
+		n.delivering = false
+		n.mu.Unlock()
+	}()
+	for _, e := range q {
+		n.fn(e)
+	}
+}
+
+// emit queues e and delivers it at once.
+func (n *notifier) emit(e Event) {
+	n.push(e)
+	n.flush()
+}
