@@ -47,13 +47,19 @@ const (
 	// EventCall: a DynamoDB request finished. Op ("GetItem", "UpdateItem",
 	// ...), Outcome, Latency, Err.
 	EventCall
+	// EventRetry: a step failed and will be tried again (a poll, an
+	// acquisition, a heartbeat, a resignation, a claim). Op names the step,
+	// Err the failure, Fence the tenure if any.
+	EventRetry
+	// EventStopped: Run or RunSchedule returned. Err is what it returned.
+	EventStopped
 )
 
 var eventNames = [...]string{
 	EventCampaign: "campaign", EventAcquired: "acquired", EventRenewed: "renewed", EventLost: "lost",
 	EventDraining: "draining", EventResigned: "resigned", EventLeaderSeen: "leader-seen",
 	EventRunClaimed: "run-claimed", EventRunFinished: "run-finished", EventSlotsMissed: "slots-missed",
-	EventStaleFence: "stale-fence", EventCall: "call",
+	EventStaleFence: "stale-fence", EventCall: "call", EventRetry: "retry", EventStopped: "stopped",
 }
 
 // String returns the kind's name in lower case, such as "acquired".
@@ -104,11 +110,11 @@ type Event struct {
 
 	Fence    int64
 	Reason   LossReason    // EventLost
-	Err      error         // EventLost, EventResigned, EventRunFinished, EventCall
+	Err      error         // EventLost, EventResigned, EventRunFinished, EventCall, EventRetry, EventStopped
 	Holder   string        // EventLeaderSeen: the new holder's owner id
 	Margin   time.Duration // EventRenewed
 	Latency  time.Duration // EventAcquired, EventRenewed, EventCall
-	Op       string        // EventCall, EventStaleFence
+	Op       string        // EventCall, EventStaleFence, EventRetry
 	Outcome  CallOutcome   // EventCall
 	Slot     time.Time     // EventRunClaimed, EventRunFinished, EventSlotsMissed
 	Status   RunStatus     // EventRunFinished
