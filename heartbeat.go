@@ -106,11 +106,16 @@ type keeper struct {
 	done      chan struct{}
 	drainc    chan struct{}
 	drainOnce sync.Once
+	// resign is closed when a heartbeat returns an item that asks this
+	// tenure to resign (control.go).
+	resign     chan struct{}
+	resignOnce sync.Once
 }
 
 func (l *Lease) startKeeper(fence int64, lost func(error)) *keeper {
 	ctx, cancel := context.WithCancel(context.Background())
-	k := &keeper{l: l, fence: fence, lost: lost, cancel: cancel, done: make(chan struct{}), drainc: make(chan struct{})}
+	k := &keeper{l: l, fence: fence, lost: lost, cancel: cancel, done: make(chan struct{}), drainc: make(chan struct{}),
+		resign: make(chan struct{})}
 	go k.loop(ctx)
 	return k
 }
@@ -165,6 +170,7 @@ func (k *keeper) loop(ctx context.Context) {
 		switch {
 		case err == nil:
 			next = l.current().sentAt.Add(l.opts.HeartbeatInterval)
+			k.noticeControl()
 		case ctx.Err() != nil:
 			return
 		case errors.Is(err, ErrLost), errors.Is(err, ErrNotLeader):

@@ -41,12 +41,15 @@ type RunStatus string
 
 // Run states. A run is created running; Finish makes it succeeded or
 // failed; a newer tenure marks abandoned a run that an older one left
-// running (see RerunPolicy). The last three are final.
+// running (see RerunPolicy). RunSkippedByPause records a slot that fell
+// due while the job was paused (Admin.Pause): it did not run, and is run
+// only if the job is resumed with a catch-up. All but RunRunning are final.
 const (
-	RunRunning   RunStatus = "running"
-	RunSucceeded RunStatus = "succeeded"
-	RunFailed    RunStatus = "failed"
-	RunAbandoned RunStatus = "abandoned"
+	RunRunning        RunStatus = "running"
+	RunSucceeded      RunStatus = "succeeded"
+	RunFailed         RunStatus = "failed"
+	RunAbandoned      RunStatus = "abandoned"
+	RunSkippedByPause RunStatus = "skipped-by-pause"
 )
 
 // RerunPolicy says what a newer tenure does with a slot whose run an older
@@ -180,6 +183,7 @@ const (
 	attrClaims      = "claims"      // N: claims made, 1 + re-runs
 	attrMissed      = "missed"      // N: slots found missed by the catch-up; -1: unknown
 	attrAbandonedBy = "abandonedBy" // N: fence of the tenure that abandoned it
+	attrTrigger     = "trigger"     // S: id of the trigger request of a triggered run
 )
 
 // slotID formats a slot for the run item's key: RFC 3339 in UTC, with as
@@ -223,6 +227,9 @@ type RunRecord struct {
 	AbandonedBy int64
 	// ExpiresAt is when the item may be deleted (its time to live).
 	ExpiresAt time.Time
+	// Trigger is the id of the trigger request (Admin.Trigger) of a run
+	// made outside the schedule; empty for a schedule slot.
+	Trigger string
 
 	claim string
 }
@@ -247,7 +254,17 @@ func decodeRun(item map[string]types.AttributeValue) (RunRecord, error) {
 		return fail(fmt.Errorf("attribute %s is %q, not an RFC 3339 time", attrSlot, id))
 	}
 	r.Slot = r.Slot.UTC()
-	if want := runItemKey(r.Job, fmtSlot(r.Slot)); key != want {
+	want := runItemKey(r.Job, fmtSlot(r.Slot))
+	if _, ok := item[attrTrigger]; ok {
+		if r.Trigger, err = str(item, attrTrigger); err != nil {
+			return fail(err)
+		}
+		if !validTriggerID(r.Trigger) {
+			return fail(fmt.Errorf("attribute %s is %q, not a trigger id", attrTrigger, r.Trigger))
+		}
+		want = runItemKey(r.Job, triggerRunID(r.Slot, r.Trigger))
+	}
+	if key != want {
 		return fail(fmt.Errorf("key does not match its job and slot (%q)", want))
 	}
 	if r.Fence, err = num(item, attrFence); err != nil {
@@ -267,7 +284,7 @@ func decodeRun(item map[string]types.AttributeValue) (RunRecord, error) {
 		return fail(err)
 	}
 	switch r.Status = RunStatus(st); r.Status {
-	case RunRunning, RunSucceeded, RunFailed, RunAbandoned:
+	case RunRunning, RunSucceeded, RunFailed, RunAbandoned, RunSkippedByPause:
 	default:
 		return fail(fmt.Errorf("unknown status %q", st))
 	}
@@ -325,6 +342,7 @@ type JobRun struct {
 	claim   string
 	started time.Time
 	missed  int
+	trigger string
 
 	mu       sync.Mutex // held across Finish and Commit
 	finished bool
@@ -333,8 +351,13 @@ type JobRun struct {
 // Job returns the job name.
 func (r *JobRun) Job() string { return r.l.job }
 
-// Slot returns the slot: the schedule's nominal fire time, in UTC.
+// Slot returns the slot: the schedule's nominal fire time, in UTC; for a
+// triggered run, the time the trigger was requested.
 func (r *JobRun) Slot() time.Time { return r.slot }
+
+// Trigger returns the id of the trigger request (Admin.Trigger) of a run
+// made outside the schedule, and "" for a schedule slot.
+func (r *JobRun) Trigger() string { return r.trigger }
 
 // Fence returns the claimant's fence. Pass it to every guarded write.
 func (r *JobRun) Fence() int64 { return r.fence }
@@ -356,8 +379,9 @@ func (r *JobRun) Missed() (n int, known bool) {
 	return r.missed, true
 }
 
-// IdempotencyKey returns "<job>#<slot>", the same for every claim of the
-// slot, whatever the fence. A sink that refuses a key it has seen makes the
+// IdempotencyKey returns "<job>#<slot>" ("<job>#<slot>#trigger-<id>" for
+// a triggered run), the same for every claim of the slot, whatever the
+// fence. A sink that refuses a key it has seen makes the
 // slot's effect happen at most once even when the slot is run again (see
 // Rerun); pass the fence along as well, so that a stale leader is refused.
 func (r *JobRun) IdempotencyKey() string { return r.l.job + "#" + r.id }
@@ -400,11 +424,28 @@ func (l *Lease) Claim(ctx context.Context, slot time.Time, optFns ...func(*JobOp
 }
 
 func (l *Lease) claim(ctx context.Context, slot time.Time, o *JobOptions, token string, missed int) (*JobRun, error) {
+	return l.claimRun(ctx, slot, o, token, missed, claimSpec{})
+}
+
+// claimSpec says how claimRun departs from a plain claim (control.go).
+type claimSpec struct {
+	trigger   string    // a triggered run's trigger id: the run id is triggerRunID
+	status    RunStatus // the status written, if not RunRunning: a final one
+	reclaimed bool      // a run skipped by a pause may be claimed again
+}
+
+func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, token string, missed int, spec claimSpec) (*JobRun, error) {
 	id, err := slotID(slot)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
 	slot = slot.Round(0).UTC()
+	if spec.trigger != "" {
+		id = triggerRunID(slot, spec.trigger)
+	}
+	if spec.status == "" {
+		spec.status = RunRunning
+	}
 	now := l.opts.Now()
 	t := l.current()
 	if !t.held || !now.Before(t.deadline) {
@@ -425,20 +466,40 @@ func (l *Lease) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 	if o.Rerun == Rerun {
 		cond += " OR (#status = :running AND #fence < :fence)"
 	}
+	// A run that may be claimed again is running, so it has none of the
+	// attributes a finished run has: nothing needs removing, except from a
+	// run skipped by a pause, claimed again for a catch-up.
+	update := "SET #job = :job, #slot = :slot, #fence = :fence, #owner = :me, #claim = :claim, " +
+		"#status = :st, #start = :now, #ttl = :ttl, #missed = :missed, " +
+		"#claims = if_not_exists(#claims, :zero) + :one"
+	values[":st"] = avS(string(spec.status))
+	if spec.status != RunRunning {
+		update += ", #fin = :now"
+		names["#fin"] = attrFinishedAt
+	}
+	if spec.trigger != "" {
+		update += ", #trig = :trig"
+		names["#trig"], values[":trig"] = attrTrigger, avS(spec.trigger)
+	}
+	if spec.reclaimed {
+		cond += " OR #status = :skipped"
+		values[":skipped"] = avS(string(RunSkippedByPause))
+		if spec.status == RunRunning {
+			update += " REMOVE #fin"
+			names["#fin"] = attrFinishedAt
+		}
+	}
 	upd := &types.Update{
-		TableName: aws.String(l.table),
-		Key:       key,
-		// A run that may be claimed again is running, so it has none of the
-		// attributes a finished run has: nothing needs removing.
-		UpdateExpression: aws.String("SET #job = :job, #slot = :slot, #fence = :fence, #owner = :me, #claim = :claim, " +
-			"#status = :running, #start = :now, #ttl = :ttl, #missed = :missed, " +
-			"#claims = if_not_exists(#claims, :zero) + :one"),
+		TableName:        aws.String(l.table),
+		Key:              key,
+		UpdateExpression: aws.String(update),
 		ConditionExpression:                 aws.String(cond),
 		ExpressionAttributeNames:            names,
 		ExpressionAttributeValues:           values,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	}
-	run := &JobRun{l: l, slot: slot, id: id, key: key, fence: t.fence, claim: token, started: now.Round(0), missed: missed}
+	run := &JobRun{l: l, slot: slot, id: id, key: key, fence: t.fence, claim: token, started: now.Round(0), missed: missed,
+		trigger: spec.trigger, finished: spec.status != RunRunning}
 	failed, old, err := l.claimWrite(ctx, t, upd, o)
 	switch {
 	case errors.Is(err, ErrLost):

@@ -72,8 +72,10 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 		case <-leaderCtx.Done():
 			return
 		case <-ctx.Done():
+			cancelLeader(fmt.Errorf("ddblease: shutting down: %w", context.Cause(ctx)))
+		case <-k.resign: // an operator's resign request (control.go): drain as on shutdown
+			cancelLeader(fmt.Errorf("%w: fence %d", ErrResignRequested, fence))
 		}
-		cancelLeader(fmt.Errorf("ddblease: shutting down: %w", context.Cause(ctx)))
 		k.drain()
 		t := time.NewTimer(l.opts.DrainTimeout)
 		defer t.Stop()
@@ -108,6 +110,14 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 	}
 	if ctx.Err() == nil && errors.Is(cause, ErrLost) && fnErr == nil {
 		l.log.Warn("ddblease: leadership lost; campaigning again", "fence", fence, "cause", cause)
+		l.yieldAfter(ctx, fence) // released by force: let another replica lead (control.go)
+		return false, nil
+	}
+	if ctx.Err() == nil && errors.Is(cause, ErrResignRequested) && fnErr == nil {
+		if err := errors.Join(resignErr, drainErr); err != nil {
+			l.log.Warn("ddblease: resignation on request incomplete", "fence", fence, "err", err)
+		}
+		l.yieldAfter(ctx, fence) // let another replica lead (control.go)
 		return false, nil
 	}
 	return true, errors.Join(fnErr, resignErr, drainErr)

@@ -199,16 +199,24 @@ type runner struct {
 	// claims with unknown outcomes: a sweep abandons such a claim if it did
 	// land.
 	givenUp []string
+	ctl     runnerControl // operator controls (control.go)
 }
 
 // lead is the function given to Run: it fires slots for one tenure.
 func (r *runner) lead(ctx context.Context, fence int64) error {
+	r.ctl.look = true // control.go: read the operator controls before the first wait
 	for ctx.Err() == nil {
+		if err := r.lookIfAsked(ctx, fence); err != nil { // control.go: triggers, catch-up
+			return err
+		}
 		slot, missed, ok, err := r.due(ctx, fence)
 		if err != nil || !ok {
 			return err
 		}
-		handled, err := r.fire(ctx, fence, slot, missed)
+		if slot.IsZero() {
+			continue // control.go: woken by a change of the operator controls
+		}
+		handled, err := r.fireUnlessPaused(ctx, fence, slot, missed) // control.go
 		if err != nil {
 			return err
 		}
@@ -246,8 +254,10 @@ func (r *runner) due(ctx context.Context, fence int64) (slot time.Time, missed i
 			return time.Time{}, 0, false, nil
 		}
 		if first.After(now) {
-			if sleep(ctx, min(first.Sub(now), maxSleep)) != nil {
-				return time.Time{}, 0, false, nil
+			// control.go: an operator request wakes the wait; due then
+			// returns no slot, and lead reads the controls.
+			if woken, err := r.wait(ctx, min(first.Sub(now), maxSleep)); err != nil || woken {
+				return time.Time{}, 0, err == nil, nil
 			}
 			continue
 		}
