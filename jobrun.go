@@ -490,9 +490,9 @@ func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, tok
 		}
 	}
 	upd := &types.Update{
-		TableName:        aws.String(l.table),
-		Key:              key,
-		UpdateExpression: aws.String(update),
+		TableName:                           aws.String(l.table),
+		Key:                                 key,
+		UpdateExpression:                    aws.String(update),
 		ConditionExpression:                 aws.String(cond),
 		ExpressionAttributeNames:            names,
 		ExpressionAttributeValues:           values,
