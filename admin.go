@@ -366,11 +366,12 @@ func (a *Admin) RequestResign(ctx context.Context, job string, fence int64) (Rec
 // run. Pausing a paused job changes nothing (who paused it first, and when,
 // stay recorded). It returns the item as written.
 func (a *Admin) Pause(ctx context.Context, job string) (Record, error) {
-	names := map[string]string{"#p": attrPaused, "#pby": attrPausedBy, "#pat": attrPausedAt, "#cu": attrCatchUp}
+	names := map[string]string{"#p": attrPaused, "#pby": attrPausedBy, "#pat": attrPausedAt, "#cuw": attrCatchUpWanted}
 	values := map[string]types.AttributeValue{
-		":true": avBool(true), ":me": avS(a.o.Operator), ":now": avN(a.o.Now().UnixMilli()),
+		":true": avBool(true), ":false": avBool(false), ":me": avS(a.o.Operator), ":now": avN(a.o.Now().UnixMilli()),
 	}
-	rec, failed, err := a.update(ctx, job, "SET #p = :true, #pby = :me, #pat = :now REMOVE #cu",
+	// A catch-up not yet handled is cancelled by the new pause.
+	rec, failed, err := a.update(ctx, job, "SET #p = :true, #pby = :me, #pat = :now, #cuw = :false",
 		"attribute_not_exists(#p) OR #p <> :true", names, values)
 	if err != nil {
 		return Record{}, err
@@ -388,16 +389,13 @@ func (a *Admin) Pause(ctx context.Context, job string) (Record, error) {
 // asked for it. Resuming a job that is not paused is an error wrapping
 // ErrInvalid. It returns the item as written.
 func (a *Admin) Resume(ctx context.Context, job string, catchUp bool) (Record, error) {
-	names := map[string]string{"#p": attrPaused, "#rby": attrResumedBy, "#rat": attrResumedAt}
+	names := map[string]string{"#p": attrPaused, "#rby": attrResumedBy, "#rat": attrResumedAt,
+		"#cu": attrCatchUp, "#cuw": attrCatchUpWanted}
 	values := map[string]types.AttributeValue{
 		":false": avBool(false), ":true": avBool(true), ":me": avS(a.o.Operator), ":now": avN(a.o.Now().UnixMilli()),
+		":cu": avS(randomID(8)), ":cuw": avBool(catchUp),
 	}
-	update := "SET #p = :false, #rby = :me, #rat = :now"
-	if catchUp {
-		update += ", #cu = :cu"
-		names["#cu"] = attrCatchUp
-		values[":cu"] = avS(randomID(8))
-	}
+	update := "SET #p = :false, #rby = :me, #rat = :now, #cu = :cu, #cuw = :cuw"
 	rec, failed, err := a.update(ctx, job, update, "#p = :true", names, values)
 	switch {
 	case err != nil:
@@ -430,16 +428,31 @@ func (t Trigger) RunID() string { return triggerRunID(t.At, t.ID) }
 // wrapping ErrUnknownJob.
 func (a *Admin) Trigger(ctx context.Context, job string) (Trigger, error) {
 	t := Trigger{Job: job, ID: randomID(8), At: time.UnixMilli(a.o.Now().UnixMilli()).UTC()}
-	names := map[string]string{"#t": triggerPrefix + t.ID}
-	values := map[string]types.AttributeValue{":at": avN(t.At.UnixMilli())}
-	_, failed, err := a.update(ctx, job, "SET #t = :at", "", names, values)
-	if err != nil {
-		return Trigger{}, err
+	// The map of requests is created by the first one; a nested SET needs
+	// it to exist. Two tries cover a race with another first request.
+	for range 3 {
+		names := map[string]string{"#tr": attrTriggers, "#id": t.ID}
+		values := map[string]types.AttributeValue{":at": avN(t.At.UnixMilli())}
+		_, failed, err := a.update(ctx, job, "SET #tr.#id = :at", "attribute_type(#tr, :tm)", names,
+			map[string]types.AttributeValue{":at": values[":at"], ":tm": avS("M")})
+		if err != nil {
+			return Trigger{}, err
+		}
+		if !failed {
+			return t, nil
+		}
+		names = map[string]string{"#tr": attrTriggers}
+		values[":m"] = &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{t.ID: values[":at"], triggerKeep: avN(0)}}
+		delete(values, ":at")
+		_, failed, err = a.update(ctx, job, "SET #tr = :m", "attribute_not_exists(#tr)", names, values)
+		if err != nil {
+			return Trigger{}, err
+		}
+		if !failed {
+			return t, nil
+		}
 	}
-	if failed {
-		return Trigger{}, fmt.Errorf("ddblease: trigger %q: the lease item changed; try again", job)
-	}
-	return t, nil
+	return Trigger{}, fmt.Errorf("ddblease: trigger %q: the lease item keeps changing; try again", job)
 }
 
 // TriggerRun reads the run of a trigger with a strongly consistent read.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -23,16 +22,23 @@ const (
 	attrPausedAt      = "pausedAt"      // N: Unix ms, operator's clock
 	attrResumedBy     = "resumedBy"     // S
 	attrResumedAt     = "resumedAt"     // N: Unix ms
-	attrCatchUp       = "catchUp"       // S: token of a pending catch-up request
+	attrCatchUp       = "catchUp"       // S: token of the latest resumption
+	attrCatchUpWanted = "catchUpWanted" // BOOL: that resumption asked for a catch-up
+	attrCatchUpDone   = "catchUpDone"   // S: token of the latest catch-up handled
 	attrResignFence   = "resignFence"   // N: the tenure asked to resign
 	attrResignBy      = "resignBy"      // S
 	attrResignAt      = "resignAt"      // N: Unix ms
 	attrReleasedFence = "releasedFence" // N: the tenure force-released
 	attrReleasedBy    = "releasedBy"    // S
 	attrReleasedAt    = "releasedAt"    // N: Unix ms
-	// triggerPrefix + id names a pending trigger request; its value (N) is
-	// the requested slot, Unix ms.
-	triggerPrefix = "trigger#"
+	// attrTriggers maps the id of each pending trigger request to its
+	// slot (N, Unix ms). Handled requests are removed from the map with a
+	// nested REMOVE. The map keeps a placeholder entry, triggerKeep, so
+	// that it is never emptied: the in-process test server mishandles the
+	// removal of a map's last entry, and ignores top-level REMOVE actions
+	// (which is why no other control is cleared by removing an attribute).
+	attrTriggers = "triggers" // M
+	triggerKeep  = "-"
 )
 
 // ErrResignRequested is the cause (context.Cause) of a leader context that
@@ -75,7 +81,6 @@ type Control struct {
 
 // pendingTrigger is one trigger request found in a lease item.
 type pendingTrigger struct {
-	attr string // the attribute that holds it
 	id   string
 	slot time.Time
 }
@@ -85,7 +90,12 @@ type pendingTrigger struct {
 func decodeControl(item map[string]types.AttributeValue) (Control, error) {
 	var c Control
 	var err error
+	var catchUpDone string
+	var wanted bool
 	if c.Paused, err = optBool(item, attrPaused); err != nil {
+		return Control{}, err
+	}
+	if wanted, err = optBool(item, attrCatchUpWanted); err != nil {
 		return Control{}, err
 	}
 	for _, s := range []struct {
@@ -93,7 +103,7 @@ func decodeControl(item map[string]types.AttributeValue) (Control, error) {
 		dst  *string
 	}{
 		{attrPausedBy, &c.PausedBy}, {attrResumedBy, &c.ResumedBy}, {attrCatchUp, &c.catchUp},
-		{attrResignBy, &c.ResignBy}, {attrReleasedBy, &c.ReleasedBy},
+		{attrCatchUpDone, &catchUpDone}, {attrResignBy, &c.ResignBy}, {attrReleasedBy, &c.ReleasedBy},
 	} {
 		if _, ok := item[s.name]; !ok {
 			continue
@@ -101,6 +111,9 @@ func decodeControl(item map[string]types.AttributeValue) (Control, error) {
 		if *s.dst, err = str(item, s.name); err != nil {
 			return Control{}, err
 		}
+	}
+	if !wanted || c.catchUp == catchUpDone {
+		c.catchUp = ""
 	}
 	c.CatchUpPending = c.catchUp != ""
 	for _, t := range []struct {
@@ -139,24 +152,31 @@ func decodeControl(item map[string]types.AttributeValue) (Control, error) {
 // pendingTriggers returns the trigger requests of a lease item, oldest
 // first.
 func pendingTriggers(item map[string]types.AttributeValue) ([]pendingTrigger, error) {
+	v, ok := item[attrTriggers]
+	if !ok {
+		return nil, nil
+	}
+	m, ok := v.(*types.AttributeValueMemberM)
+	if !ok {
+		return nil, fmt.Errorf("attribute %s is not a map", attrTriggers)
+	}
 	var out []pendingTrigger
-	for name := range item {
-		id, ok := strings.CutPrefix(name, triggerPrefix)
-		if !ok {
+	for id := range m.Value {
+		if id == triggerKeep {
 			continue
 		}
 		if !validTriggerID(id) {
-			return nil, fmt.Errorf("attribute %q does not name a trigger id", name)
+			return nil, fmt.Errorf("attribute %s: %q is not a trigger id", attrTriggers, id)
 		}
-		ms, err := num(item, name)
+		ms, err := num(m.Value, id)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("attribute %s: %v", attrTriggers, err)
 		}
 		slot := time.UnixMilli(ms).UTC()
 		if _, err := slotID(slot); err != nil {
-			return nil, fmt.Errorf("attribute %q: %v", name, err)
+			return nil, fmt.Errorf("attribute %s: trigger %s: %v", attrTriggers, id, err)
 		}
-		out = append(out, pendingTrigger{attr: name, id: id, slot: slot})
+		out = append(out, pendingTrigger{id: id, slot: slot})
 	}
 	// Oldest first; ties by id, so that the order is stable.
 	for i := 1; i < len(out); i++ {
@@ -432,7 +452,7 @@ func (r *runner) runTrigger(ctx context.Context, fence int64, tr pendingTrigger)
 		}
 		return
 	}
-	r.clearControl(ctx, "REMOVE #a", "", map[string]string{"#a": tr.attr}, map[string]types.AttributeValue{})
+	r.clearControl(ctx, "REMOVE #tr.#id", "", map[string]string{"#tr": attrTriggers, "#id": tr.id}, map[string]types.AttributeValue{})
 	delete(r.ctl.tokens, tr.id)
 }
 
@@ -467,7 +487,7 @@ func (r *runner) catchUp(ctx context.Context, fence int64, c Control) {
 			l.log.Error("ddblease: catch-up: the schedule failed; dropping the request", "err", err)
 		}
 	}
-	r.clearControl(ctx, "REMOVE #cu", "#cu = :cu", map[string]string{"#cu": attrCatchUp},
+	r.clearControl(ctx, "SET #cud = :cu", "#cu = :cu", map[string]string{"#cu": attrCatchUp, "#cud": attrCatchUpDone},
 		map[string]types.AttributeValue{":cu": avS(c.catchUp)})
 	delete(r.ctl.tokens, c.catchUp)
 }

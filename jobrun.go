@@ -440,6 +440,7 @@ func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, tok
 		return nil, fmt.Errorf("claim: %w", err)
 	}
 	slot = slot.Round(0).UTC()
+	slotText := id
 	if spec.trigger != "" {
 		id = triggerRunID(slot, spec.trigger)
 	}
@@ -458,7 +459,7 @@ func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, tok
 		"#claims": attrClaims, "#missed": attrMissed,
 	}
 	values := map[string]types.AttributeValue{
-		":job": avS(l.job), ":slot": avS(id), ":fence": avN(t.fence), ":me": avS(l.opts.Owner),
+		":job": avS(l.job), ":slot": avS(slotText), ":fence": avN(t.fence), ":me": avS(l.opts.Owner),
 		":claim": avS(token), ":running": avS(string(RunRunning)), ":now": avN(now.UnixMilli()),
 		":ttl": avN(now.Add(o.Retention).Unix()), ":zero": avN(0), ":one": avN(1), ":missed": avN(int64(missed)),
 	}
@@ -473,6 +474,9 @@ func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, tok
 		"#status = :st, #start = :now, #ttl = :ttl, #missed = :missed, " +
 		"#claims = if_not_exists(#claims, :zero) + :one"
 	values[":st"] = avS(string(spec.status))
+	if o.Rerun != Rerun {
+		delete(values, ":running")
+	}
 	if spec.status != RunRunning {
 		update += ", #fin = :now"
 		names["#fin"] = attrFinishedAt
