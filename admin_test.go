@@ -364,6 +364,15 @@ func TestTrigger(t *testing.T) {
 	runs := log.all()
 	require.Len(t, runs, 1)
 	assert.Equal(t, tr.ID, runs[0].Trigger)
+	// One right after the other: the leader, waiting for its next slot,
+	// is woken for each.
+	for range 2 {
+		tr, err := admin.Trigger(ctx, "report")
+		require.NoError(t, err)
+		run, err := admin.WaitRun(ctx, tr, 20*time.Millisecond)
+		require.NoError(t, err)
+		assert.Equal(t, ddblease.RunSucceeded, run.Status)
+	}
 
 	// While paused, and failing.
 	_, err = admin.Pause(ctx, "report")
@@ -379,13 +388,13 @@ func TestTrigger(t *testing.T) {
 		st, err := admin.Job(ctx, "report")
 		return err == nil && st.Lease.Control.Triggers == 0
 	})
-	assert.Len(t, log.all(), 2, "each trigger ran once")
+	assert.Len(t, log.all(), 4, "each trigger ran once")
 
 	all, err := admin.Runs(ctx, "report", time.Time{})
 	require.NoError(t, err)
-	require.Len(t, all, 2)
+	require.Len(t, all, 4)
 	assert.Equal(t, tr.ID, all[0].Trigger)
-	assert.Equal(t, tr2.ID, all[1].Trigger)
+	assert.Equal(t, tr2.ID, all[3].Trigger)
 }
 
 // Triggers and resign requests under faults: responses of the leader's

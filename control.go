@@ -76,7 +76,8 @@ type Control struct {
 	// Triggers counts the trigger requests the leader has not taken up yet.
 	Triggers int
 
-	catchUp string
+	catchUp  string
+	triggers string // ids of the pending triggers, oldest first: a change wakes the runner
 }
 
 // pendingTrigger is one trigger request found in a lease item.
@@ -146,6 +147,9 @@ func decodeControl(item map[string]types.AttributeValue) (Control, error) {
 		return Control{}, err
 	}
 	c.Triggers = len(trs)
+	for _, t := range trs {
+		c.triggers += t.id
+	}
 	return c, nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
+	"github.com/aws/smithy-go/logging"
 	"github.com/ddblease/ddblease"
 )
 
@@ -49,6 +50,7 @@ type globals struct {
 	json     bool
 	skew     time.Duration
 	timeout  time.Duration
+	debug    bool
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
@@ -57,6 +59,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.region, "region", "", "AWS `region` (default: the SDK's, from $AWS_REGION or the profile)")
 	fs.BoolVar(&g.json, "json", false, "print JSON instead of a table")
 	fs.DurationVar(&g.skew, "max-clock-skew", ddblease.DefaultMaxClockSkew, "the replicas' MaxClockSkew, shown with expiry times")
+	fs.BoolVar(&g.debug, "debug", false, "log the SDK's requests, responses and retries on stderr")
 	fs.DurationVar(&g.timeout, "timeout", 30*time.Second, "bound on each command but watch and trigger --wait (0: none)")
 }
 
@@ -219,6 +222,13 @@ func (e *env) connect(ctx context.Context) error {
 	}
 	if _, err := cfg.Credentials.Retrieve(cctx); err != nil {
 		return fmt.Errorf("no AWS credentials found (set AWS_PROFILE or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run with a role): %w", err)
+	}
+	if !e.g.debug {
+		// The SDK's own warnings (a test server's wrong CRC32, say) would
+		// break the one-line error rule; errors are returned anyway.
+		cfg.Logger = logging.Nop{}
+	} else {
+		cfg.ClientLogMode = aws.LogRetries | aws.LogRequest | aws.LogResponse
 	}
 	e.db = dynamodb.NewFromConfig(cfg, func(o *dynamodb.Options) {
 		if e.g.endpoint != "" {
