@@ -50,7 +50,6 @@ func TestDecodeControl(t *testing.T) {
 		"pausedBy not a string": func(m map[string]types.AttributeValue) { m[attrPausedBy] = avN(1) },
 		"negative resign fence": func(m map[string]types.AttributeValue) { m[attrResignFence] = avN(-1) },
 		"released fence float": func(m map[string]types.AttributeValue) {
-			
 			m[attrReleasedFence] = &types.AttributeValueMemberN{Value: "1.5"}
 		},
 		"catch-up wanted string": func(m map[string]types.AttributeValue) { m[attrCatchUpWanted] = avS("true") },
