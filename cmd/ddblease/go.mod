@@ -10,6 +10,7 @@ require (
 	github.com/ddblease/ddblease v0.0.0-00010101000000-000000000000
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
+	go.yaml.in/yaml/v3 v3.0.5
 )
 
 require (
@@ -26,6 +27,5 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/ssooidc v1.44.5 // indirect
 	github.com/aws/aws-sdk-go-v2/service/sts v1.52.0 // indirect
 	github.com/truora/minidyn v0.8.2 // indirect
-	go.yaml.in/yaml/v3 v3.0.5 // indirect
 )
 
