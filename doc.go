@@ -59,6 +59,18 @@
 // it together with the run's completion (JobRun.Commit), or key it by
 // JobRun.IdempotencyKey in a sink that refuses a key twice.
 //
+// # Operating jobs
+//
+// Admin is the operator's handle on a table: it lists jobs and runs, and
+// acts through the lease item, which the replicas read. RequestResign asks
+// the current tenure to hand over (Run honours it at its next heartbeat,
+// like a SIGTERM, and lets another replica lead); ForceRelease raises the
+// fence in one write, so the holder is refused at once; Pause and Resume
+// stop and restart RunSchedule's firing (slots due meanwhile are recorded
+// as RunSkippedByPause); Trigger asks the leader for an extra run of the
+// job, claimed and fenced like a slot. The ddblease command
+// (cmd/ddblease) calls them.
+//
 // # Guarding side effects
 //
 // A Guard, which may live in another service, refuses writes that carry a
@@ -72,7 +84,8 @@
 //
 // ErrHeld, ErrLost, ErrNotLeader, ErrSlotTaken, ErrStaleFence,
 // ErrTransactionsUnsupported, ErrMalformedItem, ErrDrainTimeout,
-// ErrNotResigned, ErrTableSchema and ErrInvalid are sentinels to test with
+// ErrNotResigned, ErrTableSchema, ErrUnknownJob, ErrNotHeld,
+// ErrResignRequested and ErrInvalid are sentinels to test with
 // errors.Is; HeldError,
 // SlotTakenError and StaleFenceError carry the details. Errors from the
 // AWS SDK stay in the chain for errors.As.
