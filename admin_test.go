@@ -518,3 +518,54 @@ func TestJobsAndRuns(t *testing.T) {
 	assert.ErrorIs(t, err, ddblease.ErrMalformedItem)
 	assert.Len(t, jobs, 3)
 }
+
+// Pause under faults: the leader's reads of the lease item fail now and
+// then, and its writes lose their answers. No slot that falls due after
+// the pause was written runs; slots are recorded as skipped-by-pause, and
+// after the resumption the schedule goes on without running them.
+func TestPauseUnderFaults(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table := srv.NewTable(t)
+	faults := ddbtest.NewFaults(nil)
+	admin := newAdmin(t, srv.Client(nil), table)
+	l := newLease(t, srv.Client(faults.Wrap), table, "tock", fast("a"))
+	log := newSlotLog()
+	stop := runScheduleAsync(ctx, l, ddblease.Every(250*time.Millisecond), log.fn)
+	defer func() { assert.NoError(t, stop()) }()
+	receive(t, log.ch, "a first run")
+	var mu sync.Mutex
+	n := 0
+	faults.Set(func(op string) ddbtest.Action {
+		mu.Lock()
+		defer mu.Unlock()
+		n++
+		switch {
+		case op == "GetItem" && n%3 == 0:
+			return ddbtest.ServerError
+		case (op == "UpdateItem" || op == "TransactWriteItems") && n%4 == 0:
+			return ddbtest.DropResponse
+		}
+		return ddbtest.Pass
+	})
+
+	_, err := admin.Pause(ctx, "tock")
+	require.NoError(t, err)
+	paused := time.Now()
+	eventually(t, "slots skipped by the pause", func() bool {
+		return len(runsWith(t, admin, "tock", ddblease.RunSkippedByPause, paused)) >= 3
+	})
+	for _, r := range log.all() {
+		assert.True(t, r.Slot.Before(paused), "slot %v fired after the pause", r.Slot)
+	}
+	_, err = admin.Resume(ctx, "tock", false)
+	require.NoError(t, err)
+	resumed := time.Now()
+	eventually(t, "runs after the resumption", func() bool {
+		return slices.ContainsFunc(log.all(), func(r ddblease.RunRecord) bool { return r.Slot.After(resumed) })
+	})
+	for _, s := range runsWith(t, admin, "tock", ddblease.RunSkippedByPause, time.Time{}) {
+		assert.False(t, slices.ContainsFunc(log.all(), func(r ddblease.RunRecord) bool { return r.Slot.Equal(s.Slot) }),
+			"slot %v skipped by the pause ran", s.Slot)
+	}
+}

@@ -350,29 +350,42 @@ func (r *runner) lookIfAsked(ctx context.Context, fence int64) error {
 		return nil
 	}
 	r.ctl.look = false
-	_, err := r.control(ctx, fence)
+	_, _, err := r.control(ctx, fence)
 	return err
 }
 
 // fireUnlessPaused reads the controls and fires slot, or records it as
-// skipped by the pause.
+// skipped by the pause. While the controls cannot be read, it does
+// neither: firing might break a pause. It reads again every RetryInterval,
+// and gives the slot up once the next one is due (the catch-up that
+// follows counts it as missed, as it does a slot whose claim kept failing).
 func (r *runner) fireUnlessPaused(ctx context.Context, fence int64, slot time.Time, missed int) (handled bool, err error) {
-	paused, err := r.control(ctx, fence)
-	if err != nil || ctx.Err() != nil {
-		return false, err
+	l := r.l
+	for {
+		paused, known, err := r.control(ctx, fence)
+		switch {
+		case err != nil || ctx.Err() != nil:
+			return false, err
+		case known && !paused:
+			return r.fire(ctx, fence, slot, missed)
+		case known:
+			return r.skip(ctx, fence, slot), nil
+		}
+		if next, nerr := nextSlot(r.sched, slot); nerr == nil && !next.IsZero() && !next.After(l.opts.Now()) {
+			l.log.Warn("ddblease: slot given up: the operator controls could not be read before the next one was due", "slot", fmtSlot(slot))
+			return false, nil
+		}
+		if sleep(ctx, l.opts.RetryInterval) != nil {
+			return false, nil
+		}
 	}
-	if !paused {
-		return r.fire(ctx, fence, slot, missed)
-	}
-	return r.skip(ctx, fence, slot), nil
 }
 
 // control reads the lease item with a strongly consistent read, runs the
 // pending triggers and catch-up, and returns whether the job is paused.
-// When the item cannot be read for a transient reason, it logs and keeps
-// the pause state it read last. err is set only when the campaign must
-// stop.
-func (r *runner) control(ctx context.Context, fence int64) (paused bool, err error) {
+// known is false when the item could not be read (a transient error, or a
+// malformed item: logged). err is set only when the campaign must stop.
+func (r *runner) control(ctx context.Context, fence int64) (paused, known bool, err error) {
 	l := r.l
 	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
 	out, err := l.db.GetItem(cctx, &dynamodb.GetItemInput{
@@ -381,22 +394,24 @@ func (r *runner) control(ctx context.Context, fence int64) (paused bool, err err
 	cancel()
 	switch {
 	case ctx.Err() != nil:
-		return false, nil
+		return false, false, nil
 	case err != nil && retryable(err):
-		l.log.Warn("ddblease: could not read the operator controls; keeping the last state read", "paused", r.ctl.paused, "err", err)
-		return r.ctl.paused, nil
+		l.log.Warn("ddblease: could not read the operator controls", "err", err)
+		return false, false, nil
 	case err != nil:
-		return false, fmt.Errorf("ddblease: read lease %q: %w", l.job, err)
+		return false, false, fmt.Errorf("ddblease: read lease %q: %w", l.job, err)
 	case len(out.Item) == 0:
-		return r.ctl.paused, nil // the tenure is over: the claim will say so
+		return r.ctl.paused, true, nil // the tenure is over: the claim will say so
 	}
 	rec, err := decodeLease(out.Item)
 	if err != nil {
-		l.log.Error("ddblease: the lease item is malformed; keeping the last state read", "err", err)
-		return r.ctl.paused, nil
+		l.log.Error("ddblease: the lease item is malformed", "err", err)
+		return false, false, nil
 	}
 	if rec.Fence != fence {
-		return r.ctl.paused, nil
+		// The tenure is over; the keeper ends it soon. Without a
+		// transaction, a claim would rest on the local tenure alone.
+		return false, false, nil
 	}
 	c := rec.Control
 	l.ctl.note(c)
@@ -411,14 +426,14 @@ func (r *runner) control(ctx context.Context, fence int64) (paused bool, err err
 	trs, _ := pendingTriggers(out.Item) // decodeLease checked them
 	for _, tr := range trs {
 		if ctx.Err() != nil {
-			return c.Paused, nil
+			return c.Paused, true, nil
 		}
 		r.runTrigger(ctx, fence, tr)
 	}
 	if c.catchUp != "" && !c.Paused && ctx.Err() == nil {
 		r.catchUp(ctx, fence, c)
 	}
-	return c.Paused, nil
+	return c.Paused, true, nil
 }
 
 // token returns the claim token used for the request id, the same on every

@@ -35,10 +35,26 @@ func deployDoc(t *testing.T) string {
 // codeBlocks returns the fenced code blocks of a Markdown text in the given
 // language.
 func codeBlocks(doc, lang string) []string {
-	re := regexp.MustCompile("(?s)```" + lang + "\n(.*?)```")
 	var out []string
-	for _, m := range re.FindAllStringSubmatch(doc, -1) {
-		out = append(out, m[1])
+	var cur *strings.Builder
+	for _, line := range strings.SplitAfter(doc, "\n") {
+		trimmed := strings.TrimRight(line, "\n")
+		switch {
+		case cur == nil && strings.HasPrefix(trimmed, "```"):
+			if strings.TrimPrefix(trimmed, "```") == lang {
+				cur = &strings.Builder{}
+			} else {
+				cur = &strings.Builder{}
+				cur.WriteString("\x00") // a block in another language
+			}
+		case cur != nil && trimmed == "```":
+			if b := cur.String(); !strings.HasPrefix(b, "\x00") {
+				out = append(out, b)
+			}
+			cur = nil
+		case cur != nil:
+			cur.WriteString(line)
+		}
 	}
 	return out
 }
@@ -370,4 +386,15 @@ func (r *recorder) body(op string) []byte {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.bodies[op]
+}
+
+// The command summary in docs/deploy.md is the command's own usage text.
+func TestUsageInDocs(t *testing.T) {
+	blocks := codeBlocks(deployDoc(t), "")
+	i := slices.IndexFunc(blocks, func(b string) bool { return strings.HasPrefix(b, "ddblease [flags] <command>") })
+	require.GreaterOrEqual(t, i, 0, "the usage block")
+	want := strings.TrimPrefix(usage, "usage: ")
+	want = strings.Replace(want, "\ncommands:\n", "\n", 1)
+	want = strings.TrimSuffix(want, "\nflags (before or after the command):\n")
+	assert.Equal(t, want, blocks[i])
 }
