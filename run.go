@@ -58,6 +58,8 @@ func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, fence int6
 		return invalid("Run %q: another Run or RunSchedule is active on this handle; use one Lease per contender", l.job)
 	}
 	defer l.campaigning.Store(false)
+	l.runCtx.Store(&ctx)
+	defer l.runCtx.Store(nil)
 	if ctx.Err() != nil {
 		return fmt.Errorf("ddblease: run %q: %w", l.job, context.Cause(ctx))
 	}
