@@ -113,6 +113,7 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 		case <-ctx.Done():
 		}
 		cancelLeader(fmt.Errorf("ddblease: shutting down: %w", context.Cause(ctx)))
+		l.notify.emit(l.event(EventDraining, Event{Fence: fence}))
 		k.drain()
 		t := time.NewTimer(l.opts.DrainTimeout)
 		defer t.Stop()
