@@ -298,7 +298,7 @@ func (l *Lease) write(ctx context.Context, timeout time.Duration, until time.Tim
 	}
 	r, derr := decodeLease(item)
 	if derr != nil {
-		return Record{}, false, derr
+		return Record{}, false, fmt.Errorf("%w (table %q)", derr, l.table)
 	}
 	l.observe(r, true)
 	l.wrote(rv, r.version == rv, false)
