@@ -264,7 +264,8 @@ func (w *controlWatch) note(c Control) {
 func (l *Lease) ResignRequested() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.ten.held && l.obs.present && l.obs.rec.Fence == l.ten.fence && l.obs.rec.Control.ResignFence == l.ten.fence
+	t := l.ten
+	return t != nil && !t.over && l.obs.present && l.obs.rec.Fence == t.fence && l.obs.rec.Control.ResignFence == t.fence
 }
 
 // noticeControl is called by the keeper after each successful heartbeat,
@@ -285,38 +286,23 @@ func (k *keeper) noticeControl() {
 	}
 }
 
-// yieldAfter applies the hand-over rule after an operator ended this
-// replica's tenure with fence, by a resign request or a forced release:
-// the replica does not campaign again until another owner has taken the
-// lease, or one LeaseDuration has passed (no other contender came), so
-// that the lease goes to another replica instead of straight back to the
-// one asked to let go. It polls every RetryInterval with eventually
-// consistent reads, and returns at once when the item, as last seen, holds
-// no such request for fence, or when ctx ends.
-func (l *Lease) yieldAfter(ctx context.Context, fence int64) {
+// yieldToOthers applies the hand-over rule after an operator ended this
+// replica's tenure with fence, by a resign request or a forced release (as
+// the lease item last seen shows): Acquire leaves a free lease to the other
+// replicas for one LeaseDuration, so that the lease goes to another replica
+// instead of straight back to the one asked to let go; a lone replica takes
+// it back after that. err, the resignation's own failure if any, is logged.
+func (l *Lease) yieldToOthers(fence int64, err error) {
 	l.mu.Lock()
 	c, present := l.obs.rec.Control, l.obs.present
-	l.mu.Unlock()
-	if !present || c.ResignFence != fence && c.ReleasedFence != fence {
-		return
+	asked := present && (c.ResignFence == fence || c.ReleasedFence == fence)
+	if asked {
+		l.yieldUntil = l.opts.Now().Add(l.opts.LeaseDuration)
 	}
-	l.log.Info("ddblease: handing the lease over on an operator's request; not campaigning for a lease duration unless another replica takes it",
-		"fence", fence)
-	until := l.opts.Now().Add(l.opts.LeaseDuration)
-	for {
-		left := until.Sub(l.opts.Now())
-		if left <= 0 || sleep(ctx, min(l.opts.RetryInterval, left)) != nil {
-			return
-		}
-		if l.poll(ctx) != nil {
-			continue
-		}
-		l.mu.Lock()
-		rec, present := l.obs.rec, l.obs.present
-		l.mu.Unlock()
-		if present && rec.Owner != l.opts.Owner && rec.Fence > fence {
-			return
-		}
+	l.mu.Unlock()
+	if asked {
+		l.log.Info("ddblease: handing the lease over on an operator's request; leaving it to the other replicas for a lease duration",
+			"fence", fence, "err", err)
 	}
 }
 
@@ -462,7 +448,7 @@ func (r *runner) runTrigger(ctx context.Context, fence int64, tr pendingTrigger)
 	switch {
 	case err == nil:
 		l.log.Info("ddblease: running a triggered run", "run", run.id, "fence", fence)
-		r.call(ctx, fence, run)
+		r.runAndFinish(ctx, fence, run)
 	case errors.Is(err, ErrSlotTaken), errors.Is(err, ErrMalformedItem):
 		l.log.Warn("ddblease: triggered run already handled", "trigger", tr.id, "err", err)
 	default:
@@ -488,7 +474,7 @@ func (r *runner) catchUp(ctx context.Context, fence int64, c Control) {
 				switch {
 				case err == nil:
 					l.log.Info("ddblease: running the latest slot skipped by the pause, as the resumption asked", "slot", run.id, "fence", fence)
-					r.call(ctx, fence, run)
+					r.runAndFinish(ctx, fence, run)
 				case errors.Is(err, ErrSlotTaken), errors.Is(err, ErrMalformedItem):
 					l.log.Info("ddblease: catch-up: the slot was already handled", "slot", fmtSlot(latest), "err", err)
 				default:
@@ -511,9 +497,10 @@ func (r *runner) catchUp(ctx context.Context, fence int64, c Control) {
 	delete(r.ctl.tokens, c.catchUp)
 }
 
-// call runs fn for a claimed run and records its outcome, as fire does.
-func (r *runner) call(ctx context.Context, fence int64, run *JobRun) {
-	fnErr := r.fn(ctx, run)
+// runAndFinish runs fn for a claimed run and records its outcome, as fire
+// does (a panic in fn is recorded and goes on, through r.call).
+func (r *runner) runAndFinish(ctx context.Context, fence int64, run *JobRun) {
+	fnErr := r.call(ctx, fence, run)
 	if fnErr != nil && ctx.Err() != nil && (errors.Is(fnErr, context.Canceled) || errors.Is(fnErr, context.DeadlineExceeded)) {
 		fnErr = fmt.Errorf("%w (%v)", fnErr, context.Cause(ctx))
 	}
