@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -246,7 +247,14 @@ func TestPauseResume(t *testing.T) {
 	table := srv.NewTable(t)
 	db := srv.Client(nil)
 	admin := newAdmin(t, db, table)
-	l := newLease(t, db, table, "tick", fast("a"))
+	var skippedEvents atomic.Int32
+	l := newLease(t, db, table, "tick", fast("a"), func(o *ddblease.Options) {
+		o.Observer = func(e ddblease.Event) {
+			if e.Kind == ddblease.EventRunFinished && e.Status == ddblease.RunSkippedByPause {
+				skippedEvents.Add(1)
+			}
+		}
+	})
 	log := newSlotLog()
 	const period = 250 * time.Millisecond
 	stop := runScheduleAsync(ctx, l, ddblease.Every(period), log.fn)
@@ -290,6 +298,7 @@ func TestPauseResume(t *testing.T) {
 	}
 	_, err = admin.Resume(ctx, "tick", false)
 	assert.ErrorIs(t, err, ddblease.ErrInvalid, "resuming a job that is not paused")
+	assert.EqualValues(t, len(skipped), skippedEvents.Load(), "each skip is reported to the observer")
 
 	// Pause again, then resume with a catch-up: the latest slot skipped by
 	// this pause runs, once, and the others stay skipped.

@@ -541,6 +541,10 @@ func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, tok
 
 // claimed reports a claimed run.
 func (l *Lease) claimed(run *JobRun) *JobRun {
+	if run.finished { // control.go: a slot recorded as skipped by a pause
+		l.notify.emit(l.event(EventRunFinished, Event{Slot: run.slot, Fence: run.fence, Status: RunSkippedByPause}))
+		return run
+	}
 	l.notify.emit(l.event(EventRunClaimed, Event{Slot: run.slot, Fence: run.fence}))
 	return run
 }

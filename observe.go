@@ -26,7 +26,8 @@ const (
 	// EventLost: a tenure ended other than by this handle resigning.
 	// Fence, Reason, Err.
 	EventLost
-	// EventDraining: Run's context ended while leading; the leader context
+	// EventDraining: Run's context ended while leading, or an operator
+	// asked the tenure to resign (Admin.RequestResign); the leader context
 	// is cancelled and the lease is kept while fn returns. Fence.
 	EventDraining
 	// EventResigned: this handle gave the lease up. Fence; Err is set when
@@ -39,7 +40,9 @@ const (
 	// EventRunClaimed: a job run was claimed. Slot, Fence.
 	EventRunClaimed
 	// EventRunFinished: a job run's outcome was recorded. Slot, Fence,
-	// Status, Duration (from the claim), Err (fn's error, if any).
+	// Status, Duration (from the claim), Err (fn's error, if any). A slot
+	// that fell due while the job was paused is reported with Status
+	// RunSkippedByPause, and no EventRunClaimed before it.
 	EventRunFinished
 	// EventSlotsMissed: a catch-up skipped slots that no tenure ran. Slot
 	// (the slot fired instead), Missed (-1 when unknown).
