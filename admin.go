@@ -362,8 +362,11 @@ func (a *Admin) RequestResign(ctx context.Context, job string, fence int64) (Rec
 // leader keeps the lease, and each slot that falls due while the job is
 // paused is recorded as a run with status RunSkippedByPause. It takes
 // effect for every firing that starts after the write: the leader reads the
-// lease item just before it fires a slot. Triggered runs (Trigger) still
-// run. Pausing a paused job changes nothing (who paused it first, and when,
+// lease item (one strongly consistent GetItem per slot, paused or not) just
+// before it fires a slot, and while that read fails it neither fires nor
+// skips. Triggered runs (Trigger) still run. Replicas that use Run rather
+// than RunSchedule are not affected: Record.Control.Paused is theirs to
+// read. Pausing a paused job changes nothing (who paused it first, and when,
 // stay recorded). It returns the item as written.
 func (a *Admin) Pause(ctx context.Context, job string) (Record, error) {
 	names := map[string]string{"#p": attrPaused, "#pby": attrPausedBy, "#pat": attrPausedAt, "#cuw": attrCatchUpWanted}
@@ -424,8 +427,9 @@ func (t Trigger) RunID() string { return triggerRunID(t.At, t.ID) }
 // function with it, records the outcome and clears the request. The leader
 // notices the request at its next heartbeat, or sooner when it reads the
 // lease item to fire a slot; it runs triggers while the job is paused too.
-// Use WaitRun to wait for the outcome. A job never acquired is an error
-// wrapping ErrUnknownJob.
+// Use WaitRun to wait for the outcome. Only RunSchedule takes requests up:
+// with replicas that use Run, or none running, a request stays pending. A
+// job never acquired is an error wrapping ErrUnknownJob.
 func (a *Admin) Trigger(ctx context.Context, job string) (Trigger, error) {
 	t := Trigger{Job: job, ID: randomID(8), At: time.UnixMilli(a.o.Now().UnixMilli()).UTC()}
 	// The map of requests is created by the first one; a nested SET needs

@@ -341,6 +341,13 @@ func (e *env) createTable(ctx context.Context, args []string, print bool) error 
 		return err
 	}
 	spec := ddblease.LeaseTableSpec()
+	if d, err := e.db.DescribeTimeToLive(ctx, &dynamodb.DescribeTimeToLiveInput{TableName: aws.String(table)}); err == nil &&
+		d.TimeToLiveDescription != nil && aws.ToString(d.TimeToLiveDescription.AttributeName) == spec.TTLAttribute &&
+		(d.TimeToLiveDescription.TimeToLiveStatus == types.TimeToLiveStatusEnabled ||
+			d.TimeToLiveDescription.TimeToLiveStatus == types.TimeToLiveStatusEnabling) {
+		fmt.Fprintf(e.out, "table %q is ready\n", table)
+		return nil
+	}
 	_, err := e.db.UpdateTimeToLive(ctx, &dynamodb.UpdateTimeToLiveInput{
 		TableName: aws.String(table),
 		TimeToLiveSpecification: &types.TimeToLiveSpecification{
@@ -363,8 +370,8 @@ func (e *env) resign(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.out, "asked %q (fence %d) to resign %s: it drains and hands over at its next heartbeat (within %s)\n",
-		rec.Owner, rec.Fence, job, dur(rec.Duration/3))
+	fmt.Fprintf(e.out, "asked %q (fence %d) to resign %s: it drains and hands over at its next heartbeat\n",
+		rec.Owner, rec.Fence, job)
 	return nil
 }
 
@@ -441,7 +448,7 @@ func (e *env) trigger(ctx context.Context, args []string, wait bool) error {
 		if e.g.json {
 			return writeJSON(e.out, map[string]string{"job": job, "trigger": tr.ID, "run": tr.RunID()})
 		}
-		fmt.Fprintf(e.out, "triggered %s: run %s (the leader runs it after its next heartbeat; see: ddblease runs %s)\n", job, tr.RunID(), job)
+		fmt.Fprintf(e.out, "triggered %s: run %s (the leader's RunSchedule runs it after its next heartbeat; see: ddblease runs %s)\n", job, tr.RunID(), job)
 		return nil
 	}
 	rec, err := e.admin.WaitRun(ctx, tr, 500*time.Millisecond)

@@ -398,3 +398,16 @@ func TestUsageInDocs(t *testing.T) {
 	want = strings.TrimSuffix(want, "\nflags (before or after the command):\n")
 	assert.Equal(t, want, blocks[i])
 }
+
+// go.mod must not replace anything: `go install …@version` refuses a module
+// whose go.mod does (the workspace in go.work links the library instead).
+func TestGoModHasNoReplace(t *testing.T) {
+	b, err := os.ReadFile("go.mod")
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(b), "\n") {
+		assert.False(t, strings.HasPrefix(strings.TrimSpace(line), "replace"), "go.mod: %s", line)
+	}
+	w, err := os.ReadFile("go.work")
+	require.NoError(t, err)
+	assert.Contains(t, string(w), "replace github.com/ddblease/ddblease => ../..")
+}
