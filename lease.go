@@ -43,6 +43,8 @@ type Lease struct {
 	// noTxn records that the server answered TransactWriteItems with
 	// UnknownOperationException, so that Claim asks only once.
 	noTxn atomic.Bool
+
+	health health // what CheckHealth reports, fed by this handle's events
 }
 
 // maxMine bounds Lease.mine; an older version in doubt is forgotten, which
