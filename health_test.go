@@ -1,0 +1,169 @@
+package ddblease_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/internal/ddbtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// blackHole is a transport decorator that never answers the requests of
+// the DynamoDB operations in ops while on: each waits until its context
+// ends (the lease's CallTimeout), as across a network partition.
+type blackHole struct {
+	base http.RoundTripper
+	op   string
+
+	mu sync.Mutex
+	on bool
+}
+
+func (b *blackHole) wrap(rt http.RoundTripper) http.RoundTripper { b.base = rt; return b }
+
+func (b *blackHole) set(on bool) {
+	b.mu.Lock()
+	b.on = on
+	b.mu.Unlock()
+}
+
+func (b *blackHole) RoundTrip(r *http.Request) (*http.Response, error) {
+	b.mu.Lock()
+	on := b.on
+	b.mu.Unlock()
+	if on && ddbtest.Op(r) == b.op {
+		if r.Body != nil {
+			_ = r.Body.Close()
+		}
+		<-r.Context().Done()
+		return nil, r.Context().Err()
+	}
+	return b.base.RoundTrip(r)
+}
+
+// probe GETs h and returns the status and the body.
+func probe(t *testing.T, h http.Handler) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	body, err := io.ReadAll(rec.Result().Body)
+	require.NoError(t, err)
+	return rec.Code, string(body)
+}
+
+// runLease runs l until the test ends, with fn waiting for its context.
+func runLease(t *testing.T, l *ddblease.Lease) (stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- l.Run(ctx, func(ctx context.Context, _ int64) error { <-ctx.Done(); return nil })
+	}()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() { cancel(); err = <-done })
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+func TestHealthLeaderWithBlackHoledHeartbeats(t *testing.T) {
+	t.Parallel()
+	table := srv.NewTable(t)
+	hole := &blackHole{op: "UpdateItem"}
+	l := newLease(t, srv.Client(hole.wrap), table, "report", fast("a"), func(o *ddblease.Options) {
+		o.LeaseDuration = 6 * time.Second // the leader is overdue 0.8s after a missed renewal, and loses 4.9s later
+		o.HeartbeatInterval = time.Second
+		o.CallTimeout = 300 * time.Millisecond
+	})
+	h := ddblease.HealthHandler(300*time.Millisecond, l)
+	runLease(t, l)
+	require.Eventually(t, l.IsLeader, 20*time.Second, 10*time.Millisecond)
+	code, body := probe(t, h)
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Equal(t, "ok\n", body)
+
+	hole.set(true)
+	var last string
+	require.Eventually(t, func() bool {
+		code, last = probe(t, h)
+		return code == http.StatusServiceUnavailable
+	}, 30*time.Second, 10*time.Millisecond)
+	assert.True(t, l.IsLeader(), "the check failed only after the tenure ended: %s", last)
+	assert.Contains(t, last, `job "report": leading, but the lease was last renewed`)
+	assert.Contains(t, last, "renewals overdue by")
+	assert.Equal(t, 1, strings.Count(last, "\n"), "not one line: %q", last)
+	require.ErrorIs(t, l.CheckHealth(300*time.Millisecond), ddblease.ErrUnhealthy)
+
+	// The network heals: the leader renews (or, past its deadline, takes the
+	// lease back), and the check passes again.
+	hole.set(false)
+	require.Eventually(t, func() bool { return l.CheckHealth(300*time.Millisecond) == nil && l.IsLeader() },
+		30*time.Second, 10*time.Millisecond)
+}
+
+func TestHealthStandbyStaysHealthy(t *testing.T) {
+	t.Parallel()
+	table := srv.NewTable(t)
+	db := srv.Client(nil)
+	a := newLease(t, db, table, "report", fast("a"))
+	b := newLease(t, db, table, "report", fast("b"))
+	h := ddblease.HealthHandler(100*time.Millisecond, a, b)
+	runLease(t, a)
+	require.Eventually(t, a.IsLeader, 20*time.Second, 10*time.Millisecond)
+	runLease(t, b)
+	// Over several heartbeats and dozens of polls, neither the leader nor
+	// the standby is ever reported.
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(25 * time.Millisecond) {
+		code, body := probe(t, h)
+		require.Equal(t, http.StatusOK, code, body)
+	}
+	assert.True(t, a.IsLeader())
+	assert.False(t, b.IsLeader())
+	assert.NoError(t, b.CheckHealth(100*time.Millisecond))
+}
+
+func TestHealthWrongKeySchema(t *testing.T) {
+	t.Parallel()
+	db := srv.Client(nil)
+	table := "ddblease-test-" + ddbtest.RandomID()
+	require.NoError(t, ddbtest.CreateRawTable(withTimeout(t, 30*time.Second), db, table, "id", types.ScalarAttributeTypeS))
+	l := newLease(t, db, table, "report", fast("a"))
+	h := ddblease.HealthHandler(200*time.Millisecond, l)
+	code, body := probe(t, h)
+	require.Equal(t, http.StatusOK, code, "before any campaign: %s", body)
+
+	stop := runLease(t, l)
+	var last string
+	require.Eventually(t, func() bool {
+		code, last = probe(t, h)
+		return code == http.StatusServiceUnavailable
+	}, 30*time.Second, 10*time.Millisecond)
+	assert.Contains(t, last, `ddblease: unhealthy: job "report": `)
+	assert.Contains(t, last, "with the same error")
+	assert.Equal(t, 1, strings.Count(last, "\n"), "not one line: %q", last)
+	// It stays unhealthy: nothing the campaign does cures it.
+	time.Sleep(300 * time.Millisecond)
+	code, _ = probe(t, h)
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+	_ = stop()
+}
+
+func TestHealthToleranceValidation(t *testing.T) {
+	l := newLease(t, srv.Client(nil), "some-table", "report", fast("a"))
+	assert.ErrorIs(t, l.CheckHealth(-time.Second), ddblease.ErrInvalid)
+	assert.NoError(t, l.CheckHealth(0), "a handle that never campaigned")
+	code, body := probe(t, ddblease.HealthHandler(-time.Second, l))
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+	assert.Contains(t, body, "negative")
+}
