@@ -1,0 +1,67 @@
+package ddbleaseotel_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/internal/ddbtest"
+	"go.uber.org/goleak"
+)
+
+var srv *ddbtest.Server
+
+func TestMain(m *testing.M) {
+	srv = ddbtest.Start()
+	code := m.Run()
+	srv.Close()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// TestTrackedLeaderGaugeEndsAtDeadline: a tracked lease's leader gauge
+// falls to 0 when the tenure's local deadline passes, with no event to
+// say so (nobody renews the lease acquired with TryAcquire).
+func TestTrackedLeaderGaugeEndsAtDeadline(t *testing.T) {
+	m, c := newMetrics(t)
+	table := srv.NewTable(t)
+	var skew atomic.Int64
+	l, err := ddblease.New(srv.Client(nil), table, "billing", m.Instrument, func(o *ddblease.Options) {
+		o.Owner = "a"
+		o.LeaseDuration = 10 * time.Second
+		o.Now = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	untrack := m.Track(l)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fence, err := l.TryAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.collect()
+	c.want("ddblease.leader", 1, job, ownA)
+	c.want("ddblease.fence", fence, job, ownA)
+
+	skew.Store(int64(10 * time.Second)) // past the local deadline
+	c.collect()
+	c.want("ddblease.leader", 0, job, ownA)
+	c.want("ddblease.fence", fence, job, ownA)
+
+	untrack()
+	c.collect()
+	if _, ok := c.value("ddblease.leader", job, ownA); ok {
+		t.Error("the gauge of an untracked lease is still reported")
+	}
+}
