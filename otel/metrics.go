@@ -67,7 +67,8 @@ type Metrics struct {
 	leader, fence                                 metric.Int64ObservableGauge
 	reg                                           metric.Registration
 
-	attrs sync.Map // attrKey -> metric.MeasurementOption
+	attrMu sync.RWMutex
+	attrs  map[attrKey]metric.MeasurementOption // attribute sets, by job and values
 
 	mu      sync.Mutex
 	handles map[handleKey]*handle
@@ -98,7 +99,7 @@ func New(mp metric.MeterProvider) (*Metrics, error) {
 		return nil, errors.New("ddbleaseotel: MeterProvider is nil")
 	}
 	mt := mp.Meter(ScopeName)
-	m := &Metrics{handles: map[handleKey]*handle{}}
+	m := &Metrics{handles: map[handleKey]*handle{}, attrs: map[attrKey]metric.MeasurementOption{}}
 	var errs []error
 	counter := func(name, unit, desc string) metric.Int64Counter {
 		c, err := mt.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
@@ -194,7 +195,7 @@ func (m *Metrics) handleLocked(k handleKey) *handle {
 // Observe records one event. It is the observer Instrument installs.
 func (m *Metrics) Observe(e ddblease.Event) {
 	ctx := context.Background()
-	job := m.attrs1(e.Job, "", "", "")
+	job := m.attrs1(e.Job, "", "")
 	switch e.Kind {
 	case ddblease.EventCampaign:
 		// Start the counters at zero, so that rates and increases are
@@ -220,11 +221,11 @@ func (m *Metrics) Observe(e ddblease.Event) {
 		m.margin.Record(ctx, e.Margin.Seconds(), job)
 	case ddblease.EventLost:
 		m.update(e, func(h *handle) bool { h.leader = false; return false })
-		m.losses.Add(ctx, 1, m.attrs1(e.Job, "reason", AttrReason, string(e.Reason)))
+		m.losses.Add(ctx, 1, m.attrs1(e.Job, AttrReason, string(e.Reason)))
 	case ddblease.EventResigned:
 		m.update(e, func(h *handle) bool { h.leader = false; return false })
 		if e.Err != nil {
-			m.resignations.Add(ctx, 1, m.attrs1(e.Job, "error", AttrErrorType, errorType(e.Err)))
+			m.resignations.Add(ctx, 1, m.attrs1(e.Job, AttrErrorType, errorType(e.Err)))
 		} else {
 			m.resignations.Add(ctx, 1, job)
 		}
@@ -246,9 +247,9 @@ func (m *Metrics) Observe(e ddblease.Event) {
 		m.calls.Add(ctx, 1, a)
 		m.callDuration.Record(ctx, e.Latency.Seconds(), a)
 	case ddblease.EventRetry:
-		m.retries.Add(ctx, 1, m.attrs1(e.Job, "step", AttrStep, e.Op))
+		m.retries.Add(ctx, 1, m.attrs1(e.Job, AttrStep, e.Op))
 	case ddblease.EventRunFinished:
-		a := m.attrs1(e.Job, "status", AttrStatus, string(e.Status))
+		a := m.attrs1(e.Job, AttrStatus, string(e.Status))
 		m.runs.Add(ctx, 1, a)
 		m.runDuration.Record(ctx, e.Duration.Seconds(), a)
 	case ddblease.EventSlotsMissed:
@@ -258,7 +259,7 @@ func (m *Metrics) Observe(e ddblease.Event) {
 		}
 		m.slotsMissed.Add(ctx, n, job)
 	case ddblease.EventStaleFence:
-		m.refusals.Add(ctx, 1, m.attrs1(e.Job, "guard", AttrGuardOp, e.Op))
+		m.refusals.Add(ctx, 1, m.attrs1(e.Job, AttrGuardOp, e.Op))
 	}
 }
 
@@ -303,31 +304,40 @@ func (m *Metrics) observeGauges(_ context.Context, o metric.Observer) error {
 }
 
 type attrKey struct {
-	job, kind, a, b string
+	job, a, b string
+	k1, k2    attribute.Key
 }
 
-// attrs1 returns the attributes job and, unless kind is "", key=v, cached.
-func (m *Metrics) attrs1(job, kind string, key attribute.Key, v string) metric.MeasurementOption {
-	k := attrKey{job, kind, v, ""}
-	if a, ok := m.attrs.Load(k); ok {
-		return a.(metric.MeasurementOption)
-	}
-	kv := []attribute.KeyValue{AttrJob.String(job)}
-	if kind != "" {
-		kv = append(kv, key.String(v))
-	}
-	a, _ := m.attrs.LoadOrStore(k, metric.WithAttributeSet(attribute.NewSet(kv...)))
-	return a.(metric.MeasurementOption)
+// attrs1 returns the attribute set {job, k=v}, or {job} if k is "".
+func (m *Metrics) attrs1(job string, k attribute.Key, v string) metric.MeasurementOption {
+	return m.attrSet(attrKey{job: job, k1: k, a: v})
 }
 
-// attrs2 returns the attributes job, k1=v1 and k2=v2, cached.
+// attrs2 returns the attribute set {job, k1=v1, k2=v2}.
 func (m *Metrics) attrs2(job string, k1 attribute.Key, v1 string, k2 attribute.Key, v2 string) metric.MeasurementOption {
-	k := attrKey{job, string(k1) + "," + string(k2), v1, v2}
-	if a, ok := m.attrs.Load(k); ok {
-		return a.(metric.MeasurementOption)
+	return m.attrSet(attrKey{job: job, k1: k1, a: v1, k2: k2, b: v2})
+}
+
+// attrSet returns the attribute set k stands for, made once.
+func (m *Metrics) attrSet(k attrKey) metric.MeasurementOption {
+	m.attrMu.RLock()
+	a, ok := m.attrs[k]
+	m.attrMu.RUnlock()
+	if ok {
+		return a
 	}
-	a, _ := m.attrs.LoadOrStore(k, metric.WithAttributeSet(attribute.NewSet(AttrJob.String(job), k1.String(v1), k2.String(v2))))
-	return a.(metric.MeasurementOption)
+	kv := []attribute.KeyValue{AttrJob.String(k.job)}
+	if k.k1 != "" {
+		kv = append(kv, k.k1.String(k.a))
+	}
+	if k.k2 != "" {
+		kv = append(kv, k.k2.String(k.b))
+	}
+	a = metric.WithAttributeSet(attribute.NewSet(kv...))
+	m.attrMu.Lock()
+	m.attrs[k] = a
+	m.attrMu.Unlock()
+	return a
 }
 
 // errorType returns the DynamoDB error code of err, else "_OTHER".
