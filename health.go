@@ -87,17 +87,8 @@ type health struct {
 	failErr   error
 }
 
-// chain returns an observer that updates h, then calls next.
-func (h *health) chain(next func(Event)) func(Event) {
-	if next == nil {
-		return h.observe
-	}
-	return func(e Event) {
-		h.observe(e)
-		next(e)
-	}
-}
-
+// observe updates h with one of its Lease's events; Lease.deliver calls it
+// for each, in order.
 func (h *health) observe(e Event) {
 	switch e.Kind {
 	case EventAcquired, EventRenewed, EventLost, EventResigned, EventRetry, EventStopped, EventCall, EventLeaderSeen:
@@ -132,9 +123,13 @@ func (h *health) observe(e Event) {
 			return
 		}
 		h.failedCall = ""
-		h.fail(e.Time, "run", e.Err)
+		h.fail(e.Time, stepRun, e.Err)
 	}
 }
+
+// stepRun names, among the steps of EventRetry, Run or RunSchedule having
+// returned an error.
+const stepRun = "run"
 
 // fail records a failure of step op; a streak of failures with the same
 // step and cause keeps the time of its first.
@@ -152,11 +147,16 @@ func (h *health) check(now time.Time, job string, heartbeat, tolerance time.Dura
 	if h.leading {
 		if late := now.Sub(h.confirmed) - heartbeat; late > tolerance {
 			return fmt.Errorf("%w: job %q: leading, but the lease was last renewed %v ago (renewals overdue by %v, tolerance %v)",
-				ErrUnhealthy, job, now.Sub(h.confirmed).Round(time.Millisecond), late.Round(time.Millisecond), tolerance)
+				ErrUnhealthy, job, now.Sub(h.confirmed).Round(time.Millisecond), late.Round(100*time.Microsecond), tolerance)
 		}
 	}
 	if h.failing {
-		if d := now.Sub(h.failSince); d > tolerance {
+		d := now.Sub(h.failSince)
+		if d > tolerance && h.failOp == stepRun {
+			return fmt.Errorf("%w: job %q: the campaign stopped with an error %v ago and has not succeeded since (tolerance %v): %s",
+				ErrUnhealthy, job, d.Round(time.Millisecond), tolerance, oneLine(h.failErr))
+		}
+		if d > tolerance {
 			return fmt.Errorf("%w: job %q: %s has failed for %v with the same error (tolerance %v): %s",
 				ErrUnhealthy, job, h.failOp, d.Round(time.Millisecond), tolerance, oneLine(h.failErr))
 		}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
 	"github.com/ddblease/ddblease/internal/ddbtest"
@@ -18,7 +20,7 @@ import (
 )
 
 // blackHole is a transport decorator that never answers the requests of
-// the DynamoDB operations in ops while on: each waits until its context
+// the DynamoDB operation op while on: each waits until its context
 // ends (the lease's CallTimeout), as across a network partition.
 type blackHole struct {
 	base http.RoundTripper
@@ -99,6 +101,7 @@ func TestHealthLeaderWithBlackHoledHeartbeats(t *testing.T) {
 		code, last = probe(t, h)
 		return code == http.StatusServiceUnavailable
 	}, 30*time.Second, 10*time.Millisecond)
+	t.Log(last)
 	assert.True(t, l.IsLeader(), "the check failed only after the tenure ended: %s", last)
 	assert.Contains(t, last, `job "report": leading, but the lease was last renewed`)
 	assert.Contains(t, last, "renewals overdue by")
@@ -117,7 +120,8 @@ func TestHealthStandbyStaysHealthy(t *testing.T) {
 	table := srv.NewTable(t)
 	db := srv.Client(nil)
 	a := newLease(t, db, table, "report", fast("a"))
-	b := newLease(t, db, table, "report", fast("b"))
+	hole := &blackHole{op: "GetItem"}
+	b := newLease(t, srv.Client(hole.wrap), table, "report", fast("b"))
 	h := ddblease.HealthHandler(100*time.Millisecond, a, b)
 	runLease(t, a)
 	require.Eventually(t, a.IsLeader, 20*time.Second, 10*time.Millisecond)
@@ -131,6 +135,24 @@ func TestHealthStandbyStaysHealthy(t *testing.T) {
 	assert.True(t, a.IsLeader())
 	assert.False(t, b.IsLeader())
 	assert.NoError(t, b.CheckHealth(100*time.Millisecond))
+
+	// The standby's reads stop being answered: its campaign fails with the
+	// same error, and it turns unhealthy; once they are answered again, it
+	// is healthy again.
+	hole.set(true)
+	var code int
+	var last string
+	require.Eventually(t, func() bool {
+		code, last = probe(t, h)
+		return code == http.StatusServiceUnavailable
+	}, 30*time.Second, 10*time.Millisecond)
+	t.Log(last)
+	assert.Contains(t, last, `job "report": acquire has failed for `)
+	assert.NotContains(t, last, "leading")
+	assert.NoError(t, a.CheckHealth(100*time.Millisecond), "the leader")
+	hole.set(false)
+	require.Eventually(t, func() bool { return b.CheckHealth(100*time.Millisecond) == nil }, 30*time.Second, 10*time.Millisecond)
+	assert.True(t, a.IsLeader())
 }
 
 func TestHealthWrongKeySchema(t *testing.T) {
@@ -138,6 +160,9 @@ func TestHealthWrongKeySchema(t *testing.T) {
 	db := srv.Client(nil)
 	table := "ddblease-test-" + ddbtest.RandomID()
 	require.NoError(t, ddbtest.CreateRawTable(withTimeout(t, 30*time.Second), db, table, "id", types.ScalarAttributeTypeS))
+	t.Cleanup(func() {
+		_, _ = db.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)})
+	})
 	l := newLease(t, db, table, "report", fast("a"))
 	h := ddblease.HealthHandler(200*time.Millisecond, l)
 	code, body := probe(t, h)
@@ -149,8 +174,10 @@ func TestHealthWrongKeySchema(t *testing.T) {
 		code, last = probe(t, h)
 		return code == http.StatusServiceUnavailable
 	}, 30*time.Second, 10*time.Millisecond)
+	t.Log(last)
 	assert.Contains(t, last, `ddblease: unhealthy: job "report": `)
-	assert.Contains(t, last, "with the same error")
+	assert.Contains(t, last, "the campaign stopped with an error")
+	assert.Contains(t, last, "wrong key schema")
 	assert.Equal(t, 1, strings.Count(last, "\n"), "not one line: %q", last)
 	// It stays unhealthy: nothing the campaign does cures it.
 	time.Sleep(300 * time.Millisecond)
