@@ -10,6 +10,7 @@ import (
 
 	"github.com/ddblease/ddblease"
 	"github.com/ddblease/ddblease/internal/ddbtest"
+	ddbleaseotel "github.com/ddblease/ddblease/otel"
 	"go.uber.org/goleak"
 )
 
@@ -53,6 +54,7 @@ func TestTrackedLeaderGaugeEndsAtDeadline(t *testing.T) {
 	c.collect()
 	c.want("ddblease.leader", 1, job, ownA)
 	c.want("ddblease.fence", fence, job, ownA)
+	c.want("ddblease.acquisitions", 1, job)
 
 	skew.Store(int64(10 * time.Second)) // past the local deadline
 	c.collect()
@@ -64,4 +66,39 @@ func TestTrackedLeaderGaugeEndsAtDeadline(t *testing.T) {
 	if _, ok := c.value("ddblease.leader", job, ownA); ok {
 		t.Error("the gauge of an untracked lease is still reported")
 	}
+}
+
+// TestUntrackedLeaseEndsOnItsEvents: without Track, the gauges follow the
+// events; the tenure's end at its deadline (nobody renews) is one.
+func TestUntrackedLeaseEndsOnItsEvents(t *testing.T) {
+	m, c := newMetrics(t)
+	table := srv.NewTable(t)
+	l, err := ddblease.New(srv.Client(nil), table, "billing", m.Instrument, func(o *ddblease.Options) {
+		o.Owner = "a"
+		o.LeaseDuration = 300 * time.Millisecond
+		o.MaxClockSkew = 50 * time.Millisecond
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := l.TryAcquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.collect()
+	c.want("ddblease.leader", 1, job, ownA)
+	for l.IsLeader() { // the deadline is 270ms away
+		time.Sleep(10 * time.Millisecond)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c.collect()
+		if v, _ := c.value("ddblease.losses", job, ddbleaseotel.AttrReason.String("deadline")); v == 1 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c.want("ddblease.losses", 1, job, ddbleaseotel.AttrReason.String("deadline"))
+	c.want("ddblease.leader", 0, job, ownA)
 }
