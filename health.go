@@ -103,6 +103,9 @@ func (h *health) observe(e Event) {
 		h.failing = false
 	case EventLost, EventResigned:
 		h.leading = false
+		if h.failing && h.failOp == "heartbeat" { // heartbeats end with the tenure
+			h.failing = false
+		}
 	case EventLeaderSeen:
 		h.failing = false
 	case EventCall:

@@ -168,7 +168,9 @@ func (m *Metrics) Chain(next func(ddblease.Event)) func(ddblease.Event) {
 // Track makes the leader and fence gauges of l read l.State at each
 // collection, so that they fall to 0 when the tenure ends at its deadline
 // even before an event says so. The returned function stops tracking l and
-// removes its gauges. Untracked leases are reported from their events.
+// removes its gauges. Untracked leases are reported from their events, from
+// the start of their campaign (or acquisition) until Run or RunSchedule
+// returns.
 func (m *Metrics) Track(l *ddblease.Lease) (untrack func()) {
 	k := handleKey{l.Job(), l.Owner()}
 	m.mu.Lock()
@@ -230,7 +232,19 @@ func (m *Metrics) Observe(e ddblease.Event) {
 			m.resignations.Add(ctx, 1, job)
 		}
 	case ddblease.EventStopped:
-		m.update(e, func(h *handle) bool { h.leader = false; return false })
+		// An untracked handle's gauges end with its campaign, so that a
+		// process that makes many handles does not accumulate series.
+		if e.Owner != "" {
+			m.mu.Lock()
+			k := handleKey{e.Job, e.Owner}
+			if h := m.handles[k]; h != nil {
+				h.leader = false
+				if h.lease == nil {
+					delete(m.handles, k)
+				}
+			}
+			m.mu.Unlock()
+		}
 	case ddblease.EventLeaderSeen:
 		if e.Holder == "" {
 			return
