@@ -2,12 +2,15 @@
 // OpenTelemetry metrics on /metrics, through the OpenTelemetry Prometheus
 // exporter, and its liveness on /healthz (ddblease.HealthHandler). It
 // needs no DynamoDB: it starts an in-process DynamoDB-compatible server
-// unless -endpoint names one. Start two, against one endpoint, and stop
-// the leader with Ctrl-C to watch the other take over:
+// unless -endpoint names one. Alone:
 //
-//	go run . -addr :8080
+//	go run . -addr 127.0.0.1:8080
 //	curl -s localhost:8080/metrics | grep ^ddblease
 //	curl -si localhost:8080/healthz
+//
+// Two replicas need a server they share (dynalite, DynamoDB Local): start
+// each with -endpoint and its own -addr, stop the leader with Ctrl-C, and
+// watch the other take over on its /metrics.
 package main
 
 import (
