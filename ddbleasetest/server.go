@@ -26,14 +26,17 @@
 package ddbleasetest
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -113,14 +116,46 @@ func (s *Server) Close() {
 }
 
 // serialized runs one request at a time: minidyn guards items with a lock
-// but not its table map, which CreateTable writes.
+// but not its table map, which CreateTable writes. It also adds the
+// X-Amz-Crc32 header that DynamoDB sends and minidyn does not: without it,
+// an SDK client that logs (config.LoadDefaultConfig's) warns on every
+// response that the checksum did not match.
 func serialized(h http.Handler) http.Handler {
 	var mu sync.Mutex
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
-		defer mu.Unlock()
-		h.ServeHTTP(w, r)
+		rec := &recorder{header: http.Header{}, status: http.StatusOK}
+		h.ServeHTTP(rec, r)
+		mu.Unlock()
+		for k, v := range rec.header {
+			w.Header()[k] = v
+		}
+		w.Header().Set("X-Amz-Crc32", strconv.FormatUint(uint64(crc32.ChecksumIEEE(rec.body.Bytes())), 10))
+		w.Header().Set("Content-Length", strconv.Itoa(rec.body.Len()))
+		w.WriteHeader(rec.status)
+		_, _ = w.Write(rec.body.Bytes())
 	})
+}
+
+// recorder is the http.ResponseWriter serialized hands to minidyn.
+type recorder struct {
+	header      http.Header
+	status      int
+	wroteHeader bool
+	body        bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) WriteHeader(status int) {
+	if !r.wroteHeader {
+		r.status, r.wroteHeader = status, true
+	}
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	r.wroteHeader = true
+	return r.body.Write(b)
 }
 
 // Client returns an SDK client for the server, with region Region and
