@@ -2,8 +2,6 @@ package ddbleasetest_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"net/http"
 	"testing"
 	"time"
@@ -186,38 +184,4 @@ func TestConflict(t *testing.T) {
 	var tc *types.TransactionConflictException
 	assert.ErrorAs(t, err, &tc)
 	assert.Equal(t, "Conflict", ddbleasetest.Conflict.String())
-}
-
-// A job whose heartbeats fail loses the lease: Run cancels the job's
-// context with ErrLost as its cause. This is the test a user writes for
-// "what does my job do when it stops being the leader".
-func TestLeaseLostWhenHeartbeatsFail(t *testing.T) {
-	srv := ddbleasetest.NewServer(t)
-	faults := ddbleasetest.NewFaults()
-	db := srv.Client(faults.Wrap)
-	table := srv.NewTable(t)
-	lease, err := ddblease.New(db, table, "nightly", func(o *ddblease.Options) {
-		o.LeaseDuration = 600 * time.Millisecond
-		o.RetryInterval = 50 * time.Millisecond
-		o.MaxClockSkew = 100 * time.Millisecond
-		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	})
-	require.NoError(t, err)
-
-	ctx, stop := context.WithTimeout(context.Background(), 30*time.Second)
-	defer stop()
-	var cause error
-	runs := 0
-	err = lease.Run(ctx, func(jobCtx context.Context, fence int64) error {
-		runs++
-		faults.Fail("UpdateItem", ddbleasetest.ServerError, -1) // every heartbeat fails from now on
-		<-jobCtx.Done()
-		cause = context.Cause(jobCtx)
-		stop() // Run would campaign again; end it here
-		return jobCtx.Err()
-	})
-	require.NotErrorIs(t, err, context.DeadlineExceeded, "the lease was never lost")
-	assert.Equal(t, 1, runs)
-	assert.ErrorIs(t, cause, ddblease.ErrLost)
-	assert.Positive(t, faults.Faulted("UpdateItem"))
 }
