@@ -138,8 +138,12 @@ func run(ctx context.Context, endpoint, region string, every time.Duration, runs
 // that releases it.
 func client(ctx context.Context, endpoint, region string) (*dynamodb.Client, func(), error) {
 	if endpoint == "" && region == "" {
-		srv := ddbleasetest.Start() // an in-process DynamoDB-compatible server
-		fmt.Println("using an in-process DynamoDB-compatible server at", srv.URL)
+		srv := ddbleasetest.Start() // in process, unless DDBLEASE_TEST_ENDPOINT names a server
+		if srv.InProcess() {
+			fmt.Println("using an in-process DynamoDB-compatible server at", srv.URL)
+		} else {
+			fmt.Println("using the server named by DDBLEASE_TEST_ENDPOINT:", srv.URL)
+		}
 		return srv.Client(), srv.Close, nil
 	}
 	if region == "" {
@@ -155,20 +159,14 @@ func client(ctx context.Context, endpoint, region string) (*dynamodb.Client, fun
 	if err != nil {
 		return nil, nil, err
 	}
-	db := dynamodb.NewFromConfig(cfg, func(o *dynamodb.Options) {
-		if endpoint != "" {
-			o.BaseEndpoint = aws.String(endpoint)
-		}
-	})
-	fmt.Println("using DynamoDB at", describe(endpoint, region))
-	return db, func() {}, nil
-}
-
-func describe(endpoint, region string) string {
-	if endpoint != "" {
-		return endpoint
+	if endpoint == "" {
+		fmt.Println("using DynamoDB in", region, "(or AWS_ENDPOINT_URL_DYNAMODB if set)")
+		return dynamodb.NewFromConfig(cfg), func() {}, nil
 	}
-	return "AWS, region " + region
+	fmt.Println("using the DynamoDB-compatible server at", endpoint)
+	return dynamodb.NewFromConfig(cfg, func(o *dynamodb.Options) {
+		o.BaseEndpoint = aws.String(endpoint)
+	}), func() {}, nil
 }
 
 // quickstart:end
