@@ -91,15 +91,17 @@ func run(ctx context.Context, endpoint, region string, every time.Duration, runs
 	err = lease.RunSchedule(ctx, sched, func(ctx context.Context, run *ddblease.JobRun) error {
 		// Only the leader gets here, once per slot: the slot was claimed
 		// first with this tenure's fence, a number that grows with every
-		// new leader.
+		// acquisition of the lease.
 		n++
 		fmt.Printf("run %d: leader with fence %d, slot %s\n", n, run.Fence(), run.Slot().Format(time.TimeOnly))
 
-		// The invoice is keyed by the slot, and written through the guard:
-		// Put stores the fence in the invoice and writes only if the stored
-		// invoice has no fence or one not above ours, so once a newer
-		// leader has written this invoice, an older one is refused.
-		// attribute_not_exists(pk) writes each slot's invoice once.
+		// The invoice is keyed by the slot and written through the guard.
+		// Put keeps a high-water mark in the item: it stores our fence in
+		// the invoice, and writes only if the stored invoice has no fence or
+		// one not above ours. So an older tenure is refused once a newer one
+		// has written this same invoice (not for items no newer tenure
+		// wrote; hence the slot key). attribute_not_exists(pk) makes each
+		// slot's invoice written once.
 		_, err := guard.Put(ctx, run.Fence(), &dynamodb.PutItemInput{
 			TableName: aws.String("invoices"),
 			Item: map[string]types.AttributeValue{
