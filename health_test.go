@@ -10,47 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
 	"github.com/ddblease/ddblease/internal/ddbtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// blackHole is a transport decorator that never answers the requests of
-// the DynamoDB operation op while on: each waits until its context
-// ends (the lease's CallTimeout), as across a network partition.
-type blackHole struct {
-	base http.RoundTripper
-	op   string
-
-	mu sync.Mutex
-	on bool
-}
-
-func (b *blackHole) wrap(rt http.RoundTripper) http.RoundTripper { b.base = rt; return b }
-
-func (b *blackHole) set(on bool) {
-	b.mu.Lock()
-	b.on = on
-	b.mu.Unlock()
-}
-
-func (b *blackHole) RoundTrip(r *http.Request) (*http.Response, error) {
-	b.mu.Lock()
-	on := b.on
-	b.mu.Unlock()
-	if on && ddbtest.Op(r) == b.op {
-		if r.Body != nil {
-			_ = r.Body.Close()
-		}
-		<-r.Context().Done()
-		return nil, r.Context().Err()
-	}
-	return b.base.RoundTrip(r)
-}
 
 // probe GETs h and returns the status and the body.
 func probe(t *testing.T, h http.Handler) (int, string) {
@@ -82,8 +46,8 @@ func runLease(t *testing.T, l *ddblease.Lease) (stop func() error) {
 func TestHealthLeaderWithBlackHoledHeartbeats(t *testing.T) {
 	t.Parallel()
 	table := srv.NewTable(t)
-	hole := &blackHole{op: "UpdateItem"}
-	l := newLease(t, srv.Client(hole.wrap), table, "report", fast("a"), func(o *ddblease.Options) {
+	faults := ddbtest.NewFaults(nil)
+	l := newLease(t, srv.Client(faults.Wrap), table, "report", fast("a"), func(o *ddblease.Options) {
 		o.LeaseDuration = 6 * time.Second // the leader is overdue 0.8s after a missed renewal, and loses 4.9s later
 		o.HeartbeatInterval = time.Second
 		o.CallTimeout = 300 * time.Millisecond
@@ -95,7 +59,7 @@ func TestHealthLeaderWithBlackHoledHeartbeats(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Equal(t, "ok\n", body)
 
-	hole.set(true)
+	faults.Fail("UpdateItem", ddbtest.Blackhole, -1) // heartbeats go unanswered until CallTimeout
 	var last string
 	require.Eventually(t, func() bool {
 		code, last = probe(t, h)
@@ -110,7 +74,7 @@ func TestHealthLeaderWithBlackHoledHeartbeats(t *testing.T) {
 
 	// The network heals: the leader renews (or, past its deadline, takes the
 	// lease back), and the check passes again.
-	hole.set(false)
+	faults.Clear()
 	require.Eventually(t, func() bool { return l.CheckHealth(300*time.Millisecond) == nil && l.IsLeader() },
 		30*time.Second, 10*time.Millisecond)
 }
@@ -120,8 +84,8 @@ func TestHealthStandbyStaysHealthy(t *testing.T) {
 	table := srv.NewTable(t)
 	db := srv.Client(nil)
 	a := newLease(t, db, table, "report", fast("a"))
-	hole := &blackHole{op: "GetItem"}
-	b := newLease(t, srv.Client(hole.wrap), table, "report", fast("b"))
+	faults := ddbtest.NewFaults(nil)
+	b := newLease(t, srv.Client(faults.Wrap), table, "report", fast("b"))
 	h := ddblease.HealthHandler(100*time.Millisecond, a, b)
 	runLease(t, a)
 	require.Eventually(t, a.IsLeader, 20*time.Second, 10*time.Millisecond)
@@ -139,7 +103,7 @@ func TestHealthStandbyStaysHealthy(t *testing.T) {
 	// The standby's reads stop being answered: its campaign fails with the
 	// same error, and it turns unhealthy; once they are answered again, it
 	// is healthy again.
-	hole.set(true)
+	faults.Fail("GetItem", ddbtest.Blackhole, -1)
 	var code int
 	var last string
 	require.Eventually(t, func() bool {
@@ -150,7 +114,7 @@ func TestHealthStandbyStaysHealthy(t *testing.T) {
 	assert.Contains(t, last, `job "report": acquire has failed for `)
 	assert.NotContains(t, last, "leading")
 	assert.NoError(t, a.CheckHealth(100*time.Millisecond), "the leader")
-	hole.set(false)
+	faults.Clear()
 	require.Eventually(t, func() bool { return b.CheckHealth(100*time.Millisecond) == nil }, 30*time.Second, 10*time.Millisecond)
 	assert.True(t, a.IsLeader())
 }
@@ -158,11 +122,7 @@ func TestHealthStandbyStaysHealthy(t *testing.T) {
 func TestHealthWrongKeySchema(t *testing.T) {
 	t.Parallel()
 	db := srv.Client(nil)
-	table := "ddblease-test-" + ddbtest.RandomID()
-	require.NoError(t, ddbtest.CreateRawTable(withTimeout(t, 30*time.Second), db, table, "id", types.ScalarAttributeTypeS))
-	t.Cleanup(func() {
-		_, _ = db.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)})
-	})
+	table := srv.NewKeyTable(t, "id") // not "pk"
 	l := newLease(t, db, table, "report", fast("a"))
 	h := ddblease.HealthHandler(200*time.Millisecond, l)
 	code, body := probe(t, h)

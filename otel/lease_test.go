@@ -9,19 +9,19 @@ import (
 	"time"
 
 	"github.com/ddblease/ddblease"
-	"github.com/ddblease/ddblease/internal/ddbtest"
+	"github.com/ddblease/ddblease/ddbleasetest"
+	"github.com/ddblease/ddblease/internal/leakcheck"
 	ddbleaseotel "github.com/ddblease/ddblease/otel"
-	"go.uber.org/goleak"
 )
 
-var srv *ddbtest.Server
+var srv *ddbleasetest.Server
 
 func TestMain(m *testing.M) {
-	srv = ddbtest.Start()
+	srv = ddbleasetest.Start()
 	code := m.Run()
 	srv.Close()
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		if err := leakcheck.Find(5 * time.Second); err != nil {
 			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
 			code = 1
 		}
@@ -36,7 +36,7 @@ func TestTrackedLeaderGaugeEndsAtDeadline(t *testing.T) {
 	m, c := newMetrics(t)
 	table := srv.NewTable(t)
 	var skew atomic.Int64
-	l, err := ddblease.New(srv.Client(nil), table, "billing", m.Instrument, func(o *ddblease.Options) {
+	l, err := ddblease.New(srv.Client(), table, "billing", m.Instrument, func(o *ddblease.Options) {
 		o.Owner = "a"
 		o.LeaseDuration = 10 * time.Second
 		o.Now = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
@@ -73,7 +73,7 @@ func TestTrackedLeaderGaugeEndsAtDeadline(t *testing.T) {
 func TestUntrackedLeaseEndsOnItsEvents(t *testing.T) {
 	m, c := newMetrics(t)
 	table := srv.NewTable(t)
-	l, err := ddblease.New(srv.Client(nil), table, "billing", m.Instrument, func(o *ddblease.Options) {
+	l, err := ddblease.New(srv.Client(), table, "billing", m.Instrument, func(o *ddblease.Options) {
 		o.Owner = "a"
 		o.LeaseDuration = 300 * time.Millisecond
 		o.MaxClockSkew = 50 * time.Millisecond

@@ -22,7 +22,6 @@ import (
 	"errors"
 	"sync"
 
-	"github.com/aws/smithy-go"
 	"github.com/ddblease/ddblease"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -51,10 +50,6 @@ const (
 	AttrStep = attribute.Key("ddblease.step")
 	// AttrGuardOp is the guard form that refused a write.
 	AttrGuardOp = attribute.Key("ddblease.guard.operation")
-	// AttrErrorType is the DynamoDB error code (or "_OTHER") of a
-	// resignation that could not be written, as in the semantic
-	// conventions' error.type.
-	AttrErrorType = attribute.Key("error.type")
 )
 
 // Metrics turns ddblease events into OpenTelemetry instruments. Its
@@ -114,7 +109,7 @@ func New(mp metric.MeterProvider) (*Metrics, error) {
 	}
 	m.acquisitions = counter("ddblease.acquisitions", "{acquisition}", "Tenures this replica began.")
 	m.losses = counter("ddblease.losses", "{loss}", "Tenures that ended other than by this replica resigning, by reason.")
-	m.resignations = counter("ddblease.resignations", "{resignation}", "Tenures this replica gave up; error.type is set when the resignation could not be written.")
+	m.resignations = counter("ddblease.resignations", "{resignation}", "Tenures this replica gave up (a resignation write that fails is a retry of step resign).")
 	m.handovers = counter("ddblease.handovers", "{handover}", "Changes of holder this replica saw: another holder replaced, or the lease taken over by this replica.")
 	m.calls = counter("ddblease.dynamodb.calls", "{call}", "DynamoDB requests, by operation and outcome.")
 	m.runs = counter("ddblease.runs", "{run}", "Job runs whose outcome was recorded, by status.")
@@ -226,11 +221,7 @@ func (m *Metrics) Observe(e ddblease.Event) {
 		m.losses.Add(ctx, 1, m.attrs1(e.Job, AttrReason, string(e.Reason)))
 	case ddblease.EventResigned:
 		m.update(e, func(h *handle) bool { h.leader = false; return false })
-		if e.Err != nil {
-			m.resignations.Add(ctx, 1, m.attrs1(e.Job, AttrErrorType, errorType(e.Err)))
-		} else {
-			m.resignations.Add(ctx, 1, job)
-		}
+		m.resignations.Add(ctx, 1, job)
 	case ddblease.EventStopped:
 		// An untracked handle's gauges end with its campaign, so that a
 		// process that makes many handles does not accumulate series.
@@ -352,13 +343,4 @@ func (m *Metrics) attrSet(k attrKey) metric.MeasurementOption {
 	m.attrs[k] = a
 	m.attrMu.Unlock()
 	return a
-}
-
-// errorType returns the DynamoDB error code of err, else "_OTHER".
-func errorType(err error) string {
-	var api smithy.APIError
-	if errors.As(err, &api) && api.ErrorCode() != "" {
-		return api.ErrorCode()
-	}
-	return "_OTHER"
 }

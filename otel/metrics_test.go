@@ -176,7 +176,7 @@ func TestEventsToInstruments(t *testing.T) {
 	// a resigns, b takes over: one hand-over seen by b.
 	ev(a, ddblease.Event{Kind: ddblease.EventDraining, Fence: 7})
 	ev(a, ddblease.Event{Kind: ddblease.EventResigned, Fence: 7})
-	ev(a, ddblease.Event{Kind: ddblease.EventResigned, Fence: 7, Err: fmt.Errorf("resign: %w", &types.ProvisionedThroughputExceededException{})})
+	ev(a, ddblease.Event{Kind: ddblease.EventRetry, Op: "resign", Fence: 7, Err: fmt.Errorf("resign: %w", &types.ProvisionedThroughputExceededException{})})
 	c.collect()
 	c.want("ddblease.leader", 0, job, ownA)
 	c.want("ddblease.fence", 7, job, ownA)
@@ -201,7 +201,7 @@ func TestEventsToInstruments(t *testing.T) {
 	c.want("ddblease.acquisitions", 2, job)
 	c.want("ddblease.handovers", 2, job) // a to b (taken by b), b to c
 	c.want("ddblease.resignations", 1, job)
-	c.want("ddblease.resignations", 1, job, ddbleaseotel.AttrErrorType.String("ProvisionedThroughputExceededException"))
+	c.want("ddblease.retries", 1, job, ddbleaseotel.AttrStep.String("resign"))
 	c.want("ddblease.losses", 1, job, ddbleaseotel.AttrReason.String("deposed"))
 	c.want("ddblease.runs", 1, job, ddbleaseotel.AttrStatus.String("succeeded"))
 	c.want("ddblease.runs", 1, job, ddbleaseotel.AttrStatus.String("failed"))

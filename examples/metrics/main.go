@@ -27,7 +27,7 @@ import (
 	"time"
 
 	"github.com/ddblease/ddblease"
-	"github.com/ddblease/ddblease/internal/ddbtest"
+	"github.com/ddblease/ddblease/ddbleasetest"
 	ddbleaseotel "github.com/ddblease/ddblease/otel"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -55,11 +55,11 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if *endpoint != "" {
-		os.Setenv(ddbtest.EndpointEnv, *endpoint) // ddbtest.Start honours it
+		os.Setenv(ddbleasetest.EndpointEnv, *endpoint) // ddbleasetest.Start honours it
 	}
-	srv := ddbtest.Start()
+	srv := ddbleasetest.Start()
 	defer srv.Close()
-	db := srv.Client(nil)
+	db := srv.Client()
 	if err := ddblease.CreateTable(ctx, db, *table); err != nil {
 		return err
 	}

@@ -12,21 +12,21 @@ import (
 	"time"
 
 	"github.com/ddblease/ddblease"
-	"github.com/ddblease/ddblease/internal/ddbtest"
+	"github.com/ddblease/ddblease/ddbleasetest"
+	"github.com/ddblease/ddblease/internal/leakcheck"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"go.uber.org/goleak"
 )
 
-var srv *ddbtest.Server
+var srv *ddbleasetest.Server
 
 func TestMain(m *testing.M) {
-	srv = ddbtest.Start()
+	srv = ddbleasetest.Start()
 	code := m.Run()
 	srv.Close()
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		if err := leakcheck.Find(5 * time.Second); err != nil {
 			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
 			code = 1
 		}
@@ -109,7 +109,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 func TestHandOverSeenOnMetrics(t *testing.T) {
-	db := srv.Client(nil)
+	db := srv.Client()
 	table := srv.NewTable(t)
 	const job = "report"
 	opts := func(o *ddblease.Options) {
