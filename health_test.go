@@ -86,7 +86,9 @@ func TestHealthStandbyStaysHealthy(t *testing.T) {
 	a := newLease(t, db, table, "report", fast("a"))
 	faults := ddbtest.NewFaults(nil)
 	b := newLease(t, srv.Client(faults.Wrap), table, "report", fast("b"))
-	h := ddblease.HealthHandler(100*time.Millisecond, a, b)
+	// A second of tolerance: a loaded machine may delay a heartbeat or a
+	// poll by a few hundred milliseconds, and that is no reason to restart.
+	h := ddblease.HealthHandler(time.Second, a, b)
 	runLease(t, a)
 	require.Eventually(t, a.IsLeader, 20*time.Second, 10*time.Millisecond)
 	runLease(t, b)
@@ -98,7 +100,7 @@ func TestHealthStandbyStaysHealthy(t *testing.T) {
 	}
 	assert.True(t, a.IsLeader())
 	assert.False(t, b.IsLeader())
-	assert.NoError(t, b.CheckHealth(100*time.Millisecond))
+	assert.NoError(t, b.CheckHealth(time.Second))
 
 	// The standby's reads stop being answered: its campaign fails with the
 	// same error, and it turns unhealthy; once they are answered again, it
@@ -113,9 +115,9 @@ func TestHealthStandbyStaysHealthy(t *testing.T) {
 	t.Log(last)
 	assert.Contains(t, last, `job "report": acquire has failed for `)
 	assert.NotContains(t, last, "leading")
-	assert.NoError(t, a.CheckHealth(100*time.Millisecond), "the leader")
+	assert.NoError(t, a.CheckHealth(time.Second), "the leader")
 	faults.Clear()
-	require.Eventually(t, func() bool { return b.CheckHealth(100*time.Millisecond) == nil }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return b.CheckHealth(time.Second) == nil }, 30*time.Second, 10*time.Millisecond)
 	assert.True(t, a.IsLeader())
 }
 

@@ -75,8 +75,9 @@ func TestUntrackedLeaseEndsOnItsEvents(t *testing.T) {
 	table := srv.NewTable(t)
 	l, err := ddblease.New(srv.Client(), table, "billing", m.Instrument, func(o *ddblease.Options) {
 		o.Owner = "a"
-		o.LeaseDuration = 300 * time.Millisecond
-		o.MaxClockSkew = 50 * time.Millisecond
+		o.LeaseDuration = 2 * time.Second
+		o.HeartbeatInterval = 900 * time.Millisecond
+		o.CallTimeout = 800 * time.Millisecond
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +89,7 @@ func TestUntrackedLeaseEndsOnItsEvents(t *testing.T) {
 	}
 	c.collect()
 	c.want("ddblease.leader", 1, job, ownA)
-	for l.IsLeader() { // the deadline is 270ms away
+	for l.IsLeader() { // the deadline is 1.8s away
 		time.Sleep(10 * time.Millisecond)
 	}
 	deadline := time.Now().Add(30 * time.Second)

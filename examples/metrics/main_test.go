@@ -113,8 +113,10 @@ func TestHandOverSeenOnMetrics(t *testing.T) {
 	table := srv.NewTable(t)
 	const job = "report"
 	opts := func(o *ddblease.Options) {
-		o.LeaseDuration = 2 * time.Second
-		o.HeartbeatInterval = 300 * time.Millisecond
+		// Room for a loaded machine: a heartbeat may be late by seconds
+		// before the tenure ends, and the counts below change.
+		o.LeaseDuration = 6 * time.Second
+		o.HeartbeatInterval = 500 * time.Millisecond
 		o.RetryInterval = 200 * time.Millisecond
 	}
 	var reps [2]*replica
