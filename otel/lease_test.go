@@ -2,6 +2,7 @@ package ddbleaseotel_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync/atomic"
@@ -101,5 +102,42 @@ func TestUntrackedLeaseEndsOnItsEvents(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	c.want("ddblease.losses", 1, job, ddbleaseotel.AttrReason.String("deadline"))
+	c.want("ddblease.leader", 0, job, ownA)
+}
+
+// TestRunsOfARealLease: job runs claimed and finished on a real lease are
+// counted by status, with their duration.
+func TestRunsOfARealLease(t *testing.T) {
+	m, c := newMetrics(t)
+	table := srv.NewTable(t)
+	l, err := ddblease.New(srv.Client(), table, "billing", m.Instrument, func(o *ddblease.Options) { o.Owner = "a" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := l.TryAcquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	slot := time.Now().Truncate(time.Minute)
+	for i, runErr := range []error{nil, errors.New("upstream down")} {
+		run, err := l.Claim(ctx, slot.Add(time.Duration(i)*time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := run.Finish(ctx, runErr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.collect()
+	c.want("ddblease.runs", 1, job, ddbleaseotel.AttrStatus.String("succeeded"))
+	c.want("ddblease.runs", 1, job, ddbleaseotel.AttrStatus.String("failed"))
+	c.want("ddblease.resignations", 1, job)
+	if n, _ := c.histogram("ddblease.run.duration", job, ddbleaseotel.AttrStatus.String("failed")); n != 1 {
+		t.Errorf("run.duration count = %d, want 1", n)
+	}
 	c.want("ddblease.leader", 0, job, ownA)
 }
