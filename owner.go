@@ -74,6 +74,11 @@ func ownerBase(ctx context.Context) string {
 	return fmt.Sprintf("%s-%d", truncate(hostname(), maxOwnerBase-12), os.Getpid())
 }
 
+// metadataClient asks the task metadata endpoint, a link-local address
+// that no HTTP proxy configured for the application's traffic can reach,
+// and keeps no connection open.
+var metadataClient = &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+
 // ecsTaskARN reads TaskARN from the task metadata endpoint's /task
 // document.
 func ecsTaskARN(ctx context.Context, uri string) (string, error) {
@@ -83,7 +88,7 @@ func ecsTaskARN(ctx context.Context, uri string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := metadataClient.Do(req)
 	if err != nil {
 		return "", err
 	}
