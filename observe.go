@@ -51,9 +51,11 @@ const (
 	// EventCall: a DynamoDB request finished. Op ("GetItem", "UpdateItem",
 	// ...), Outcome, Latency, Err.
 	EventCall
-	// EventRetry: a step failed and will be tried again (a poll, an
-	// acquisition, a heartbeat, a resignation, a claim). Op names the step,
-	// Err the failure, Fence the tenure if any.
+	// EventRetry: a step failed and will be tried again. Op names the
+	// step: "acquire" (a standby's poll or an acquisition), "heartbeat",
+	// "resign", "claim" or "finish" (RunSchedule's claim of a slot and
+	// record of its outcome). Err is the failure, Fence the tenure if any,
+	// Slot the slot for a claim or finish.
 	EventRetry
 	// EventStopped: Run or RunSchedule returned. Err is what it returned.
 	EventStopped
@@ -120,7 +122,7 @@ type Event struct {
 	Latency  time.Duration // EventAcquired, EventRenewed, EventCall
 	Op       string        // EventCall, EventStaleFence, EventRetry
 	Outcome  CallOutcome   // EventCall
-	Slot     time.Time     // EventRunClaimed, EventRunFinished, EventSlotsMissed
+	Slot     time.Time     // EventRunClaimed, EventRunFinished, EventSlotsMissed, EventRetry
 	Status   RunStatus     // EventRunFinished
 	Duration time.Duration // EventRunFinished
 	Missed   int           // EventSlotsMissed
