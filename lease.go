@@ -56,6 +56,8 @@ type Lease struct {
 	// UnknownOperationException, so that Claim asks only once.
 	noTxn atomic.Bool
 
+	health health // what CheckHealth reports, fed by this handle's events
+
 	ctl controlWatch // operator controls seen by the keeper (control.go)
 }
 
@@ -110,8 +112,10 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 	return l, nil
 }
 
-// deliver hands an event to the log and to the user's observer.
+// deliver hands an event to the health check, the log and the user's
+// observer.
 func (l *Lease) deliver(e Event) {
+	l.health.observe(e)
 	l.logEvent(e)
 	if l.opts.Observer != nil {
 		l.opts.Observer(e)

@@ -1,6 +1,6 @@
 module github.com/ddblease/ddblease/cmd/ddblease
 
-go 1.26.8
+go 1.26
 
 require (
 	github.com/aws/aws-sdk-go-v2 v1.48.0
@@ -9,7 +9,6 @@ require (
 	github.com/aws/smithy-go v1.28.9
 	github.com/ddblease/ddblease v0.0.0-00010101000000-000000000000
 	github.com/stretchr/testify v1.12.1
-	go.uber.org/goleak v1.3.0
 	go.yaml.in/yaml/v3 v3.0.5
 )
 

@@ -18,9 +18,9 @@ import (
 
 	"github.com/ddblease/ddblease"
 	"github.com/ddblease/ddblease/internal/ddbtest"
+	"github.com/ddblease/ddblease/internal/leakcheck"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 )
 
 var (
@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 	srv.Close()
 	_ = os.RemoveAll(dir)
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		if err := leakcheck.Find(5 * time.Second); err != nil {
 			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
 			code = 1
 		}
