@@ -388,7 +388,11 @@ func (r *JobRun) isFinished() bool {
 //
 // The write is retried by the SDK on transient errors; a retry that finds
 // its own earlier attempt applied is recognised by the claim's random
-// token. Claim makes one request (two on the first claim of a Lease whose
+// token. A transaction cancelled by a conflict with another write to one
+// of its items (a heartbeat renewing the lease item, on DynamoDB) is sent
+// again with jittered back-off, under the same ClientRequestToken, until
+// Options.CallTimeout has passed since the call began, and never past the
+// tenure's local deadline. Claim makes one request (two on the first claim of a Lease whose
 // server lacks transactions), plus one to abandon a run and, when the
 // outcome of the write is unknown, one consistent read.
 func (l *Lease) Claim(ctx context.Context, slot time.Time, optFns ...func(*JobOptions)) (*JobRun, error) {
@@ -443,10 +447,11 @@ func (l *Lease) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 	switch {
 	case errors.Is(err, ErrLost):
 		return nil, err
-	case err != nil && !retryable(err):
+	case err != nil && !retryable(err) && !mismatch(err):
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
 	case err != nil:
-		// The outcome is unknown: read the item back.
+		// The outcome is unknown (or the server saw this request's token
+		// before, with other parameters): read the item back.
 		rec, present, rerr := l.readRun(ctx, key)
 		if rerr == nil && present && rec.claim == token {
 			return run, nil
@@ -488,7 +493,15 @@ func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 			ExpressionAttributeValues:           map[string]types.AttributeValue{":me": avS(l.opts.Owner), ":fence": avN(t.fence)},
 			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 		}
-		err := transact(ctx, l.db, l.opts.CallTimeout, []types.TransactWriteItem{{ConditionCheck: check}, {Update: upd}})
+		// Conflicts (a heartbeat renewing the lease item as the claim
+		// checks it) are retried until CallTimeout has passed, and never
+		// past the tenure's local deadline.
+		deadline := l.opts.Now().Add(l.opts.CallTimeout)
+		if t.deadline.Before(deadline) {
+			deadline = t.deadline
+		}
+		err := transactRetrying(ctx, l.db, []types.TransactWriteItem{{ConditionCheck: check}, {Update: upd}},
+			txRetry{now: l.opts.Now, deadline: deadline, timeout: l.opts.CallTimeout})
 		if !errors.Is(err, ErrTransactionsUnsupported) {
 			if item, ok := conditionFailed(err, 0); ok {
 				l.end(t.fence)
@@ -634,6 +647,15 @@ func (r *JobRun) Finish(ctx context.Context, runErr error) error {
 // TransactionCanceledException, whose CancellationReasons list the lease
 // check first, then the run's update, then items in order. A server
 // without transactions gets an error wrapping ErrTransactionsUnsupported.
+//
+// A transaction cancelled by a conflict with another write to one of its
+// items (a heartbeat renewing the lease item, on DynamoDB) is sent again
+// with jittered back-off, under the same ClientRequestToken, until
+// Options.CallTimeout has passed since the call began or ctx ends; then
+// the error says so and wraps the last TransactionCanceledException, and
+// the run stays running. Whatever the failure, the run item is read back:
+// a commit found applied (an earlier attempt whose answer was lost)
+// counts as success.
 func (r *JobRun) Commit(ctx context.Context, items []types.TransactWriteItem) error {
 	if len(items) == 0 || len(items) > MaxCommitItems {
 		return invalid("Commit: %d items; between 1 and %d are allowed", len(items), MaxCommitItems)
@@ -720,7 +742,7 @@ func (r *JobRun) commitWrite(ctx context.Context, upd *types.Update, items []typ
 	all := make([]types.TransactWriteItem, 0, len(items)+2)
 	all = append(all, types.TransactWriteItem{ConditionCheck: fenceCheck(l.table, l.key, r.fence)}, types.TransactWriteItem{Update: upd})
 	all = append(all, items...)
-	err := transact(ctx, l.db, l.opts.CallTimeout, all)
+	err := transactRetrying(ctx, l.db, all, txRetry{now: l.opts.Now, deadline: l.opts.Now().Add(l.opts.CallTimeout), timeout: l.opts.CallTimeout})
 	if err == nil || errors.Is(err, ErrTransactionsUnsupported) {
 		return err
 	}

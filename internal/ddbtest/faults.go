@@ -3,6 +3,7 @@ package ddbtest
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -30,6 +31,15 @@ const (
 	// sends it to the server when Release is called: a request abandoned
 	// by the client that lands late.
 	Hold
+	// Conflict answers, without forwarding the request, as DynamoDB does
+	// when another transaction is using an item the request writes: a
+	// TransactWriteItems (or TransactGetItems) gets
+	// TransactionCanceledException with one cancellation reason per action,
+	// TransactionConflict for the first (where this library puts its check
+	// on the lease item) and None for the others; a PutItem, UpdateItem or
+	// DeleteItem gets TransactionConflictException. Other operations (reads
+	// never conflict) are passed.
+	Conflict
 )
 
 // Faults is an http.RoundTripper that counts requests by DynamoDB operation
@@ -128,6 +138,10 @@ func (f *Faults) RoundTrip(r *http.Request) (*http.Response, error) {
 		return answer(r, 500, `{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected"}`), nil
 	case Throttle:
 		return answer(r, 400, `{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"injected"}`), nil
+	case Conflict:
+		if body, ok := conflictBody(r, op); ok {
+			return answer(r, 400, body), nil
+		}
 	}
 	return f.Base.RoundTrip(r)
 }
@@ -166,4 +180,42 @@ func answer(r *http.Request, status int, body string) *http.Response {
 		ContentLength: int64(len(body)),
 		Request:       r,
 	}
+}
+
+// conflictBody returns DynamoDB's answer to a request of op that conflicts
+// with a transaction in progress, and false for an operation that does not
+// conflict. It consumes r's body to count a transaction's actions.
+func conflictBody(r *http.Request, op string) (string, bool) {
+	switch op {
+	case "PutItem", "UpdateItem", "DeleteItem":
+		return `{"__type":"com.amazonaws.dynamodb.v20120810#TransactionConflictException",` +
+			`"message":"Transaction is ongoing for the item"}`, true
+	case "TransactWriteItems", "TransactGetItems":
+	default:
+		return "", false
+	}
+	var in struct{ TransactItems []json.RawMessage }
+	if r.Body != nil {
+		_ = json.NewDecoder(r.Body).Decode(&in)
+	}
+	type reason struct {
+		Code    string
+		Message string `json:",omitempty"`
+	}
+	reasons := []reason{{Code: "TransactionConflict", Message: "Transaction is ongoing for the item"}}
+	codes := []string{"TransactionConflict"}
+	for range max(len(in.TransactItems)-1, 0) {
+		reasons = append(reasons, reason{Code: "None"})
+		codes = append(codes, "None")
+	}
+	body, _ := json.Marshal(struct {
+		Type                string `json:"__type"`
+		CancellationReasons []reason
+		Message             string
+	}{
+		Type:                "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
+		CancellationReasons: reasons,
+		Message:             "Transaction cancelled, please refer cancellation reasons for specific reasons [" + strings.Join(codes, ", ") + "]",
+	})
+	return string(body), true
 }
