@@ -193,7 +193,7 @@ func (g *Guard) check(ctx context.Context, op string, fence int64) error {
 		return invalid("%s: fence %d is below 1", op, fence)
 	}
 	if ctx.Err() != nil {
-		return fmt.Errorf("ddblease: guard %q: %s refused: %w", g.job, op, context.Cause(ctx))
+		return fmt.Errorf("ddblease: guard %q: %s refused: %w", g.job, op, ended(ctx))
 	}
 	cctx, cancel := context.WithTimeout(ctx, g.opts.CallTimeout)
 	item, err := g.get(cctx, g.table, g.key)
@@ -201,7 +201,7 @@ func (g *Guard) check(ctx context.Context, op string, fence int64) error {
 	if ctx.Err() != nil {
 		// The read may have succeeded, but the caller's context ended: what
 		// follows would run with a dead context.
-		return fmt.Errorf("ddblease: guard %q: %s refused: %w", g.job, op, errors.Join(context.Cause(ctx), err))
+		return fmt.Errorf("ddblease: guard %q: %s refused: %w", g.job, op, errors.Join(ended(ctx), err))
 	}
 	if err != nil {
 		return fmt.Errorf("ddblease: guard %q: read lease: %w", g.job, err)
@@ -214,6 +214,16 @@ func (g *Guard) check(ctx context.Context, op string, fence int64) error {
 		return g.stale(op, &StaleFenceError{Job: g.job, Fence: fence, Current: cur})
 	}
 	return nil
+}
+
+// ended returns the error of a context that has ended, with its cause if
+// that differs: both context.Canceled and the cause are in the chain.
+func ended(ctx context.Context) error {
+	err, cause := ctx.Err(), context.Cause(ctx)
+	if cause == nil || cause == err {
+		return err
+	}
+	return fmt.Errorf("%w: %w", err, cause)
 }
 
 // Do calls fn(ctx, fence) if Check accepts fence, and returns Check's error
