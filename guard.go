@@ -253,7 +253,8 @@ func (g *Guard) Do(ctx context.Context, fence int64, fn func(ctx context.Context
 // carrying the current fence (from the check's ALL_OLD item, or a
 // consistent read). A failed condition among items is returned as the
 // SDK's TransactionCanceledException (errors.As), whose CancellationReasons
-// list the guard's check first and then items in order. A server without
+// list the guard's check first and then items in order. An item acting on
+// the job's lease item is an error wrapping ErrInvalid. A server without
 // transactions gets an error wrapping ErrTransactionsUnsupported; use Put
 // or Update there.
 //
@@ -276,6 +277,9 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 	}
 	if len(items) == 0 || len(items) > MaxGuardedItems {
 		return invalid("TransactWrite: %d items; between 1 and %d are allowed", len(items), MaxGuardedItems)
+	}
+	if i := onItem(items, g.table, g.key); i >= 0 {
+		return invalid("TransactWrite: item %d acts on the job's lease item", i)
 	}
 	all := make([]types.TransactWriteItem, 0, len(items)+1)
 	all = append(all, types.TransactWriteItem{ConditionCheck: fenceCheck(g.table, g.key, fence)})
@@ -391,7 +395,10 @@ func (g *Guard) Put(ctx context.Context, fence int64, in *dynamodb.PutItemInput)
 // own ConditionExpression holds (checked as Put checks it). It refuses
 // what Put refuses, and only that: a fence lower than the highest fence
 // that wrote this item. in's expressions must not use placeholders
-// starting with #ddblease or :ddblease. in is not modified.
+// starting with #ddblease or :ddblease, and its UpdateExpression must not
+// refer to the fence or token attribute at the top level (by name or
+// through a placeholder), which could lower or remove the mark; either is
+// an error wrapping ErrInvalid, before any request. in is not modified.
 //
 // A write that landed is reported as landed, as with Put; the output then
 // holds, when in.ReturnValues is ALL_NEW, the item as read back (which
@@ -408,6 +415,11 @@ func (g *Guard) Update(ctx context.Context, fence int64, in *dynamodb.UpdateItem
 	if reservedIn(aws.ToString(in.UpdateExpression)) {
 		return nil, invalid("Update: the UpdateExpression uses a placeholder starting with #%s or :%s, which the guard reserves",
 			reservedPrefix, reservedPrefix)
+	}
+	for _, a := range []string{g.opts.FenceAttribute, g.opts.TokenAttribute} {
+		if ref, ok := refersTo(aws.ToString(in.UpdateExpression), in.ExpressionAttributeNames, a); ok {
+			return nil, invalid("Update: the UpdateExpression refers to attribute %q (as %s), which the guard keeps", a, ref)
+		}
 	}
 	tok := randomID(16)
 	u := *in
@@ -449,7 +461,7 @@ func (g *Guard) resolve(ctx context.Context, op string, fence int64, tok string,
 	what := strings.ToLower(op)
 	var ccf *types.ConditionalCheckFailedException
 	failed := errors.As(err, &ccf)
-	if !failed && !transient(err) {
+	if !failed && (refusedOutright(err) || !transient(err)) {
 		// Refused before it could apply (validation, access, a missing
 		// table): no earlier attempt of it can have landed either.
 		return nil, fmt.Errorf("ddblease: guarded %s %q: %w", what, g.job, err)
@@ -542,6 +554,89 @@ func checkCondition(cond string) error {
 		return invalid("%q uses a placeholder starting with #%s or :%s, which the guard reserves", cond, reservedPrefix, reservedPrefix)
 	}
 	return nil
+}
+
+// refersTo reports whether an update expression refers to the top-level
+// attribute attr, by name or through a placeholder of names, and how. A
+// nested attribute of the same name (a.fence) does not count.
+func refersTo(expr string, names map[string]string, attr string) (string, bool) {
+	isName := func(c byte) bool {
+		return c == '_' || c == '#' || c == ':' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= 0x80
+	}
+	prev := byte(' ') // the last byte before the token, spaces skipped
+	for i := 0; i < len(expr); {
+		if !isName(expr[i]) {
+			if expr[i] != ' ' && expr[i] != '\t' && expr[i] != '\n' && expr[i] != '\r' {
+				prev = expr[i]
+			}
+			i++
+			continue
+		}
+		j := i
+		for j < len(expr) && isName(expr[j]) {
+			j++
+		}
+		tok := expr[i:j]
+		head := prev != '.'
+		prev, i = 'a', j
+		if !head || tok[0] == ':' {
+			continue
+		}
+		if tok[0] == '#' {
+			if n, ok := names[tok]; ok && n == attr {
+				return tok, true
+			}
+			continue
+		}
+		if tok == attr {
+			return tok, true
+		}
+	}
+	return "", false
+}
+
+// onItem returns the index of the first of items that acts on the item key
+// of table, or -1.
+func onItem(items []types.TransactWriteItem, table string, key map[string]types.AttributeValue) int {
+	same := func(t *string, k map[string]types.AttributeValue) bool {
+		if aws.ToString(t) != table {
+			return false
+		}
+		for n, v := range key {
+			s, ok := k[n].(*types.AttributeValueMemberS)
+			if !ok || s.Value != v.(*types.AttributeValueMemberS).Value {
+				return false
+			}
+		}
+		return true
+	}
+	for i, it := range items {
+		switch {
+		case it.Put != nil && same(it.Put.TableName, it.Put.Item),
+			it.Update != nil && same(it.Update.TableName, it.Update.Key),
+			it.Delete != nil && same(it.Delete.TableName, it.Delete.Key),
+			it.ConditionCheck != nil && same(it.ConditionCheck.TableName, it.ConditionCheck.Key):
+			return i
+		}
+	}
+	return -1
+}
+
+// refusedOutright reports whether err is an answer that refuses the request
+// as such (malformed, unauthorised, or naming a missing table): no attempt
+// of it can have been applied.
+func refusedOutright(err error) bool {
+	var api smithy.APIError
+	if !errors.As(err, &api) {
+		return false
+	}
+	switch api.ErrorCode() {
+	case "ValidationException", "ResourceNotFoundException", "AccessDeniedException", "UnrecognizedClientException",
+		"IncompleteSignatureException", "MissingAuthenticationTokenException", "InvalidSignatureException",
+		"SerializationException", "UnknownOperationException":
+		return true
+	}
+	return false
 }
 
 // reservedIn reports whether s holds a placeholder reserved for the guard:

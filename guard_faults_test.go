@@ -129,6 +129,15 @@ func TestGuardWriteLandedAnswerLost(t *testing.T) {
 		assert.Empty(t, getRaw(t, raw, table, "sink#never"))
 	})
 
+	t.Run("refused outright: no read-back", func(t *testing.T) {
+		var err error
+		n := requests(func() {
+			_, err = g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table + "-missing"), Item: item("pk", "x")})
+		})
+		require.Error(t, err)
+		assert.Equal(t, map[string]int{"PutItem": 1}, n)
+	})
+
 	t.Run("Update is applied once", func(t *testing.T) {
 		faults.Set(firstN("UpdateItem", 1, ddbtest.DropResponse))
 		defer faults.Set(nil)
@@ -224,6 +233,46 @@ func TestGuardConditionCannotEscape(t *testing.T) {
 			assert.Equal(t, before, total(faults.Counts()), "refused before any request")
 		})
 	}
+
+	// An update expression cannot lower or remove the mark or the token
+	// (minidyn applies a second assignment to the same path; DynamoDB and
+	// dynalite refuse it).
+	for _, c := range []struct {
+		expr  string
+		names map[string]string
+	}{
+		{"SET #by = :by, #x = :low", map[string]string{"#by": "by", "#x": "fence"}},
+		{"SET #by = :by REMOVE #x", map[string]string{"#by": "by", "#x": "fence"}},
+		{"SET #by = :by REMOVE fence", map[string]string{"#by": "by"}},
+		{"SET #by = :by, fence.x = :low", map[string]string{"#by": "by"}},
+		{"SET #by = :by REMOVE #t", map[string]string{"#by": "by", "#t": ddblease.DefaultGuardTokenAttribute}},
+		{"SET #by = :by, copy = fenceWrite", map[string]string{"#by": "by"}},
+	} {
+		before := total(faults.Counts())
+		in := &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: key("sink#esc2"),
+			UpdateExpression: aws.String(c.expr), ExpressionAttributeNames: c.names,
+			ExpressionAttributeValues: map[string]types.AttributeValue{":by": sAttr("three")}}
+		if strings.Contains(c.expr, ":low") {
+			in.ExpressionAttributeValues[":low"] = nAttr("1")
+		}
+		_, err := g.Update(ctx, 5, in)
+		require.ErrorIs(t, err, ddblease.ErrInvalid, c.expr)
+		assert.Contains(t, err.Error(), "which the guard keeps", c.expr)
+		assert.Equal(t, before, total(faults.Counts()), "refused before any request")
+	}
+	assert.Equal(t, nAttr("5"), getRaw(t, raw, table, "sink#esc2")["fence"])
+
+	// A guarded transaction cannot act on the lease item it checks.
+	before := total(faults.Counts())
+	err = g.TransactWrite(ctx, 5, []types.TransactWriteItem{
+		{Put: &types.Put{TableName: aws.String(table), Item: item("pk", "sink#tx")}},
+		{Update: &types.Update{TableName: aws.String(table), Key: key("lease#billing"), UpdateExpression: aws.String("SET fence = :f"),
+			ExpressionAttributeValues: map[string]types.AttributeValue{":f": nAttr("99")}}},
+	})
+	require.ErrorIs(t, err, ddblease.ErrInvalid)
+	assert.Contains(t, err.Error(), "item 1 acts on the job's lease item")
+	assert.Equal(t, before, total(faults.Counts()))
+
 	stored := getRaw(t, raw, table, "sink#esc")
 	assert.Equal(t, sAttr("five"), stored["by"])
 	assert.Equal(t, nAttr("5"), stored["fence"], "the high-water mark was not lowered")
@@ -577,4 +626,33 @@ func TestGuardObserver(t *testing.T) {
 		require.Len(t, stale, 1)
 		assert.Equal(t, "TransactWrite", stale[0].Op)
 	}
+}
+
+// Commit's items cannot act on the lease item its check reads, nor on the
+// run item it finishes.
+func TestCommitRefusesLeaseAndRunItems(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 20*time.Second)
+	table := srv.NewTable(t)
+	faults := ddbtest.NewFaults(nil)
+	db := srv.Client(faults.Wrap)
+	l := newLease(t, db, table, "billing", fast("a"), slowLease)
+	_, err := l.TryAcquire(ctx)
+	require.NoError(t, err)
+	slot := time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC)
+	run, err := l.Claim(ctx, slot)
+	require.NoError(t, err)
+	before := total(faults.Counts())
+	for pk, says := range map[string]string{
+		"lease#billing":                       "acts on the job's lease item",
+		"jobrun#billing#2026-11-30T02:00:00Z": "acts on the run's own item",
+	} {
+		err := run.Commit(ctx, []types.TransactWriteItem{
+			{Put: &types.Put{TableName: aws.String(table), Item: item("pk", "sink#ok")}},
+			{Delete: &types.Delete{TableName: aws.String(table), Key: key(pk)}},
+		})
+		require.ErrorIs(t, err, ddblease.ErrInvalid)
+		assert.Contains(t, err.Error(), "item 1 "+says)
+	}
+	assert.Equal(t, before, total(faults.Counts()), "refused before any request")
 }

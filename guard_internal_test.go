@@ -161,3 +161,27 @@ func TestConflictClassification(t *testing.T) {
 		t.Error("nil is not ok")
 	}
 }
+
+func TestRefersTo(t *testing.T) {
+	names := map[string]string{"#f": "fence", "#o": "other", "#ff": "x"}
+	for expr, want := range map[string]string{
+		"SET a = :v":                   "",
+		"SET fence = :v":               "fence",
+		"SET a = :v REMOVE #f":         "#f",
+		"SET a.fence = :v":             "",
+		"SET a[0].fence = :v, b = :w":  "",
+		"SET a = :v, #o.fence = :w":    "",
+		"SET #ff = :v":                 "",
+		"SET b = fence":                "fence",
+		"SET b = list_append(#f, :l)":  "#f",
+		"ADD fences :one":              "",
+		"SET #o = :fence":              "",
+		"SET  fence.x = :v":            "fence",
+		"SET a = if_not_exists(fence)": "fence",
+	} {
+		ref, ok := refersTo(expr, names, "fence")
+		if ref != want || ok != (want != "") {
+			t.Errorf("refersTo(%q) = %q, %v; want %q", expr, ref, ok, want)
+		}
+	}
+}

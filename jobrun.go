@@ -642,10 +642,11 @@ func (r *JobRun) Finish(ctx context.Context, runErr error) error {
 // even under the Rerun policy: a newer tenure re-runs a slot only while its
 // run is still running, that is, while its effect is not committed.
 //
-// A stale claimant gets a *StaleFenceError and nothing is written; a
-// failed condition among items is returned as the SDK's
-// TransactionCanceledException, whose CancellationReasons list the lease
-// check first, then the run's update, then items in order. A server
+// items must not act on the lease item or the run's own item (an error
+// wrapping ErrInvalid). A stale claimant gets a *StaleFenceError and
+// nothing is written; a failed condition among items is returned as the
+// SDK's TransactionCanceledException, whose CancellationReasons list the
+// lease check first, then the run's update, then items in order. A server
 // without transactions gets an error wrapping ErrTransactionsUnsupported.
 //
 // A transaction cancelled by a conflict with another write to one of its
@@ -659,6 +660,12 @@ func (r *JobRun) Finish(ctx context.Context, runErr error) error {
 func (r *JobRun) Commit(ctx context.Context, items []types.TransactWriteItem) error {
 	if len(items) == 0 || len(items) > MaxCommitItems {
 		return invalid("Commit: %d items; between 1 and %d are allowed", len(items), MaxCommitItems)
+	}
+	if i := onItem(items, r.l.table, r.l.key); i >= 0 {
+		return invalid("Commit: item %d acts on the job's lease item", i)
+	}
+	if i := onItem(items, r.l.table, r.key); i >= 0 {
+		return invalid("Commit: item %d acts on the run's own item", i)
 	}
 	return r.finish(ctx, RunSucceeded, nil, items)
 }
