@@ -91,9 +91,8 @@ type GuardOptions struct {
 	// Observer, if not nil, is told of every write the guard refuses for a
 	// stale fence (EventStaleFence) and of every DynamoDB request it makes
 	// (EventCall). Events are delivered one at a time, in the order they
-	// happened, before the guard's method returns, by the goroutine that
-	// made the request (or by one already delivering, when methods run
-	// concurrently). It must not block: a slow observer delays the guarded
+	// happened, by the goroutine that made the request (or, when methods
+	// run concurrently, by one already delivering). It must not block: a slow observer delays the guarded
 	// call. A panic in it is not recovered. Default nil.
 	Observer func(Event)
 }
