@@ -830,12 +830,18 @@ const (
 func transactRetrying(ctx context.Context, db DynamoDBAPI, items []types.TransactWriteItem, r txRetry) error {
 	in := &dynamodb.TransactWriteItemsInput{TransactItems: items, ClientRequestToken: aws.String(randomID(16))}
 	began := r.now()
+	var last error
 	for attempt := 1; ; attempt++ {
-		left := r.deadline.Sub(r.now())
-		if left <= 0 {
-			left = time.Millisecond // the first attempt is always made
+		timeout := r.timeout
+		if attempt > 1 {
+			left := r.deadline.Sub(r.now())
+			if left <= 0 {
+				return fmt.Errorf("cancelled by conflicting writes %d times in %v, until its deadline: %w",
+					attempt-1, r.now().Sub(began).Round(time.Millisecond), last)
+			}
+			timeout = min(timeout, left)
 		}
-		cctx, cancel := context.WithTimeout(ctx, min(r.timeout, left))
+		cctx, cancel := context.WithTimeout(ctx, timeout)
 		start := time.Now()
 		_, err := db.TransactWriteItems(cctx, in)
 		cancel()
@@ -850,17 +856,23 @@ func transactRetrying(ctx context.Context, db DynamoDBAPI, items []types.Transac
 			return fmt.Errorf("%w: %w", ErrTransactionsUnsupported, err)
 		case mismatch(err):
 			return fmt.Errorf("client request token %s was used before with other parameters: %w", aws.ToString(in.ClientRequestToken), err)
+		case !conflicted(err) && last != nil && ctx.Err() != nil:
+			return fmt.Errorf("cancelled by conflicting writes %d times, then %w: %w", attempt-1, ended(ctx), errors.Join(last, err))
 		case !conflicted(err):
 			return err
 		}
+		last = err
 		d := min(conflictBackoff<<min(attempt-1, 8), maxConflictBackoff)
 		d -= time.Duration(rand.Int64N(int64(d/2) + 1))
-		if ctx.Err() != nil || !r.now().Add(d).Before(r.deadline) {
+		if !r.now().Add(d).Before(r.deadline) {
 			return fmt.Errorf("cancelled by conflicting writes %d times in %v, until its deadline: %w",
 				attempt, r.now().Sub(began).Round(time.Millisecond), err)
 		}
-		if serr := sleep(ctx, d); serr != nil {
-			return fmt.Errorf("cancelled by conflicting writes %d times, then %w: %w", attempt, serr, err)
+		if ctx.Err() == nil {
+			_ = sleep(ctx, d)
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("cancelled by conflicting writes %d times, then %w: %w", attempt, ended(ctx), err)
 		}
 	}
 }

@@ -490,6 +490,14 @@ func TestGuardedTransactionsRetryConflicts(t *testing.T) {
 		assert.Greater(t, len(tk.take()), 1, "retried before giving up")
 		assert.Empty(t, getRaw(t, raw, table, "sink#never"))
 
+		// The caller's context ends first.
+		short, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
+		defer cancel()
+		err = g.TransactWrite(short, fence, put("sink#never"))
+		conflictErr(t, err)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.Empty(t, getRaw(t, raw, table, "sink#never"))
+
 		late := slot.Add(24 * time.Hour)
 		_, err = l.Claim(ctx, late)
 		conflictErr(t, err)
