@@ -664,3 +664,39 @@ func TestCommitRefusesLeaseAndRunItems(t *testing.T) {
 	}
 	assert.Equal(t, before, total(faults.Counts()), "refused before any request")
 }
+
+// Issue 8, defect 13: what the README says each form refuses. After a
+// takeover, a stale leader's Put of an item that no newer tenure wrote is
+// accepted (the item's high-water mark is all Put knows), while
+// TransactWrite, which checks the lease item, refuses it.
+func TestGuardFormsRefuseWhatTheySay(t *testing.T) {
+	t.Parallel()
+	caps := srv.Caps(t)
+	ctx := withTimeout(t, 20*time.Second)
+	table := srv.NewTable(t)
+	db := srv.Client(nil)
+	a := newLease(t, db, table, "billing", fast("a"), slowLease)
+	old, err := a.TryAcquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, a.Resign(ctx))
+	b := newLease(t, db, table, "billing", fast("b"), slowLease)
+	cur, err := b.TryAcquire(ctx)
+	require.NoError(t, err)
+	require.Greater(t, cur, old)
+	g, err := ddblease.NewGuard(db, table, "billing")
+	require.NoError(t, err)
+
+	_, err = g.Put(ctx, old, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "invoice#untouched")})
+	require.NoError(t, err, "no newer fence wrote this item: Put accepts the stale fence")
+	_, err = g.Put(ctx, cur, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "invoice#touched")})
+	require.NoError(t, err)
+	_, err = g.Put(ctx, old, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "invoice#touched")})
+	staleFence(t, err, old, cur)
+	staleFence(t, g.Check(ctx, old), old, cur)
+	t.Run("TransactWrite", func(t *testing.T) {
+		srv.Require(t, caps.Transactions, "TransactWriteItems")
+		staleFence(t, g.TransactWrite(ctx, old, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table),
+			Item: item("pk", "invoice#untouched-tx")}}}), old, cur)
+		assert.Empty(t, getRaw(t, db, table, "invoice#untouched-tx"))
+	})
+}
