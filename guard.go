@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
@@ -13,7 +12,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
-	"github.com/aws/smithy-go"
 )
 
 var (
@@ -72,7 +70,7 @@ const MaxGuardedItems = 99
 // GuardOptions configures a Guard. A zero field takes its default.
 type GuardOptions struct {
 	// CallTimeout bounds each DynamoDB call, and the retries of a guarded
-	// transaction that conflicting writes cancelled (see
+	// write that conflicted with a transaction using its item (see
 	// Guard.TransactWrite). Default 5s; negative is an error.
 	CallTimeout time.Duration
 
@@ -217,16 +215,6 @@ func (g *Guard) check(ctx context.Context, op string, fence int64) error {
 	return nil
 }
 
-// ended returns the error of a context that has ended, with its cause if
-// that differs: both context.Canceled and the cause are in the chain.
-func ended(ctx context.Context) error {
-	err, cause := ctx.Err(), context.Cause(ctx)
-	if cause == nil || cause == err {
-		return err
-	}
-	return fmt.Errorf("%w: %w", err, cause)
-}
-
 // Do calls fn(ctx, fence) if Check accepts fence, and returns Check's error
 // without calling fn otherwise. fn is never called with a context that
 // has ended.
@@ -263,7 +251,8 @@ func (g *Guard) Do(ctx context.Context, fence int64, fn func(ctx context.Context
 // or write is using (TransactionConflict), such as the lease item while its
 // holder renews it. Such a cancelled transaction is sent again, with
 // jittered back-off, until it goes through or CallTimeout has passed since
-// the call began (or ctx ends); then the error says so and wraps the last
+// the call began (or ctx ends); then the error says that it kept
+// conflicting with other writes and wraps the last
 // TransactionCanceledException. Every attempt, the SDK's retries included,
 // carries the same ClientRequestToken, so DynamoDB applies the transaction
 // at most once (within its ten-minute idempotency window). A server that
@@ -285,10 +274,7 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 	all := make([]types.TransactWriteItem, 0, len(items)+1)
 	all = append(all, types.TransactWriteItem{ConditionCheck: fenceCheck(g.table, g.key, fence)})
 	all = append(all, items...)
-	err := transactRetrying(ctx, g.db, all, txRetry{
-		now: time.Now, deadline: time.Now().Add(g.opts.CallTimeout), timeout: g.opts.CallTimeout,
-		observe: func(start time.Time, err error) { g.called("TransactWriteItems", start, err, true) },
-	})
+	err := transactRetrying(ctx, g.db, all, g.retry("TransactWriteItems"))
 	if err == nil {
 		return nil
 	}
@@ -346,6 +332,10 @@ const (
 // the consumed capacity, are not known. When the outcome is unknown (the
 // answers were lost), the item is read back the same way.
 //
+// A write refused because a transaction is using the item
+// (TransactionConflictException) certainly did not apply, and is sent
+// again as TransactWrite's are, until CallTimeout has passed.
+//
 // One PutItem request; when it fails and the server returned no item with
 // the failure (dynalite), or no answer came, a consistent GetItem (and the
 // first time for a table a DescribeTable) to tell a landed write, a stale
@@ -371,11 +361,11 @@ func (g *Guard) Put(ctx context.Context, fence int64, in *dynamodb.PutItemInput)
 		return nil, err
 	}
 	p.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
-	cctx, cancel := context.WithTimeout(ctx, g.opts.CallTimeout)
-	start := time.Now()
-	out, err := g.db.PutItem(cctx, &p)
-	cancel()
-	g.called("PutItem", start, err, true)
+	var out *dynamodb.PutItemOutput
+	err = retryConflicts(ctx, g.retry("PutItem"), func(ctx context.Context) (err error) {
+		out, err = g.db.PutItem(ctx, &p)
+		return err
+	})
 	if err == nil {
 		return out, nil
 	}
@@ -403,7 +393,8 @@ func (g *Guard) Put(ctx context.Context, fence int64, in *dynamodb.PutItemInput)
 //
 // A write that landed is reported as landed, as with Put; the output then
 // holds, when in.ReturnValues is ALL_NEW, the item as read back (which
-// carries this write's token), and otherwise nothing. One UpdateItem
+// carries this write's token), and otherwise nothing. Conflicts with
+// transactions are retried as Put's are. One UpdateItem
 // request, and a consistent GetItem when it fails and the server returned
 // no item with the failure, or no answer came.
 func (g *Guard) Update(ctx context.Context, fence int64, in *dynamodb.UpdateItemInput) (*dynamodb.UpdateItemOutput, error) {
@@ -431,11 +422,11 @@ func (g *Guard) Update(ctx context.Context, fence int64, in *dynamodb.UpdateItem
 		return nil, err
 	}
 	u.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
-	cctx, cancel := context.WithTimeout(ctx, g.opts.CallTimeout)
-	start := time.Now()
-	out, err := g.db.UpdateItem(cctx, &u)
-	cancel()
-	g.called("UpdateItem", start, err, true)
+	var out *dynamodb.UpdateItemOutput
+	err = retryConflicts(ctx, g.retry("UpdateItem"), func(ctx context.Context) (err error) {
+		out, err = g.db.UpdateItem(ctx, &u)
+		return err
+	})
 	if err == nil {
 		return out, nil
 	}
@@ -623,23 +614,6 @@ func onItem(items []types.TransactWriteItem, table string, key map[string]types.
 	return -1
 }
 
-// refusedOutright reports whether err is an answer that refuses the request
-// as such (malformed, unauthorised, or naming a missing table): no attempt
-// of it can have been applied.
-func refusedOutright(err error) bool {
-	var api smithy.APIError
-	if !errors.As(err, &api) {
-		return false
-	}
-	switch api.ErrorCode() {
-	case "ValidationException", "ResourceNotFoundException", "AccessDeniedException", "UnrecognizedClientException",
-		"IncompleteSignatureException", "MissingAuthenticationTokenException", "InvalidSignatureException",
-		"SerializationException", "UnknownOperationException":
-		return true
-	}
-	return false
-}
-
 // reservedIn reports whether s holds a placeholder reserved for the guard:
 // one starting with #ddblease or :ddblease, in any case.
 func reservedIn(s string) bool {
@@ -662,6 +636,14 @@ func (g *Guard) refusal(op string, fence int64, item map[string]types.AttributeV
 		}
 	}
 	return fmt.Errorf("ddblease: guarded %s %q: %w", what, g.job, err)
+}
+
+// retry is how the guard retries a write of op that conflicts with a
+// transaction: until CallTimeout has passed, each attempt reported to the
+// observer.
+func (g *Guard) retry(op string) txRetry {
+	return txRetry{now: time.Now, deadline: time.Now().Add(g.opts.CallTimeout), timeout: g.opts.CallTimeout,
+		observe: func(start time.Time, err error) { g.called(op, start, err, true) }}
 }
 
 // stale reports a refused fence to the observer and returns e.
@@ -801,156 +783,6 @@ func readFence(ctx context.Context, db DynamoDBAPI, table string, key map[string
 		return 0, fmt.Errorf("read lease: %w", err)
 	}
 	return fenceOf(out.Item)
-}
-
-// txRetry says how transactRetrying retries.
-type txRetry struct {
-	now      func() time.Time // the clock of deadline
-	deadline time.Time        // no attempt starts at or after it
-	timeout  time.Duration    // bound on each attempt, further bounded by deadline
-	// observe, if not nil, is told of each attempt's outcome.
-	observe func(start time.Time, err error)
-}
-
-// Back-off between attempts of a transaction cancelled by a conflict: from
-// conflictBackoff, doubling up to maxConflictBackoff, less a jitter of up
-// to half.
-const (
-	conflictBackoff    = 20 * time.Millisecond
-	maxConflictBackoff = 320 * time.Millisecond
-)
-
-// transactRetrying sends items in one TransactWriteItems with a fresh
-// client request token, and sends it again, with the same token, with
-// jittered back-off, while it is cancelled only by conflicts with other
-// writes (or throttled), until r.deadline or ctx ends. A server that does
-// not know the operation gets an error wrapping
-// ErrTransactionsUnsupported; a token that the server saw with other
-// parameters (IdempotentParameterMismatch) is not retried.
-func transactRetrying(ctx context.Context, db DynamoDBAPI, items []types.TransactWriteItem, r txRetry) error {
-	in := &dynamodb.TransactWriteItemsInput{TransactItems: items, ClientRequestToken: aws.String(randomID(16))}
-	began := r.now()
-	var last error
-	for attempt := 1; ; attempt++ {
-		timeout := r.timeout
-		if attempt > 1 {
-			left := r.deadline.Sub(r.now())
-			if left <= 0 {
-				return fmt.Errorf("cancelled by conflicting writes %d times in %v, until its deadline: %w",
-					attempt-1, r.now().Sub(began).Round(time.Millisecond), last)
-			}
-			timeout = min(timeout, left)
-		}
-		cctx, cancel := context.WithTimeout(ctx, timeout)
-		start := time.Now()
-		_, err := db.TransactWriteItems(cctx, in)
-		cancel()
-		if r.observe != nil {
-			r.observe(start, err)
-		}
-		var api smithy.APIError
-		switch {
-		case err == nil:
-			return nil
-		case errors.As(err, &api) && api.ErrorCode() == "UnknownOperationException":
-			return fmt.Errorf("%w: %w", ErrTransactionsUnsupported, err)
-		case mismatch(err):
-			return fmt.Errorf("client request token %s was used before with other parameters: %w", aws.ToString(in.ClientRequestToken), err)
-		case !conflicted(err) && last != nil && ctx.Err() != nil:
-			return fmt.Errorf("cancelled by conflicting writes %d times, then %w: %w", attempt-1, ended(ctx), errors.Join(last, err))
-		case !conflicted(err):
-			return err
-		}
-		last = err
-		d := min(conflictBackoff<<min(attempt-1, 8), maxConflictBackoff)
-		d -= time.Duration(rand.Int64N(int64(d/2) + 1))
-		if !r.now().Add(d).Before(r.deadline) {
-			return fmt.Errorf("cancelled by conflicting writes %d times in %v, until its deadline: %w",
-				attempt, r.now().Sub(began).Round(time.Millisecond), err)
-		}
-		if ctx.Err() == nil {
-			_ = sleep(ctx, d)
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("cancelled by conflicting writes %d times, then %w: %w", attempt, ended(ctx), err)
-		}
-	}
-}
-
-// conflicted reports whether err certainly did not apply and is worth
-// sending again at once: a transaction cancelled only by conflicts with
-// other writes or by throttling, a plain write refused because a
-// transaction is using its item, or a transaction with the same token
-// still in progress.
-func conflicted(err error) bool {
-	var tce *types.TransactionCanceledException
-	if errors.As(err, &tce) {
-		found := false
-		for _, r := range tce.CancellationReasons {
-			switch aws.ToString(r.Code) {
-			case "", "None":
-			case "TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded", "RequestLimitExceeded":
-				found = true
-			default:
-				return false
-			}
-		}
-		return found
-	}
-	var api smithy.APIError
-	if errors.As(err, &api) {
-		switch api.ErrorCode() {
-		case "TransactionConflictException", "TransactionInProgressException":
-			return true
-		}
-	}
-	return false
-}
-
-// mismatch reports whether err is DynamoDB's answer to a client request
-// token reused with other parameters within its idempotency window.
-func mismatch(err error) bool {
-	var api smithy.APIError
-	return errors.As(err, &api) && api.ErrorCode() == "IdempotentParameterMismatchException"
-}
-
-// callOutcome classifies the answer to a DynamoDB request; write says
-// whether the request could have changed an item.
-func callOutcome(err error, write bool) CallOutcome {
-	if err == nil {
-		return CallOK
-	}
-	var ccf *types.ConditionalCheckFailedException
-	if errors.As(err, &ccf) {
-		return CallConditionFailed
-	}
-	var tce *types.TransactionCanceledException
-	if errors.As(err, &tce) {
-		out := CallError
-		for _, r := range tce.CancellationReasons {
-			switch aws.ToString(r.Code) {
-			case "ConditionalCheckFailed":
-				return CallConditionFailed
-			case "ThrottlingError", "ProvisionedThroughputExceeded", "RequestLimitExceeded":
-				out = CallThrottled
-			}
-		}
-		return out
-	}
-	var api smithy.APIError
-	if errors.As(err, &api) {
-		switch api.ErrorCode() {
-		case "ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded":
-			return CallThrottled
-		}
-		if api.ErrorFault() == smithy.FaultClient {
-			return CallError
-		}
-	}
-	if write {
-		return CallInDoubt
-	}
-	return CallError
 }
 
 // conditionFailed reports whether err is a cancelled transaction whose

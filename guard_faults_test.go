@@ -138,16 +138,53 @@ func TestGuardWriteLandedAnswerLost(t *testing.T) {
 		assert.Equal(t, map[string]int{"PutItem": 1}, n)
 	})
 
+	t.Run("conflicts with transactions are retried", func(t *testing.T) {
+		faults.Set(firstN("PutItem", 2, ddbtest.Conflict))
+		n := requests(func() {
+			_, err = g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#conflict", "v", "c")})
+		})
+		require.NoError(t, err)
+		assert.Equal(t, map[string]int{"PutItem": 3}, n)
+		assert.Equal(t, sAttr("c"), getRaw(t, raw, table, "sink#conflict")["v"])
+		faults.Set(firstN("UpdateItem", 2, ddbtest.Conflict))
+		n = requests(func() {
+			_, err = g.Update(ctx, 1, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: key("sink#conflict"),
+				UpdateExpression: aws.String("SET v = :v"), ExpressionAttributeValues: map[string]types.AttributeValue{":v": sAttr("d")}})
+		})
+		require.NoError(t, err)
+		assert.Equal(t, map[string]int{"UpdateItem": 3}, n)
+		assert.Equal(t, sAttr("d"), getRaw(t, raw, table, "sink#conflict")["v"])
+		// A conflict that outlasts CallTimeout fails closed.
+		gShort, err := ddblease.NewGuard(db, table, "billing", func(o *ddblease.GuardOptions) { o.CallTimeout = 200 * time.Millisecond })
+		require.NoError(t, err)
+		faults.Set(func(op string) ddbtest.Action {
+			if op == "PutItem" {
+				return ddbtest.Conflict
+			}
+			return ddbtest.Pass
+		})
+		defer faults.Set(nil)
+		_, err = gShort.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#conflict2")})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "kept conflicting with other writes")
+		var tce *types.TransactionConflictException
+		require.ErrorAs(t, err, &tce)
+		assert.Empty(t, getRaw(t, raw, table, "sink#conflict2"))
+	})
+
 	t.Run("Update is applied once", func(t *testing.T) {
 		faults.Set(firstN("UpdateItem", 1, ddbtest.DropResponse))
 		defer faults.Set(nil)
-		out, err := g.Update(ctx, 1, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: key("sink#counter"),
-			UpdateExpression:          aws.String("ADD n :one"),
-			ExpressionAttributeValues: map[string]types.AttributeValue{":one": nAttr("1")},
-			ReturnValues:              types.ReturnValueAllNew,
+		var out *dynamodb.UpdateItemOutput
+		n := requests(func() {
+			out, err = g.Update(ctx, 1, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: key("sink#counter"),
+				UpdateExpression:          aws.String("ADD n :one"),
+				ExpressionAttributeValues: map[string]types.AttributeValue{":one": nAttr("1")},
+				ReturnValues:              types.ReturnValueAllNew,
+			})
 		})
 		require.NoError(t, err)
-		assert.Equal(t, 2, faults.Count("UpdateItem"))
+		assert.Equal(t, 2, n["UpdateItem"])
 		assert.Equal(t, nAttr("1"), getRaw(t, raw, table, "sink#counter")["n"], "the SDK's retry did not add twice")
 		assert.Equal(t, nAttr("1"), out.Attributes["n"], "ALL_NEW holds the item as read back")
 	})
@@ -478,7 +515,7 @@ func TestGuardedTransactionsRetryConflicts(t *testing.T) {
 			t.Helper()
 			require.Error(t, err)
 			assert.NotErrorIs(t, err, ddblease.ErrStaleFence)
-			assert.Contains(t, err.Error(), "cancelled by conflicting writes")
+			assert.Contains(t, err.Error(), "kept conflicting with other writes")
 			var tce *types.TransactionCanceledException
 			require.ErrorAs(t, err, &tce, "the SDK's error stays in the chain")
 			assert.Equal(t, "TransactionConflict", aws.ToString(tce.CancellationReasons[0].Code))
