@@ -28,16 +28,7 @@ func ended(ctx context.Context) error {
 // of it can have been applied.
 func refusedOutright(err error) bool {
 	var api smithy.APIError
-	if !errors.As(err, &api) {
-		return false
-	}
-	switch api.ErrorCode() {
-	case "ValidationException", "ResourceNotFoundException", "AccessDeniedException", "UnrecognizedClientException",
-		"IncompleteSignatureException", "MissingAuthenticationTokenException", "InvalidSignatureException",
-		"SerializationException", "UnknownOperationException":
-		return true
-	}
-	return false
+	return errors.As(err, &api) && permanentCodes[api.ErrorCode()]
 }
 
 // txRetry says how retryConflicts retries.
@@ -45,8 +36,6 @@ type txRetry struct {
 	now      func() time.Time // the clock of deadline
 	deadline time.Time        // no attempt after the first starts at or after it
 	timeout  time.Duration    // bound on each attempt, further bounded by deadline
-	// observe, if not nil, is told of each attempt's outcome.
-	observe func(start time.Time, err error)
 }
 
 // Back-off between attempts of a write refused by a conflict: from
@@ -75,12 +64,8 @@ func retryConflicts(ctx context.Context, r txRetry, attempt func(ctx context.Con
 			timeout = min(timeout, left)
 		}
 		cctx, cancel := context.WithTimeout(ctx, timeout)
-		start := time.Now()
 		err := attempt(cctx)
 		cancel()
-		if r.observe != nil {
-			r.observe(start, err)
-		}
 		switch {
 		case err == nil:
 			return nil
@@ -162,43 +147,4 @@ func conflicted(err error) bool {
 func mismatch(err error) bool {
 	var api smithy.APIError
 	return errors.As(err, &api) && api.ErrorCode() == "IdempotentParameterMismatchException"
-}
-
-// callOutcome classifies the answer to a DynamoDB request; write says
-// whether the request could have changed an item.
-func callOutcome(err error, write bool) CallOutcome {
-	if err == nil {
-		return CallOK
-	}
-	var ccf *types.ConditionalCheckFailedException
-	if errors.As(err, &ccf) {
-		return CallConditionFailed
-	}
-	var tce *types.TransactionCanceledException
-	if errors.As(err, &tce) {
-		out := CallError
-		for _, r := range tce.CancellationReasons {
-			switch aws.ToString(r.Code) {
-			case "ConditionalCheckFailed":
-				return CallConditionFailed
-			case "ThrottlingError", "ProvisionedThroughputExceeded", "RequestLimitExceeded":
-				out = CallThrottled
-			}
-		}
-		return out
-	}
-	var api smithy.APIError
-	if errors.As(err, &api) {
-		switch api.ErrorCode() {
-		case "ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded":
-			return CallThrottled
-		}
-		if api.ErrorFault() == smithy.FaultClient {
-			return CallError
-		}
-	}
-	if write {
-		return CallInDoubt
-	}
-	return CallError
 }

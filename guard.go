@@ -164,8 +164,15 @@ func NewGuard(db DynamoDBAPI, table, job string, optFns ...func(*GuardOptions)) 
 	if o.TokenAttribute == o.FenceAttribute {
 		return nil, invalid("GuardOptions: TokenAttribute and FenceAttribute are both %q", o.FenceAttribute)
 	}
-	return &Guard{db: db, table: table, job: job, key: map[string]types.AttributeValue{attrPK: avS(leaseKey(job))},
-		opts: o, obs: notifier{fn: o.Observer}}, nil
+	g := &Guard{db: db, table: table, job: job, key: map[string]types.AttributeValue{attrPK: avS(leaseKey(job))},
+		opts: o, obs: notifier{fn: o.Observer}}
+	if o.Observer != nil {
+		g.db = observedDB{db: db, now: time.Now, report: func(e Event) {
+			e.Kind, e.Job, e.Time = EventCall, job, time.Now()
+			g.obs.emit(e)
+		}}
+	}
+	return g, nil
 }
 
 // Job returns the job name.
@@ -274,7 +281,7 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 	all := make([]types.TransactWriteItem, 0, len(items)+1)
 	all = append(all, types.TransactWriteItem{ConditionCheck: fenceCheck(g.table, g.key, fence)})
 	all = append(all, items...)
-	err := transactRetrying(ctx, g.db, all, g.retry("TransactWriteItems"))
+	err := transactRetrying(ctx, g.db, all, g.retry())
 	if err == nil {
 		return nil
 	}
@@ -362,7 +369,7 @@ func (g *Guard) Put(ctx context.Context, fence int64, in *dynamodb.PutItemInput)
 	}
 	p.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
 	var out *dynamodb.PutItemOutput
-	err = retryConflicts(ctx, g.retry("PutItem"), func(ctx context.Context) (err error) {
+	err = retryConflicts(ctx, g.retry(), func(ctx context.Context) (err error) {
 		out, err = g.db.PutItem(ctx, &p)
 		return err
 	})
@@ -423,7 +430,7 @@ func (g *Guard) Update(ctx context.Context, fence int64, in *dynamodb.UpdateItem
 	}
 	u.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
 	var out *dynamodb.UpdateItemOutput
-	err = retryConflicts(ctx, g.retry("UpdateItem"), func(ctx context.Context) (err error) {
+	err = retryConflicts(ctx, g.retry(), func(ctx context.Context) (err error) {
 		out, err = g.db.UpdateItem(ctx, &u)
 		return err
 	})
@@ -638,28 +645,16 @@ func (g *Guard) refusal(op string, fence int64, item map[string]types.AttributeV
 	return fmt.Errorf("ddblease: guarded %s %q: %w", what, g.job, err)
 }
 
-// retry is how the guard retries a write of op that conflicts with a
-// transaction: until CallTimeout has passed, each attempt reported to the
-// observer.
-func (g *Guard) retry(op string) txRetry {
-	return txRetry{now: time.Now, deadline: time.Now().Add(g.opts.CallTimeout), timeout: g.opts.CallTimeout,
-		observe: func(start time.Time, err error) { g.called(op, start, err, true) }}
+// retry is how the guard retries a write that conflicts with a
+// transaction: until CallTimeout has passed since the call began.
+func (g *Guard) retry() txRetry {
+	return txRetry{now: time.Now, deadline: time.Now().Add(g.opts.CallTimeout), timeout: g.opts.CallTimeout}
 }
 
 // stale reports a refused fence to the observer and returns e.
 func (g *Guard) stale(op string, e *StaleFenceError) error {
 	g.obs.emit(Event{Kind: EventStaleFence, Job: g.job, Time: time.Now(), Fence: e.Fence, Current: e.Current, Op: op})
 	return e
-}
-
-// called reports a finished DynamoDB request to the observer.
-func (g *Guard) called(op string, start time.Time, err error, write bool) {
-	if g.obs.fn == nil {
-		return
-	}
-	now := time.Now()
-	g.obs.emit(Event{Kind: EventCall, Job: g.job, Time: now, Op: op, Outcome: callOutcome(err, write),
-		Latency: now.Sub(start), Err: err})
 }
 
 // withFenceSet adds the guard's fence and token assignments to the SET
@@ -700,10 +695,8 @@ func (g *Guard) keyOf(ctx context.Context, table string, item map[string]types.A
 		names = v.([]string)
 	} else {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.opts.CallTimeout)
-		start := time.Now()
 		out, err := g.db.DescribeTable(cctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
 		cancel()
-		g.called("DescribeTable", start, err, false)
 		if err != nil {
 			return nil, fmt.Errorf("describe table %q: %w", table, err)
 		}
@@ -736,9 +729,7 @@ func (g *Guard) readItem(ctx context.Context, table string, key map[string]types
 
 // get reads an item with a strongly consistent read.
 func (g *Guard) get(ctx context.Context, table string, key map[string]types.AttributeValue) (map[string]types.AttributeValue, error) {
-	start := time.Now()
 	out, err := g.db.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table), Key: key, ConsistentRead: aws.Bool(true)})
-	g.called("GetItem", start, err, false)
 	if err != nil {
 		return nil, err
 	}

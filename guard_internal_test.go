@@ -125,7 +125,7 @@ func TestConflictClassification(t *testing.T) {
 		transient, mismtch bool
 	}{
 		{"conflict on the lease check", canceled("TransactionConflict", "None"), true, false, CallError, CallError, false, false},
-		{"throttled transaction", canceled("None", "ThrottlingError"), true, false, CallThrottled, CallThrottled, false, false},
+		{"throttled transaction", canceled("None", "ThrottlingError"), true, false, CallError, CallError, false, false},
 		{"condition failed", canceled("ConditionalCheckFailed", "TransactionConflict"), false, false, CallConditionFailed, CallConditionFailed, false, false},
 		{"validation", canceled("None", "ValidationError"), false, false, CallError, CallError, false, false},
 		{"no reasons", canceled(), false, false, CallError, CallError, false, false},
@@ -143,10 +143,10 @@ func TestConflictClassification(t *testing.T) {
 			if got := conflicted(c.err); got != c.conflicted {
 				t.Errorf("conflicted = %v", got)
 			}
-			if got := callOutcome(c.err, true); got != c.write {
+			if got := callOutcome("TransactWriteItems", c.err); got != c.write {
 				t.Errorf("callOutcome(write) = %v, want %v", got, c.write)
 			}
-			if got := callOutcome(c.err, false); got != c.read {
+			if got := callOutcome("GetItem", c.err); got != c.read {
 				t.Errorf("callOutcome(read) = %v, want %v", got, c.read)
 			}
 			if got := transient(c.err); got != c.transient {
@@ -157,7 +157,7 @@ func TestConflictClassification(t *testing.T) {
 			}
 		})
 	}
-	if callOutcome(nil, true) != CallOK {
+	if callOutcome("PutItem", nil) != CallOK {
 		t.Error("nil is not ok")
 	}
 }
