@@ -737,3 +737,74 @@ func TestGuardFormsRefuseWhatTheySay(t *testing.T) {
 		assert.Empty(t, getRaw(t, db, table, "invoice#untouched-tx"))
 	})
 }
+
+// mismatchOnce forwards the next TransactWriteItems request, lets the
+// server apply it, and answers IdempotentParameterMismatchException
+// instead, as DynamoDB does for a client request token it saw within ten
+// minutes with other parameters.
+type mismatchOnce struct {
+	next  http.RoundTripper
+	mu    sync.Mutex
+	armed bool
+}
+
+func (m *mismatchOnce) arm() { m.mu.Lock(); m.armed = true; m.mu.Unlock() }
+
+func (m *mismatchOnce) RoundTrip(r *http.Request) (*http.Response, error) {
+	m.mu.Lock()
+	fire := m.armed && ddbtest.Op(r) == "TransactWriteItems"
+	if fire {
+		m.armed = false
+	}
+	m.mu.Unlock()
+	resp, err := m.next.RoundTrip(r)
+	if !fire || err != nil {
+		return resp, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	body := `{"__type":"com.amazonaws.dynamodb.v20120810#IdempotentParameterMismatchException",` +
+		`"message":"Request token already used with different parameters"}`
+	return &http.Response{StatusCode: 400, Status: "Bad Request", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header:        http.Header{"Content-Type": {"application/x-amz-json-1.0"}},
+		Body:          io.NopCloser(strings.NewReader(body)),
+		ContentLength: int64(len(body)), Request: r}, nil
+}
+
+// A transaction answered IdempotentParameterMismatch is not retried; Claim
+// and Commit read their run item to learn whether it landed, and the
+// guard reports the error.
+func TestTransactionTokenMismatch(t *testing.T) {
+	t.Parallel()
+	caps := srv.Caps(t)
+	srv.Require(t, caps.Transactions, "TransactWriteItems")
+	ctx := withTimeout(t, 20*time.Second)
+	table := srv.NewTable(t)
+	faults := ddbtest.NewFaults(nil)
+	mm := &mismatchOnce{}
+	db := srv.Client(func(rt http.RoundTripper) http.RoundTripper { mm.next = rt; return faults.Wrap(mm) })
+	raw := srv.Client(nil)
+	l := newLease(t, db, table, "billing", fast("a"), slowLease)
+	fence, err := l.TryAcquire(ctx)
+	require.NoError(t, err)
+	slot := time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC)
+
+	mm.arm()
+	run, err := l.Claim(ctx, slot)
+	require.NoError(t, err, "the claim landed: the run item carries its token")
+	mm.arm()
+	require.NoError(t, run.Commit(ctx, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table),
+		Item: item("pk", "sink#commit")}}}), "the commit landed: the run is succeeded")
+	assert.NotEmpty(t, getRaw(t, raw, table, "sink#commit"))
+
+	g, err := ddblease.NewGuard(db, table, "billing")
+	require.NoError(t, err)
+	mm.arm()
+	before := faults.Count("TransactWriteItems")
+	err = g.TransactWrite(ctx, fence, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table),
+		Item: item("pk", "sink#tx")}}})
+	var ipm *types.IdempotentParameterMismatchException
+	require.ErrorAs(t, err, &ipm)
+	assert.Contains(t, err.Error(), "was used before with other parameters")
+	assert.Equal(t, 1, faults.Count("TransactWriteItems")-before, "not retried")
+}
