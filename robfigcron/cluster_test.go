@@ -1,0 +1,308 @@
+package ddbleaserobfig_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/internal/ddbtest"
+	ddbleaserobfig "github.com/ddblease/ddblease/robfigcron"
+	"github.com/robfig/cron/v3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+var srv *ddbtest.Server
+
+func TestMain(m *testing.M) {
+	srv = ddbtest.Start()
+	code := m.Run()
+	srv.Close()
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreCurrent()); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+const jobName = "sweep"
+
+var secondsParser = cron.NewParser(cron.Second | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+var quiet = slog.New(slog.NewTextHandler(discard{}, nil))
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+type cluster struct {
+	t     *testing.T
+	table string
+	sink  string
+	spec  string
+	slots ddblease.Schedule // the slots the runs are claimed for
+	opts  ddblease.Options
+	reps  []*replica
+
+	mu          sync.Mutex
+	invocations map[time.Time][]invocation
+	accepted    []int64
+	errs        []error
+	blockNext   *replica
+	inside      chan time.Time
+	release     chan struct{}
+	sinkMu      sync.Mutex
+}
+
+type invocation struct {
+	replica string
+	fence   int64
+}
+
+type replica struct {
+	name   string
+	faults *ddbtest.Faults
+	guard  *ddblease.Guard
+	w      *ddbleaserobfig.Wrapper
+	c      *cron.Cron
+	cancel context.CancelFunc
+	waited bool
+}
+
+func newCluster(t *testing.T, spec string, slots ddblease.Schedule) *cluster {
+	c := &cluster{
+		t: t, table: srv.NewTable(t), sink: srv.NewTable(t), spec: spec, slots: slots,
+		opts: ddblease.Options{
+			LeaseDuration: 1500 * time.Millisecond, HeartbeatInterval: 400 * time.Millisecond,
+			RetryInterval: 150 * time.Millisecond, CallTimeout: 300 * time.Millisecond,
+			MaxClockSkew: 400 * time.Millisecond, DrainTimeout: time.Second, Logger: quiet,
+		},
+		invocations: map[time.Time][]invocation{},
+	}
+	t.Cleanup(func() {
+		for _, r := range c.reps {
+			if !r.waited {
+				<-r.c.Stop().Done()
+				r.cancel()
+				_ = r.w.Wait()
+			}
+		}
+	})
+	return c
+}
+
+// add starts a replica whose lease clock is off by off; robfig's cron
+// fires by the system clock.
+func (c *cluster) add(name string, off time.Duration) *replica {
+	t := c.t
+	r := &replica{name: name, faults: ddbtest.NewFaults(nil)}
+	db := srv.Client(r.faults.Wrap)
+	var err error
+	r.guard, err = ddblease.NewGuard(db, c.table, jobName)
+	require.NoError(t, err)
+	r.w, err = ddbleaserobfig.New(db, c.table, func(o *ddblease.Options) {
+		*o = c.opts
+		o.Owner = name
+		o.Now = func() time.Time { return time.Now().Add(off) }
+	})
+	require.NoError(t, err)
+	sched, err := secondsParser.Parse(c.spec)
+	require.NoError(t, err)
+	job, err := r.w.Job(jobName, sched, func(ctx context.Context, run *ddblease.JobRun) error {
+		return c.run(ctx, r, run)
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	require.NoError(t, r.w.Start(ctx))
+	r.c = cron.New(cron.WithLocation(time.UTC), cron.WithParser(secondsParser))
+	r.c.Schedule(sched, job)
+	r.c.Start()
+	c.reps = append(c.reps, r)
+	return r
+}
+
+func (c *cluster) run(ctx context.Context, r *replica, run *ddblease.JobRun) error {
+	c.mu.Lock()
+	c.invocations[run.Slot()] = append(c.invocations[run.Slot()], invocation{r.name, run.Fence()})
+	block := c.blockNext == r
+	if block {
+		c.blockNext = nil
+	}
+	c.mu.Unlock()
+	c.sinkMu.Lock()
+	err := r.guard.TransactWrite(ctx, run.Fence(), []types.TransactWriteItem{{Put: &types.Put{
+		TableName: aws.String(c.sink),
+		Item: map[string]types.AttributeValue{
+			"pk":    &types.AttributeValueMemberS{Value: run.IdempotencyKey()},
+			"fence": &types.AttributeValueMemberN{Value: strconv.FormatInt(run.Fence(), 10)},
+		},
+		ConditionExpression: aws.String("attribute_not_exists(pk)"),
+	}}})
+	c.mu.Lock()
+	switch {
+	case err == nil:
+		c.accepted = append(c.accepted, run.Fence())
+	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
+	default:
+		c.errs = append(c.errs, fmt.Errorf("%s slot %s: %w", r.name, run.Slot().Format(time.TimeOnly), err))
+	}
+	c.mu.Unlock()
+	c.sinkMu.Unlock()
+	if block {
+		c.inside <- run.Slot()
+		<-c.release
+	}
+	return err
+}
+
+func (c *cluster) ran() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.invocations)
+}
+
+func (c *cluster) waitFor(what string, limit time.Duration, cond func() bool) {
+	c.t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("gave up waiting for %s after %v", what, limit)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestClusterWithinBound: three crons on three replicas, started at
+// staggered times, lease clocks offset within MaxClockSkew, the leader
+// killed mid-run (transport black-holed, cron and campaign stopped without
+// a resignation reaching the table). Every slot runs once but for those
+// due while no one led, with growing fences the guard accepted; the run
+// items agree.
+func TestClusterWithinBound(t *testing.T) {
+	for _, tc := range []struct {
+		name, spec string
+		slots      ddblease.Schedule
+	}{
+		{"spec", "* * * * * *", mustParse(t, "* * * * * *")},
+		// @every is anchored at each cron's start: the firings are matched
+		// to the multiples of the delay since the epoch.
+		{"every", "@every 1s", ddblease.Every(time.Second)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, tc.spec, tc.slots)
+			c.add("r0", 0)
+			time.Sleep(1300 * time.Millisecond)
+			c.add("r1", 150*time.Millisecond)
+			time.Sleep(1700 * time.Millisecond)
+			c.add("r2", -150*time.Millisecond)
+			c.waitFor("four runs", 60*time.Second, func() bool { return c.ran() >= 4 })
+			var victim *replica
+			c.waitFor("a leader", 30*time.Second, func() bool {
+				for _, r := range c.reps {
+					if r.w.Lease(jobName).IsLeader() {
+						victim = r
+						return true
+					}
+				}
+				return false
+			})
+			oldFence := victim.w.Lease(jobName).State().Fence
+			c.mu.Lock()
+			c.blockNext, c.inside, c.release = victim, make(chan time.Time), make(chan struct{})
+			c.mu.Unlock()
+			killed := <-c.inside
+			victim.faults.Set(func(string) ddbtest.Action { return ddbtest.Reset })
+			close(c.release)
+			<-victim.c.Stop().Done()
+			victim.cancel()
+			victim.waited = true
+			err := victim.w.Wait()
+			t.Logf("%s killed in slot %s: %v", victim.name, killed.Format(time.TimeOnly), err)
+			if err != nil {
+				assert.ErrorIs(t, err, ddblease.ErrNotResigned)
+			}
+			before := c.ran()
+			c.waitFor("three runs after the kill", 60*time.Second, func() bool { return c.ran() >= before+3 })
+			for _, r := range c.reps {
+				if !r.waited {
+					<-r.c.Stop().Done()
+					r.cancel()
+					r.waited = true
+					assert.NoError(t, r.w.Wait(), r.name)
+				}
+			}
+
+			c.mu.Lock()
+			inv, accepted, errs := c.invocations, slices.Clone(c.accepted), slices.Clone(c.errs)
+			c.mu.Unlock()
+			assert.Empty(t, errs)
+			assert.True(t, slices.IsSorted(accepted), "the sink accepted a stale fence: %v", accepted)
+			var slots []time.Time
+			for s := range inv {
+				slots = append(slots, s)
+			}
+			slices.SortFunc(slots, func(a, b time.Time) int { return a.Compare(b) })
+			var fences []int64
+			for _, s := range slots {
+				assert.Len(t, inv[s], 1, "slot %s ran %v", s.Format(time.TimeOnly), inv[s])
+				fences = append(fences, inv[s][0].fence)
+			}
+			assert.True(t, slices.IsSorted(fences), "fences by slot: %v", fences)
+			assert.Greater(t, fences[len(fences)-1], oldFence)
+			var gap []time.Time
+			for x := tc.slots.Next(slots[0]); x.Before(slots[len(slots)-1]); x = tc.slots.Next(x) {
+				if _, ok := inv[x.UTC()]; !ok {
+					gap = append(gap, x.UTC())
+				}
+			}
+			t.Logf("slots run %d, fences %v, not run %v", len(slots), fences, gap)
+			if len(gap) > 0 {
+				assert.Equal(t, tc.slots.Next(killed).UTC(), gap[0], "the slots not run start after the killed one")
+				for i := 1; i < len(gap); i++ {
+					assert.Equal(t, tc.slots.Next(gap[i-1]).UTC(), gap[i], "the slots not run form one stretch")
+				}
+			}
+
+			l, err := ddblease.New(srv.Client(nil), c.table, jobName)
+			require.NoError(t, err)
+			runs, err := l.ListRuns(context.Background(), tc.slots, slots[0], slots[len(slots)-1])
+			require.NoError(t, err)
+			assert.Len(t, runs, len(slots))
+			out, err := srv.Client(nil).Scan(context.Background(), &dynamodb.ScanInput{TableName: aws.String(c.sink)})
+			require.NoError(t, err)
+			assert.Len(t, out.Items, len(accepted))
+			for _, r := range runs {
+				want := ddblease.RunSucceeded
+				if r.Slot.Equal(killed) {
+					want = ddblease.RunRunning
+				}
+				assert.Equal(t, want, r.Status, "slot %s", r.Slot.Format(time.TimeOnly))
+				if i := inv[r.Slot]; assert.NotEmpty(t, i) {
+					assert.Equal(t, i[0].fence, r.Fence)
+					assert.Equal(t, i[0].replica, r.Owner)
+				}
+			}
+		})
+	}
+}
+
+func mustParse(t *testing.T, spec string) cron.Schedule {
+	s, err := secondsParser.Parse(spec)
+	require.NoError(t, err)
+	return s
+}
