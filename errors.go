@@ -4,9 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
+	"sync"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
 
 var (
@@ -66,12 +72,73 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
 }
 
-// transient reports whether err is worth retrying: throttling, server-side
-// faults, timeouts and network errors. Errors the server blames on the
-// request (a missing table, a validation error, denied access) and malformed
-// items are not.
+// PanicError is the value Run and RunSchedule panic with, after ending the
+// tenure and resigning, when the function given to them panicked. Value is
+// what the function panicked with and Stack its goroutine's stack at that
+// point; a job run that panicked is recorded as failed with both.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+// Error gives the panic's value and stack.
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("ddblease: the leader's function panicked: %v\n\n%s", e.Value, e.Stack)
+}
+
+// Unwrap returns the panic's value if it is an error.
+func (e *PanicError) Unwrap() error {
+	err, _ := e.Value.(error)
+	return err
+}
+
+// soundError returns err, unless it is an interface holding a nil pointer
+// (or another nil value), whose methods may panic: such an error is
+// replaced by one that says what it was. The library calls methods of
+// user errors only through it.
+func soundError(err error) error {
+	if err == nil {
+		return nil
+	}
+	v := reflect.ValueOf(err)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		if v.IsNil() {
+			return fmt.Errorf("ddblease: a nil %T was returned as a non-nil error", err)
+		}
+	}
+	return err
+}
+
+// permanentCodes are the error codes of requests the server refuses for
+// what they are, not for the moment they were sent: retrying cannot help.
+var permanentCodes = map[string]bool{
+	"ValidationException":                true,
+	"ResourceNotFoundException":          true,
+	"AccessDeniedException":              true,
+	"UnrecognizedClientException":        true,
+	"InvalidSignatureException":          true,
+	"MissingAuthenticationTokenException": true,
+	"IncompleteSignatureException":       true,
+	"InvalidClientTokenId":               true,
+	"SerializationException":             true,
+	"UnknownOperationException":          true,
+}
+
+// throttleCodes are the error codes of requests refused for load.
+var throttleCodes = map[string]bool{
+	"ProvisionedThroughputExceededException": true,
+	"ThrottlingException":                    true,
+	"RequestLimitExceeded":                   true,
+	"LimitExceededException":                 true,
+}
+
+// transient reports whether err is worth retrying: throttling, conflicts
+// with a transaction, server-side faults, timeouts and network errors.
+// Errors the server blames on the request (a missing table, a validation
+// error, denied access, bad credentials) and malformed items are not.
 func transient(err error) bool {
-	if err == nil || errors.Is(err, ErrMalformedItem) || errors.Is(err, ErrInvalid) {
+	if err == nil || errors.Is(err, ErrMalformedItem) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrTableSchema) {
 		return false
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
@@ -79,12 +146,122 @@ func transient(err error) bool {
 	}
 	var api smithy.APIError
 	if errors.As(err, &api) {
-		switch api.ErrorCode() {
-		case "ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded",
-			"TransactionConflictException", "LimitExceededException", "TransactionInProgressException":
+		code := api.ErrorCode()
+		switch {
+		case permanentCodes[code]:
+			return false
+		case throttleCodes[code], code == "TransactionConflictException", code == "TransactionInProgressException":
 			return true
 		}
 		return api.ErrorFault() != smithy.FaultClient
 	}
 	return true
+}
+
+// mayHaveApplied reports whether a write that failed with err may have
+// been applied all the same: its answer was lost or the server failed
+// while handling it. A request refused (throttled, invalid, denied,
+// conditional) did not apply. Valid for requests sent once (singleAttempt).
+func mayHaveApplied(err error) bool {
+	var api smithy.APIError
+	if errors.As(err, &api) {
+		var re *smithyhttp.ResponseError
+		if errors.As(err, &re) && re.HTTPStatusCode() >= 500 {
+			return true
+		}
+		return api.ErrorFault() == smithy.FaultServer
+	}
+	return true
+}
+
+// callOutcome classifies a finished request for EventCall.
+func callOutcome(op string, err error) CallOutcome {
+	if err == nil {
+		return CallOK
+	}
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		return CallConditionFailed
+	}
+	var tce *types.TransactionCanceledException
+	if errors.As(err, &tce) {
+		for _, r := range tce.CancellationReasons {
+			if aws.ToString(r.Code) == "ConditionalCheckFailed" {
+				return CallConditionFailed
+			}
+		}
+	}
+	var api smithy.APIError
+	if errors.As(err, &api) && throttleCodes[api.ErrorCode()] {
+		return CallThrottled
+	}
+	switch op {
+	case "GetItem", "BatchGetItem", "DescribeTable", "Query", "Scan":
+		return CallError
+	}
+	if mayHaveApplied(err) {
+		return CallInDoubt
+	}
+	return CallError
+}
+
+// explainTableError adds the table's name to errors the SDK reports
+// without it: a missing table, and a key schema that is not ours (checked
+// with one DescribeTable).
+func explainTableError(ctx context.Context, db DynamoDBAPI, table string, err error) error {
+	var api smithy.APIError
+	if !errors.As(err, &api) {
+		return err
+	}
+	switch api.ErrorCode() {
+	case "ResourceNotFoundException":
+		return fmt.Errorf("table %q not found (create it with CreateTable or your infrastructure code): %w", table, err)
+	case "ValidationException":
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tableCallTimeout)
+		defer cancel()
+		out, derr := db.DescribeTable(cctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
+		if derr != nil {
+			return fmt.Errorf("table %q: %w", table, err)
+		}
+		if serr := checkSchema(table, out.Table); serr != nil {
+			return fmt.Errorf("%w (the server said: %w)", serr, err)
+		}
+		return fmt.Errorf("table %q: %w", table, err)
+	case "AccessDeniedException", "UnrecognizedClientException", "InvalidSignatureException",
+		"MissingAuthenticationTokenException", "InvalidClientTokenId":
+		return fmt.Errorf("table %q: access refused, check the credentials and their permissions: %w", table, err)
+	}
+	return err
+}
+
+// warnLimiter rate-limits repeated warnings: one line per key every
+// warnEvery, saying how many were left out.
+type warnLimiter struct {
+	mu   sync.Mutex
+	last map[string]warnState
+}
+
+type warnState struct {
+	at         time.Time
+	suppressed int
+}
+
+const warnEvery = 30 * time.Second
+
+// allow reports whether a warning with key may be logged at now, and how
+// many were suppressed since the last one.
+func (w *warnLimiter) allow(key string, now time.Time) (bool, int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.last == nil {
+		w.last = make(map[string]warnState)
+	}
+	s, ok := w.last[key]
+	if ok && now.Sub(s.at) < warnEvery && now.Sub(s.at) >= 0 {
+		s.suppressed++
+		w.last[key] = s
+		return false, 0
+	}
+	w.last[key] = warnState{at: now}
+	return true, s.suppressed
 }

@@ -14,10 +14,11 @@ import (
 
 // Heartbeat renews the lease with a write conditional on this owner and
 // fence, so a stale leader cannot extend it. It returns ErrLost, and the
-// tenure ends, once the item names another owner or fence or the local
-// deadline has passed; ErrNotLeader when this handle has no tenure. Other
-// errors (throttling, timeouts) leave the tenure open until its deadline:
-// call again.
+// tenure ends, once the item names another owner or fence, or the local
+// deadline passed before the renewal was confirmed (a late confirmation
+// never revives a tenure); ErrNotLeader when this handle has no tenure.
+// Other errors (throttling, timeouts) leave the tenure open until its
+// deadline: call again.
 func (l *Lease) Heartbeat(ctx context.Context) error {
 	l.writeMu.Lock()
 	defer l.writeMu.Unlock()
@@ -27,13 +28,16 @@ func (l *Lease) Heartbeat(ctx context.Context) error {
 func (l *Lease) heartbeatLocked(ctx context.Context) error {
 	t := l.current()
 	if !t.held {
+		if lost := l.lostCause(); lost != nil {
+			return lost
+		}
 		return fmt.Errorf("%w: heartbeat %q", ErrNotLeader, l.job)
 	}
 	now := l.opts.Now()
-	left := t.deadline.Sub(now)
-	if left <= 0 {
-		l.end(t.fence)
-		return fmt.Errorf("%w: %q fence %d: local deadline passed without a successful heartbeat", ErrLost, l.job, t.fence)
+	if !now.Before(t.deadline) {
+		err := fmt.Errorf("%w: %q fence %d: local deadline passed without a confirmed heartbeat", ErrLost, l.job, t.fence)
+		l.end(t.fence, err, LossDeadline)
+		return err
 	}
 	rv := randomID(8)
 	update := "SET #exp = :exp, #rv = :rv, #lms = :lms, #ren = :now, #drn = :drn"
@@ -50,18 +54,23 @@ func (l *Lease) heartbeatLocked(ctx context.Context) error {
 		":now":   avN(now.UnixMilli()),
 		":drn":   avBool(t.draining),
 	}
-	err := l.fencedWrite(ctx, min(l.opts.CallTimeout, left), t, update, names, values, rv)
-	if err == nil {
-		l.renewed(t.fence, rv, now)
+	// The write and its read-back end at the deadline: past it, nothing
+	// they learn could keep the tenure.
+	if err := l.fencedWrite(ctx, l.opts.CallTimeout, t.deadline, t, update, names, values, rv); err != nil {
+		return err
 	}
-	return err
+	if !l.renewed(t.fence, rv, now, l.opts.Now().Sub(now)) {
+		return fmt.Errorf("%w: %q fence %d: the heartbeat was confirmed only after the local deadline", ErrLost, l.job, t.fence)
+	}
+	return nil
 }
 
 // fencedWrite applies an update to the lease item on condition that it
 // still names this owner and the tenure's fence, and carries a renewal
 // version this handle wrote. It returns ErrLost (and ends the tenure) when
-// the condition fails, and the error when the outcome stays unknown.
-func (l *Lease) fencedWrite(ctx context.Context, timeout time.Duration, t tenure, update string,
+// the condition fails, and the error when the outcome stays unknown. The
+// write and its read-back end by until (zero: CallTimeout each).
+func (l *Lease) fencedWrite(ctx context.Context, timeout time.Duration, until time.Time, t tenure, update string,
 	names map[string]string, values map[string]types.AttributeValue, rv string) error {
 	cond := "#owner = :me AND #fence = :fence"
 	if mine := l.mineIn(values); mine != "" {
@@ -77,41 +86,43 @@ func (l *Lease) fencedWrite(ctx context.Context, timeout time.Duration, t tenure
 		ReturnValues:                        types.ReturnValueAllNew,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	}
-	rec, ours, err := l.write(ctx, timeout, in, rv)
+	rec, ours, err := l.write(ctx, timeout, until, in, rv)
 	switch {
 	case ours:
 		return nil
 	case err != nil && (rec == Record{} || rec.Owner == l.opts.Owner && rec.Fence == t.fence):
 		// Unknown outcome, and the item does not tell us we lost.
-		return fmt.Errorf("ddblease: write lease %q: %w", l.job, err)
+		return fmt.Errorf("ddblease: write lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, err))
 	}
-	l.end(t.fence)
+	var lost error
 	switch {
 	case rec == (Record{}):
-		return fmt.Errorf("%w: %q fence %d: the lease item is gone", ErrLost, l.job, t.fence)
+		lost = fmt.Errorf("%w: %q fence %d: the lease item is gone", ErrLost, l.job, t.fence)
 	case rec.Owner == l.opts.Owner && rec.Fence == t.fence:
-		return fmt.Errorf("%w: %q fence %d: the item carries a renewal version this handle no longer tracks", ErrLost, l.job, t.fence)
+		lost = fmt.Errorf("%w: %q fence %d: the item carries a renewal version this handle no longer tracks", ErrLost, l.job, t.fence)
+	default:
+		lost = fmt.Errorf("%w: %q fence %d: now held by %q with fence %d", ErrLost, l.job, t.fence, rec.Owner, rec.Fence)
 	}
-	return fmt.Errorf("%w: %q fence %d: now held by %q with fence %d", ErrLost, l.job, t.fence, rec.Owner, rec.Fence)
+	l.end(t.fence, lost, LossDeposed)
+	return lost
 }
 
 // keeper renews a tenure in the background until it is stopped or the
-// tenure ends. lost is called once, from the keeper's goroutine, with the
-// reason the tenure ended.
+// tenure ends. It does not decide when the tenure ends: the term's own
+// timer does, and a keeper stuck in a request cannot hold that up.
 type keeper struct {
 	l         *Lease
 	fence     int64
-	lost      func(error)
 	cancel    context.CancelFunc
 	done      chan struct{}
 	drainc    chan struct{}
 	drainOnce sync.Once
 }
 
-func (l *Lease) startKeeper(fence int64, lost func(error)) *keeper {
+func (l *Lease) startKeeper(fence int64, termCtx context.Context) *keeper {
 	ctx, cancel := context.WithCancel(context.Background())
-	k := &keeper{l: l, fence: fence, lost: lost, cancel: cancel, done: make(chan struct{}), drainc: make(chan struct{})}
-	go k.loop(ctx)
+	k := &keeper{l: l, fence: fence, cancel: cancel, done: make(chan struct{}), drainc: make(chan struct{})}
+	go k.loop(ctx, termCtx)
 	return k
 }
 
@@ -125,37 +136,31 @@ func (k *keeper) stop() {
 // standbys poll fast until the resignation.
 func (k *keeper) drain() { k.drainOnce.Do(func() { close(k.drainc) }) }
 
-func (k *keeper) loop(ctx context.Context) {
+func (k *keeper) loop(ctx, termCtx context.Context) {
 	defer close(k.done)
 	l := k.l
 	drainc := k.drainc
 	next := l.current().sentAt.Add(l.opts.HeartbeatInterval)
 	failures := 0
 	for {
-		t := l.current()
-		if !t.held || t.fence != k.fence {
-			k.lost(fmt.Errorf("%w: %q fence %d: the tenure was ended", ErrLost, l.job, k.fence))
+		if !l.holds(k.fence) {
 			return
 		}
-		now := l.opts.Now()
-		left := t.deadline.Sub(now)
-		if left <= 0 {
-			l.end(t.fence)
-			k.lost(fmt.Errorf("%w: %q fence %d: local deadline passed without a successful heartbeat", ErrLost, l.job, t.fence))
-			return
-		}
-		timer := time.NewTimer(min(max(next.Sub(now), 0), left))
+		timer := time.NewTimer(max(next.Sub(l.opts.Now()), 0))
 		select {
 		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-termCtx.Done():
 			timer.Stop()
 			return
 		case <-drainc:
 			timer.Stop()
 			drainc = nil
-			l.setDraining(t.fence)
+			l.setDraining(k.fence)
 		case <-timer.C:
 			if l.opts.Now().Before(next) {
-				continue // woke for the deadline; checked above
+				continue
 			}
 		}
 		// A heartbeat in flight is not abandoned when the keeper stops: it
@@ -165,10 +170,8 @@ func (k *keeper) loop(ctx context.Context) {
 		switch {
 		case err == nil:
 			next = l.current().sentAt.Add(l.opts.HeartbeatInterval)
-		case ctx.Err() != nil:
-			return
-		case errors.Is(err, ErrLost), errors.Is(err, ErrNotLeader):
-			k.lost(err)
+			failures = 0
+		case ctx.Err() != nil, errors.Is(err, ErrLost), errors.Is(err, ErrNotLeader):
 			return
 		default:
 			// Back off, from RetryInterval up to half the heartbeat
@@ -179,18 +182,8 @@ func (k *keeper) loop(ctx context.Context) {
 				wait *= 2
 			}
 			wait = min(wait, l.opts.HeartbeatInterval/2)
-			l.log.Warn("ddblease: heartbeat failed; retrying until the deadline", "fence", t.fence, "err", err, "retry_in", wait)
+			l.notify.emit(l.event(EventRetry, Event{Op: "heartbeat", Fence: k.fence, Err: err}))
 			next = l.opts.Now().Add(wait)
-			continue
 		}
-		failures = 0
-	}
-}
-
-func (l *Lease) setDraining(fence int64) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.ten.held && l.ten.fence == fence {
-		l.ten.draining = true
 	}
 }

@@ -449,11 +449,11 @@ func (l *Lease) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 		// The outcome is unknown: read the item back.
 		rec, present, rerr := l.readRun(ctx, key)
 		if rerr == nil && present && rec.claim == token {
-			return run, nil
+			return l.claimed(run), nil
 		}
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, errors.Join(err, rerr))
 	case !failed:
-		return run, nil
+		return l.claimed(run), nil
 	}
 	rec, present, err := l.runFromFailure(ctx, key, old)
 	switch {
@@ -462,7 +462,7 @@ func (l *Lease) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 	case !present:
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: the condition failed but the run item is gone; try again", l.job, id)
 	case rec.claim == token:
-		return run, nil // an SDK retry of a write that did land
+		return l.claimed(run), nil // an SDK retry of a write that did land
 	}
 	taken := &SlotTakenError{Run: rec}
 	if rec.Status == RunRunning && rec.Fence < t.fence && o.Rerun == NeverRerun {
@@ -472,6 +472,12 @@ func (l *Lease) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 		}
 	}
 	return nil, taken
+}
+
+// claimed reports a claimed run.
+func (l *Lease) claimed(run *JobRun) *JobRun {
+	l.notify.emit(l.event(EventRunClaimed, Event{Slot: run.slot, Fence: run.fence}))
+	return run
 }
 
 // claimWrite writes the claim, in a transaction with a check on the lease
@@ -491,8 +497,9 @@ func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 		err := transact(ctx, l.db, l.opts.CallTimeout, []types.TransactWriteItem{{ConditionCheck: check}, {Update: upd}})
 		if !errors.Is(err, ErrTransactionsUnsupported) {
 			if item, ok := conditionFailed(err, 0); ok {
-				l.end(t.fence)
-				return false, nil, l.lostError(t.fence, item)
+				lost := l.lostError(t.fence, item)
+				l.end(t.fence, lost, LossDeposed)
+				return false, nil, lost
 			}
 			if item, ok := conditionFailed(err, 1); ok {
 				return true, item, nil
@@ -596,13 +603,6 @@ func (l *Lease) abandon(ctx context.Context, rec RunRecord, fence int64) (RunRec
 	return rec, false, fmt.Errorf("ddblease: abandon run %q slot %s: %w", l.job, id, err)
 }
 
-// leads reports whether this handle's tenure with fence is open and its
-// local deadline has not passed.
-func (l *Lease) leads(fence int64) bool {
-	t := l.current()
-	return t.held && t.fence == fence && l.opts.Now().Before(t.deadline)
-}
-
 // Finish records the run's outcome: succeeded when runErr is nil, else
 // failed with runErr's text (up to 4 KiB). The write is conditional on the
 // item still holding this claim, running: a stale claimant is refused with
@@ -615,6 +615,7 @@ func (l *Lease) leads(fence int64) bool {
 // or the outcome is unknown; a write found already applied counts as
 // success. Finishing a finished run is an error wrapping ErrInvalid.
 func (r *JobRun) Finish(ctx context.Context, runErr error) error {
+	runErr = soundError(runErr)
 	st := RunSucceeded
 	if runErr != nil {
 		st = RunFailed
@@ -680,6 +681,9 @@ func (r *JobRun) finish(ctx context.Context, st RunStatus, runErr error, items [
 	}
 	if err == nil {
 		r.finished = true
+		now := l.opts.Now()
+		l.notify.emit(l.event(EventRunFinished, Event{Slot: r.slot, Fence: r.fence, Status: st, Err: runErr,
+			Duration: now.Sub(r.started)}))
 		return nil
 	}
 	return fmt.Errorf("ddblease: %s run %q slot %s: %w", what, l.job, r.id, err)
@@ -770,7 +774,7 @@ func (r *JobRun) refusedRecord(rec RunRecord, present bool, st RunStatus, cause 
 // errorText returns err's text fit for a run item: valid UTF-8, not empty,
 // at most maxErrorText bytes.
 func errorText(err error) string {
-	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
+	s := strings.ToValidUTF8(soundError(err).Error(), "\uFFFD")
 	if s == "" {
 		return fmt.Sprintf("%T with an empty message", err)
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,50 +14,54 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
-	"github.com/ddblease/ddblease/internal/probe"
 )
 
 // Lease is one contender's handle on the lease of one job. Its methods are
-// safe for concurrent use; writes to the lease item are serialised.
+// safe for concurrent use; writes to the lease item are serialised. At most
+// one Run or RunSchedule may be active on a handle at a time.
 type Lease struct {
-	db    DynamoDBAPI
-	table string
-	job   string
-	key   map[string]types.AttributeValue
-	opts  Options
-	log   *slog.Logger
+	db     DynamoDBAPI // reports every request to the observer
+	table  string
+	job    string
+	key    map[string]types.AttributeValue
+	opts   Options
+	log    *slog.Logger
+	notify notifier
+	warn   warnLimiter
 
-	writeMu sync.Mutex // held across every write to the lease item
+	writeMu     sync.Mutex  // held across every write to the lease item
+	campaigning atomic.Bool // Run or RunSchedule is active
 
-	mu  sync.Mutex // guards ten, obs and mine
-	ten tenure
+	mu  sync.Mutex // guards ten, obs, confirmed, doubt, yieldUntil and seen
+	ten *term      // the current or last term; nil before the first
 	obs observation
-	// mine lists renewal versions this handle wrote that the item may
-	// carry: the last one confirmed, then any whose outcome is unknown. Our
-	// own writes are conditioned on the item carrying one of them, so a
-	// write that lands late (its answer lost, or abandoned on a timeout)
-	// can never undo a newer one, such as a resignation.
-	mine []string
+	// confirmed is the renewal version of this handle's last write known
+	// to have landed; doubt lists later versions whose outcome is unknown
+	// (they may still land). Our own writes are conditioned on the item
+	// carrying one of them, so a write that lands late (its answer lost,
+	// or abandoned on a timeout) can never undo a newer one, such as a
+	// resignation. The confirmed version is never dropped.
+	confirmed string
+	doubt     []string
+	// yieldUntil: after this handle gave the lease up while its campaign
+	// goes on (Resign during Run), Acquire leaves a free lease to the
+	// standbys until then.
+	yieldUntil time.Time
+	seen       seenHolder
 
 	// noTxn records that the server answered TransactWriteItems with
 	// UnknownOperationException, so that Claim asks only once.
 	noTxn atomic.Bool
 }
 
-// maxMine bounds Lease.mine; an older version in doubt is forgotten, which
-// at worst makes a later write of ours fail its condition.
-const maxMine = 50
+// maxDoubt bounds Lease.doubt; an older version in doubt is forgotten,
+// which at worst makes a later write of ours fail its condition.
+const maxDoubt = 50
 
-// tenure is this handle's own view of its leadership.
-type tenure struct {
-	held       bool
-	fence      int64
-	version    string    // renewal version of our last successful write
-	sentAt     time.Time // when that write was sent (monotonic)
-	deadline   time.Time // sentAt + LeaseDuration - margin (monotonic)
-	acquiredAt time.Time
-	renewedAt  time.Time
-	draining   bool
+// seenHolder is the last holder a standby reported (EventLeaderSeen).
+type seenHolder struct {
+	owner string
+	fence int64
 }
 
 // observation is what a standby last saw of the lease item.
@@ -90,14 +93,24 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 	if err := o.setDefaults(); err != nil {
 		return nil, err
 	}
-	return &Lease{
-		db:    db,
+	l := &Lease{
 		table: table,
 		job:   job,
 		key:   map[string]types.AttributeValue{attrPK: avS(leaseKey(job))},
 		opts:  o,
 		log:   o.Logger.With("job", job, "owner", o.Owner),
-	}, nil
+	}
+	l.notify.fn = l.deliver
+	l.db = observedDB{db: db, now: o.Now, report: func(e Event) { l.notify.emit(l.event(EventCall, e)) }}
+	return l, nil
+}
+
+// deliver hands an event to the log and to the user's observer.
+func (l *Lease) deliver(e Event) {
+	l.logEvent(e)
+	if l.opts.Observer != nil {
+		l.opts.Observer(e)
+	}
 }
 
 // Job returns the job name.
@@ -129,22 +142,21 @@ func (l *Lease) State() State {
 	now := l.opts.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := State{
-		Job:        l.job,
-		Owner:      l.opts.Owner,
-		Fence:      l.ten.fence,
-		AcquiredAt: l.ten.acquiredAt,
-		RenewedAt:  l.ten.renewedAt,
-	}
-	if l.ten.held && now.Before(l.ten.deadline) {
-		s.Leader = true
-		s.Deadline = l.ten.deadline.Round(0)
+	s := State{Job: l.job, Owner: l.opts.Owner}
+	if t := l.ten; t != nil {
+		s.Fence, s.AcquiredAt, s.RenewedAt = t.fence, t.acquiredAt, t.renewedAt
+		if !t.over && now.Before(t.deadline) {
+			s.Leader = true
+			s.Deadline = t.deadline.Round(0)
+		}
 	}
 	return s
 }
 
 // IsLeader reports whether this handle holds the lease and its local
-// deadline has not passed.
+// deadline has not passed. It makes no request. It turns false at the
+// deadline whatever requests are in flight, and at the same moment the
+// leader context given to Run's function is cancelled.
 func (l *Lease) IsLeader() bool { return l.State().Leader }
 
 // Holder reads the lease item with a strongly consistent read and returns it
@@ -163,9 +175,10 @@ func (l *Lease) Holder(ctx context.Context) (Record, error) {
 // expired, or already this owner's, and returns the new fence. When another
 // owner holds a live lease it returns a *HeldError (errors.Is(err, ErrHeld));
 // when the write's success is learned only after the tenure's local
-// deadline (a slow answer, retries), an error wrapping ErrLost.
-// On a handle that already leads, it renews the lease and returns the
-// current fence.
+// deadline (a slow answer), an error wrapping ErrLost. On a handle that
+// already leads, it renews the lease and returns the current fence.
+// Errors the server blames on the request (a missing table, a wrong key
+// schema, denied access) name the table.
 func (l *Lease) TryAcquire(ctx context.Context) (int64, error) {
 	l.writeMu.Lock()
 	defer l.writeMu.Unlock()
@@ -202,7 +215,7 @@ func (l *Lease) acquireLocked(ctx context.Context) (int64, error) {
 	}
 	// The item is absent, or it is expired, still ours (it carries a
 	// version we wrote), or watched unchanged for a lease; and it does not
-	// carry rv already, so that an SDK retry of a write that did land is
+	// carry rv already, so that a retry of a write that did land is
 	// refused instead of taking a second fence.
 	takeover := "#exp < :cutoff"
 	if mine := l.mineIn(values); mine != "" {
@@ -229,29 +242,34 @@ func (l *Lease) acquireLocked(ctx context.Context) (int64, error) {
 		ReturnValues:                        types.ReturnValueAllNew,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	}
-	rec, ours, err := l.write(ctx, l.opts.CallTimeout, in, rv)
+	deadline := now.Add(l.opts.LeaseDuration - l.opts.margin())
+	rec, ours, err := l.write(ctx, l.opts.CallTimeout, deadline, in, rv)
 	switch {
-	case ours && !l.opts.Now().Before(now.Add(l.opts.LeaseDuration-l.opts.margin())):
+	case ours && !l.begin(ctx, rec, now, l.opts.Now().Sub(now)):
 		// The write landed, but we learned it only after the tenure's
 		// local deadline: it is over before it began.
 		return 0, fmt.Errorf("%w: %q fence %d: the acquisition was confirmed only after its local deadline", ErrLost, l.job, rec.Fence)
 	case ours:
-		l.begin(rec, now)
 		return rec.Fence, nil
 	case err != nil:
-		return 0, fmt.Errorf("ddblease: acquire %q: %w", l.job, err)
+		return 0, fmt.Errorf("ddblease: acquire %q: %w", l.job, explainTableError(ctx, l.db, l.table, err))
 	}
 	return 0, &HeldError{Job: l.job, Owner: rec.Owner, Fence: rec.Fence, ExpiresAt: rec.ExpiresAt, Draining: rec.Draining}
 }
 
 // write sends a conditional write that sets the renewal version rv, and
 // finds out whether it was applied. ours reports that the item now carries
-// rv: the write, or an earlier attempt of it that the SDK retried, took
-// effect. Otherwise rec is the item as read (zero if absent) and err is nil
+// rv. Otherwise rec is the item as read (zero if absent) and err is nil
 // when the condition failed, or the error when the outcome is unknown.
-func (l *Lease) write(ctx context.Context, timeout time.Duration, in *dynamodb.UpdateItemInput, rv string) (rec Record, ours bool, err error) {
-	cctx, cancel := context.WithTimeout(ctx, timeout)
-	out, err := l.db.UpdateItem(cctx, in)
+//
+// The write is made once: the SDK's own retries are turned off for it, so
+// that a refusal (throttling, a validation error) proves it did not apply.
+// When the outcome is unknown the item is read back, even when ctx has
+// ended, but never past until (zero: no bound but timeout): past it, the
+// write stays in doubt.
+func (l *Lease) write(ctx context.Context, timeout time.Duration, until time.Time, in *dynamodb.UpdateItemInput, rv string) (rec Record, ours bool, err error) {
+	cctx, cancel := context.WithTimeout(ctx, bounded(timeout, until, l.opts.Now()))
+	out, err := l.db.UpdateItem(cctx, in, singleAttempt)
 	cancel()
 	var item map[string]types.AttributeValue
 	var ccf *types.ConditionalCheckFailedException
@@ -261,6 +279,9 @@ func (l *Lease) write(ctx context.Context, timeout time.Duration, in *dynamodb.U
 	case errors.As(err, &ccf) && len(ccf.Item) > 0:
 		item = ccf.Item
 		err = nil
+	case err != nil && !errors.As(err, &ccf) && !mayHaveApplied(err):
+		// Refused before it could apply: nothing is in doubt.
+		return Record{}, false, err
 	case errors.As(err, &ccf):
 		err = nil
 		fallthrough
@@ -268,12 +289,17 @@ func (l *Lease) write(ctx context.Context, timeout time.Duration, in *dynamodb.U
 		// Either the server returned no item with its answer, or the outcome
 		// is unknown: read the item back. The read must be made even when ctx
 		// has ended, so that a write that did land is known.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		t := bounded(timeout, until, l.opts.Now())
+		if t <= 0 {
+			l.wrote(rv, false, true)
+			return Record{}, false, errors.Join(err, errors.New("ddblease: no time left to read the lease back"))
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t)
 		r, present, rerr := l.read(rctx, true)
 		cancel()
 		if rerr != nil {
-			// Even a conditional failure leaves the write in doubt here: an
-			// earlier attempt of it, retried by the SDK, may have landed.
+			// Even a conditional failure leaves the write in doubt here: the
+			// write might still be delivered late.
 			l.wrote(rv, false, true)
 			return Record{}, false, errors.Join(err, rerr)
 		}
@@ -294,6 +320,17 @@ func (l *Lease) write(ctx context.Context, timeout time.Duration, in *dynamodb.U
 	return r, r.version == rv, nil
 }
 
+// bounded returns timeout, or less if until (when not zero) comes sooner.
+func bounded(timeout time.Duration, until, now time.Time) time.Duration {
+	if until.IsZero() {
+		return timeout
+	}
+	return min(timeout, until.Sub(now))
+}
+
+// singleAttempt turns the SDK's retries off for one request.
+func singleAttempt(o *dynamodb.Options) { o.RetryMaxAttempts = 1 }
+
 // wrote records the outcome of a write of version rv: applied, or in doubt
 // (it may still land).
 func (l *Lease) wrote(rv string, applied, inDoubt bool) {
@@ -301,11 +338,13 @@ func (l *Lease) wrote(rv string, applied, inDoubt bool) {
 	defer l.mu.Unlock()
 	switch {
 	case applied:
-		l.mine = append(l.mine[:0], rv)
+		// Writes in doubt were conditioned on versions the item no longer
+		// carries: none of them can land any more.
+		l.confirmed, l.doubt = rv, nil
 	case inDoubt:
-		l.mine = append(l.mine, rv)
-		if len(l.mine) > maxMine {
-			l.mine = l.mine[len(l.mine)-maxMine:]
+		l.doubt = append(l.doubt, rv)
+		if len(l.doubt) > maxDoubt {
+			l.doubt = l.doubt[len(l.doubt)-maxDoubt:]
 		}
 	}
 }
@@ -315,12 +354,16 @@ func (l *Lease) wrote(rv string, applied, inDoubt bool) {
 func (l *Lease) mineIn(values map[string]types.AttributeValue) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.mine) == 0 {
+	mine := l.doubt
+	if l.confirmed != "" {
+		mine = append([]string{l.confirmed}, l.doubt...)
+	}
+	if len(mine) == 0 {
 		return ""
 	}
 	var b strings.Builder
 	b.WriteString("#rv IN (")
-	for i, v := range l.mine {
+	for i, v := range mine {
 		if i > 0 {
 			b.WriteString(", ")
 		}
@@ -342,46 +385,74 @@ func (l *Lease) read(ctx context.Context, consistent bool) (Record, bool, error)
 		ConsistentRead: aws.Bool(consistent),
 	})
 	if err != nil {
-		return Record{}, false, fmt.Errorf("ddblease: read lease %q: %w", l.job, err)
+		return Record{}, false, fmt.Errorf("ddblease: read lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, err))
 	}
 	if len(out.Item) == 0 {
 		return Record{}, false, nil
 	}
 	r, err := decodeLease(out.Item)
-	return r, err == nil, err
+	if err != nil {
+		return Record{}, false, fmt.Errorf("%w (table %q)", err, l.table)
+	}
+	return r, true, nil
 }
 
 // Acquire waits until it holds the lease or ctx ends, and returns the fence.
 // It polls with eventually consistent reads every RetryInterval (less a
 // jitter), ten times as often while the holder drains, and writes only when
 // the lease looks free: the conditional write decides. Throttling, server
-// and network errors are logged and retried; other errors are returned.
+// and network errors are logged (rate-limited) and retried; errors the
+// server blames on the request (a missing table, a wrong key schema, denied
+// access, bad credentials) and a malformed lease item are returned at once.
+// When ctx ends it returns an error wrapping ctx's cause, joined with the
+// last error if the last attempt failed.
 func (l *Lease) Acquire(ctx context.Context) (int64, error) {
+	fence, _, err := l.acquire(ctx)
+	return fence, err
+}
+
+// acquire is Acquire; failing reports that every attempt failed.
+func (l *Lease) acquire(ctx context.Context) (fence int64, failing bool, err error) {
 	var lastErr error
+	succeeded := false
 	for {
+		if ctx.Err() != nil {
+			return 0, !succeeded && lastErr != nil, errors.Join(fmt.Errorf("ddblease: acquire %q: %w", l.job, context.Cause(ctx)), lastErr)
+		}
 		var err error
-		if l.takeable() {
-			var fence int64
+		wait := l.pollInterval()
+		if y := l.yielding(); y > 0 {
+			wait = min(wait, y)
+		}
+		if l.takeable() && l.yielding() <= 0 {
 			if fence, err = l.TryAcquire(ctx); err == nil {
-				return fence, nil
+				return fence, false, nil
 			}
-		} else if err = l.poll(ctx); err == nil && l.takeable() {
+		} else if err = l.poll(ctx); err == nil && l.takeable() && l.yielding() <= 0 {
 			continue
 		}
-		if err != nil && !errors.Is(err, ErrHeld) && !errors.Is(err, ErrLost) {
-			if ctx.Err() != nil {
-				return 0, fmt.Errorf("ddblease: acquire %q: %w", l.job, context.Cause(ctx))
-			}
-			if !transient(err) {
-				return 0, err
-			}
-			l.log.Warn("ddblease: lease poll failed; retrying", "err", err)
+		switch {
+		case err == nil, errors.Is(err, ErrHeld), errors.Is(err, ErrLost):
+			lastErr, succeeded = nil, true
+		case ctx.Err() != nil:
+			continue
+		case !transient(err):
+			return 0, true, err
+		default:
 			lastErr = err
+			l.notify.emit(l.event(EventRetry, Event{Op: "acquire", Err: err}))
 		}
-		if err := sleep(ctx, l.pollInterval()); err != nil {
-			return 0, errors.Join(fmt.Errorf("ddblease: acquire %q: %w", l.job, err), lastErr)
+		if sleep(ctx, wait) != nil {
+			continue
 		}
 	}
+}
+
+// yielding returns how long Acquire still leaves a free lease to others.
+func (l *Lease) yielding() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.yieldUntil.Sub(l.opts.Now())
 }
 
 // poll reads the lease item, eventually consistent, and records what it saw.
@@ -407,7 +478,7 @@ func (l *Lease) pollInterval() time.Duration {
 	if o.present && o.rec.Draining {
 		d /= 10
 	}
-	d = time.Duration(float64(d) * (0.75 + 0.2*rand.Float64()))
+	d = jitter(d)
 	if o.present {
 		byExpiry := o.rec.ExpiresAt.Add(l.opts.MaxClockSkew).Sub(now)
 		byWatch := o.since.Add(max(l.opts.LeaseDuration, o.rec.Duration)).Sub(now)
@@ -418,6 +489,7 @@ func (l *Lease) pollInterval() time.Duration {
 
 func (l *Lease) observe(rec Record, present bool) {
 	now := l.opts.Now()
+	defer l.notify.flush()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !present {
@@ -428,6 +500,10 @@ func (l *Lease) observe(rec Record, present bool) {
 		l.obs.since = now
 	}
 	l.obs.valid, l.obs.present, l.obs.rec = true, true, rec
+	if rec.Owner != l.opts.Owner && !rec.ExpiresAt.IsZero() && (rec.Owner != l.seen.owner || rec.Fence != l.seen.fence) {
+		l.seen = seenHolder{owner: rec.Owner, fence: rec.Fence}
+		l.notify.push(l.event(EventLeaderSeen, Event{Holder: rec.Owner, Fence: rec.Fence}))
+	}
 }
 
 // takeable reports whether the last observation allows an acquisition
@@ -455,65 +531,6 @@ func (l *Lease) watchedLongEnough(now time.Time) (string, bool) {
 		return "", false
 	}
 	return o.rec.version, now.Sub(o.since) >= max(l.opts.LeaseDuration, o.rec.Duration)
-}
-
-func (l *Lease) current() tenure {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.ten
-}
-
-// begin records a new tenure from the item our write produced.
-func (l *Lease) begin(rec Record, sentAt time.Time) {
-	l.mu.Lock()
-	l.ten = tenure{
-		held:       true,
-		fence:      rec.Fence,
-		version:    rec.version,
-		sentAt:     sentAt,
-		deadline:   sentAt.Add(l.opts.LeaseDuration - l.opts.margin()),
-		acquiredAt: sentAt.Round(0),
-		renewedAt:  sentAt.Round(0),
-	}
-	t := l.ten
-	l.mu.Unlock()
-	probe.Tenure(l.job, l.opts.Owner, t.fence, t.deadline, false)
-}
-
-// renewed records a successful fenced write sent at sentAt.
-func (l *Lease) renewed(fence int64, version string, sentAt time.Time) {
-	l.mu.Lock()
-	if !l.ten.held || l.ten.fence != fence {
-		l.mu.Unlock()
-		return
-	}
-	l.ten.version = version
-	l.ten.sentAt = sentAt
-	l.ten.deadline = sentAt.Add(l.opts.LeaseDuration - l.opts.margin())
-	l.ten.renewedAt = sentAt.Round(0)
-	deadline := l.ten.deadline
-	l.mu.Unlock()
-	probe.Tenure(l.job, l.opts.Owner, fence, deadline, false)
-}
-
-// end closes the tenure with the given fence.
-func (l *Lease) end(fence int64) {
-	l.mu.Lock()
-	ended := l.ten.held && l.ten.fence == fence
-	if ended {
-		l.ten.held = false
-		l.ten.draining = false
-	}
-	l.mu.Unlock()
-	if ended {
-		probe.Tenure(l.job, l.opts.Owner, fence, time.Time{}, true)
-	}
-}
-
-// holds reports whether the tenure with this fence is still open.
-func (l *Lease) holds(fence int64) bool {
-	t := l.current()
-	return t.held && t.fence == fence
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -1,8 +1,11 @@
 package ddblease
 
 import (
+	"context"
 	"sync"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 )
 
 // EventKind says what an Event reports.
@@ -182,4 +185,102 @@ func (n *notifier) deliver(q []Event) {
 func (n *notifier) emit(e Event) {
 	n.push(e)
 	n.flush()
+}
+
+// observedDB reports every request to report, as EventCall.
+type observedDB struct {
+	db     DynamoDBAPI
+	now    func() time.Time
+	report func(Event)
+}
+
+var _ DynamoDBAPI = observedDB{}
+
+func observed[In, Out any](o observedDB, op string, call func(context.Context, In, ...func(*dynamodb.Options)) (Out, error),
+	ctx context.Context, in In, optFns []func(*dynamodb.Options)) (Out, error) {
+	start := o.now()
+	out, err := call(ctx, in, optFns...)
+	o.report(Event{Op: op, Outcome: callOutcome(op, err), Latency: o.now().Sub(start), Err: err})
+	return out, err
+}
+
+func (o observedDB) GetItem(ctx context.Context, in *dynamodb.GetItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error) {
+	return observed(o, "GetItem", o.db.GetItem, ctx, in, optFns)
+}
+
+func (o observedDB) PutItem(ctx context.Context, in *dynamodb.PutItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error) {
+	return observed(o, "PutItem", o.db.PutItem, ctx, in, optFns)
+}
+
+func (o observedDB) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	return observed(o, "UpdateItem", o.db.UpdateItem, ctx, in, optFns)
+}
+
+func (o observedDB) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
+	return observed(o, "BatchGetItem", o.db.BatchGetItem, ctx, in, optFns)
+}
+
+func (o observedDB) TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, optFns ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error) {
+	return observed(o, "TransactWriteItems", o.db.TransactWriteItems, ctx, in, optFns)
+}
+
+func (o observedDB) CreateTable(ctx context.Context, in *dynamodb.CreateTableInput, optFns ...func(*dynamodb.Options)) (*dynamodb.CreateTableOutput, error) {
+	return observed(o, "CreateTable", o.db.CreateTable, ctx, in, optFns)
+}
+
+func (o observedDB) DescribeTable(ctx context.Context, in *dynamodb.DescribeTableInput, optFns ...func(*dynamodb.Options)) (*dynamodb.DescribeTableOutput, error) {
+	return observed(o, "DescribeTable", o.db.DescribeTable, ctx, in, optFns)
+}
+
+// logEvent writes the log line an event deserves: one per change of
+// leadership at Info, failures at Warn (repeated ones rate-limited), and
+// nothing per poll or per request.
+func (l *Lease) logEvent(e Event) {
+	ctx := context.Background()
+	log := l.log
+	switch e.Kind {
+	case EventAcquired:
+		log.InfoContext(ctx, "ddblease: acquired the lease", "fence", e.Fence)
+	case EventLost:
+		log.WarnContext(ctx, "ddblease: leadership lost", "fence", e.Fence, "reason", string(e.Reason), "err", e.Err)
+	case EventDraining:
+		log.InfoContext(ctx, "ddblease: shutting down: draining the leader's work before resigning", "fence", e.Fence)
+	case EventResigned:
+		if e.Err != nil {
+			log.WarnContext(ctx, "ddblease: could not resign; the lease lapses at its expiry", "fence", e.Fence, "err", e.Err)
+		} else {
+			log.InfoContext(ctx, "ddblease: resigned the lease", "fence", e.Fence)
+		}
+	case EventLeaderSeen:
+		log.InfoContext(ctx, "ddblease: another replica leads", "holder", e.Holder, "fence", e.Fence)
+	case EventRunFinished:
+		if e.Status != RunSucceeded {
+			log.WarnContext(ctx, "ddblease: job run did not succeed", "slot", fmtSlot(e.Slot), "fence", e.Fence,
+				"status", string(e.Status), "err", e.Err)
+		}
+	case EventSlotsMissed:
+		if e.Missed < 0 {
+			log.WarnContext(ctx, "ddblease: a new leader could not check whether earlier slots were missed", "firing", fmtSlot(e.Slot))
+		} else {
+			log.WarnContext(ctx, "ddblease: slots were missed: no leader ran them in time, and only the latest due slot is run",
+				"missed", e.Missed, "firing", fmtSlot(e.Slot))
+		}
+	case EventRetry:
+		if ok, suppressed := l.warn.allow(e.Op, e.Time); ok {
+			args := []any{"step", e.Op, "err", e.Err}
+			if e.Fence != 0 {
+				args = append(args, "fence", e.Fence)
+			}
+			if suppressed > 0 {
+				args = append(args, "similar_warnings_suppressed", suppressed)
+			}
+			log.WarnContext(ctx, "ddblease: a step failed; retrying", args...)
+		}
+	case EventStopped:
+		if e.Err != nil {
+			log.ErrorContext(ctx, "ddblease: the campaign stopped with an error", "err", e.Err)
+		}
+	case EventRenewed:
+		log.DebugContext(ctx, "ddblease: renewed the lease", "fence", e.Fence, "margin", e.Margin, "latency", e.Latency)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
@@ -16,20 +17,39 @@ import (
 // and renewal version that sets its expiry to zero, so that a polling
 // standby takes over at once. The item keeps its fence: the next holder's
 // is one higher. The tenure ends before the write is sent, whatever its
-// outcome; ErrLost means another owner had already taken over, ErrNotLeader
-// that this handle had no tenure. Any other error leaves the lease to
-// expire by itself.
+// outcome: IsLeader is false and the leader context of a Run on this
+// handle is cancelled (its cause wraps ErrLost) before a standby can lead.
+// ErrLost means another owner had already taken over, ErrNotLeader that
+// this handle had no tenure. Any other error leaves the lease to expire by
+// itself.
+//
+// Called while Run or RunSchedule leads on this handle, Resign hands the
+// lease over: Run's function sees its context end, and Run goes on
+// campaigning, leaving the free lease to the standbys for two
+// RetryIntervals before it tries again. To stop Run, cancel its context
+// instead: it drains the function before it resigns.
 func (l *Lease) Resign(ctx context.Context) error {
-	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
 	t := l.current()
 	if !t.held {
 		return ErrNotLeader
 	}
 	// Stop believing before the write can land: a standby may lead the
 	// moment it does, before its answer reaches us.
-	l.end(t.fence)
-	return l.resignLocked(ctx, t)
+	var reason LossReason
+	l.mu.Lock()
+	if l.campaigning.Load() {
+		// Run leads: to it, this is a loss; it campaigns again after a
+		// pause that leaves the lease to the standbys.
+		reason = LossResignedElsewhere
+		l.yieldUntil = l.opts.Now().Add(2 * l.opts.RetryInterval)
+	}
+	l.mu.Unlock()
+	l.end(t.fence, fmt.Errorf("%w: %q fence %d: resigned by a call to Resign", ErrLost, l.job, t.fence), reason)
+	l.writeMu.Lock()
+	defer l.writeMu.Unlock()
+	err := l.resignLocked(ctx, t)
+	l.resigned(t.fence, err)
+	return err
 }
 
 func (l *Lease) resignLocked(ctx context.Context, t tenure) error {
@@ -47,32 +67,43 @@ func (l *Lease) resignLocked(ctx context.Context, t tenure) error {
 		":now":   avN(now.UnixMilli()),
 		":false": avBool(false),
 	}
-	return l.fencedWrite(ctx, l.opts.CallTimeout, t, "SET #exp = :zero, #rv = :rv, #ren = :now, #drn = :false", names, values, rv)
+	return l.fencedWrite(ctx, l.opts.CallTimeout, time.Time{}, t, "SET #exp = :zero, #rv = :rv, #ren = :now, #drn = :false", names, values, rv)
 }
 
-// resignRetrying resigns the current tenure, retrying transient failures
-// every RetryInterval while the lease may still be in force (until the
-// tenure's deadline). It returns nil when the lease was given up or another
-// owner already held it, and an error wrapping ErrNotResigned otherwise.
-// The context's cancellation is ignored.
-func (l *Lease) resignRetrying(ctx context.Context) error {
+// resigned reports the outcome of a resignation of fence.
+func (l *Lease) resigned(fence int64, err error) {
+	if errors.Is(err, ErrLost) {
+		return // already taken over: reported as a loss
+	}
+	l.notify.emit(l.event(EventResigned, Event{Fence: fence, Err: err}))
+}
+
+// resignRetrying ends the tenure with this fence and resigns it, retrying
+// transient failures every RetryInterval while the lease may still be in
+// force (until the tenure's deadline). It returns nil when the lease was
+// given up or another owner already held it, and an error wrapping
+// ErrNotResigned otherwise. The context's cancellation is ignored.
+func (l *Lease) resignRetrying(ctx context.Context, fence int64, cause error) error {
 	ctx = context.WithoutCancel(ctx)
-	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
 	t := l.current()
-	if !t.held {
+	if !t.held || t.fence != fence {
 		return nil
 	}
-	l.end(t.fence)
+	l.end(fence, cause, "")
+	l.writeMu.Lock()
+	defer l.writeMu.Unlock()
 	for {
 		err := l.resignLocked(ctx, t)
 		switch {
 		case err == nil, errors.Is(err, ErrLost):
+			l.resigned(fence, err)
 			return nil
 		case !transient(err) || !l.opts.Now().Add(l.opts.RetryInterval).Before(t.deadline):
-			return fmt.Errorf("%w: %q fence %d: %w", ErrNotResigned, l.job, t.fence, err)
+			err = fmt.Errorf("%w: %q fence %d: %w", ErrNotResigned, l.job, fence, err)
+			l.resigned(fence, err)
+			return err
 		}
-		l.log.Warn("ddblease: resign failed; retrying", "fence", t.fence, "err", err)
+		l.notify.emit(l.event(EventRetry, Event{Op: "resign", Fence: fence, Err: err}))
 		_ = sleep(ctx, l.opts.RetryInterval)
 	}
 }
@@ -82,6 +113,10 @@ func (l *Lease) resignRetrying(ctx context.Context) error {
 // program's own shutdown goes on. It suits code that drives TryAcquire and
 // Heartbeat itself. With Run, prefer signal.NotifyContext: cancelling Run's
 // context drains the leader's function before resigning.
+//
+// It handles one signal: from the moment it arrives, the signals are no
+// longer caught here, so a second one has its default effect (a second
+// Ctrl-C ends the process) unless the program catches it elsewhere.
 //
 // The returned stop function unregisters the handler, waits for a
 // resignation in progress and returns its error (nil if no signal came or
@@ -99,6 +134,7 @@ func (l *Lease) ResignOnSignal(sigs ...os.Signal) (stop func() error) {
 		defer close(done)
 		select {
 		case <-ch:
+			signal.Stop(ch)
 			if e := l.Resign(context.Background()); e != nil && !errors.Is(e, ErrNotLeader) {
 				err = e
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
 )
@@ -12,9 +13,11 @@ import (
 // leader context and the tenure's fence, while a background heartbeat keeps
 // the lease alive.
 //
-// The leader context is cancelled the moment leadership is lost: a heartbeat
-// finds another owner or fence, or the local deadline passes without a
-// successful heartbeat; its cause (context.Cause) then wraps ErrLost. Run
+// The leader context is cancelled the moment leadership is lost, and
+// IsLeader turns false at the same moment: a heartbeat finds another owner
+// or fence, the local deadline passes without a confirmed heartbeat
+// (whatever requests are in flight: a timer ends the tenure), or Resign is
+// called on this handle. Its cause (context.Cause) then wraps ErrLost. Run
 // waits for fn to return, and campaigns again.
 //
 // When ctx ends (a SIGTERM through signal.NotifyContext, say), Run cancels
@@ -26,41 +29,75 @@ import (
 // effects stay fenced); Run still waits for fn, and then returns an error
 // wrapping ErrDrainTimeout.
 //
-// Run returns nil after such a shutdown, or when fn returns nil on its own
-// (it then resigns). It returns fn's error, other than the context's own,
-// after resigning, and any error that stops the campaign (a missing table,
-// say). A resignation that keeps failing is retried until the lease's
-// deadline and then reported with an error wrapping ErrNotResigned: the
-// lease lapses at its expiry. It never returns while fn runs and leaves no
-// goroutine behind.
-func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, fence int64) error) error {
+// What Run returns:
+//   - nil after a clean shutdown: ctx ended, and fn (if it ran) returned
+//     and the lease was resigned, or a standby's last look at the lease
+//     succeeded; and nil when fn returns nil on its own (Run then resigns);
+//   - fn's error, other than the leader context's own, after resigning;
+//   - an error wrapping ctx's cause, joined with the last error, when ctx
+//     ended while the campaign's last attempt was failing (an unreachable
+//     endpoint, say), and when ctx had already ended when Run was called;
+//   - at once, an error that retrying cannot mend: a missing table, a wrong
+//     key schema, denied access, bad credentials, a malformed lease item —
+//     naming the table;
+//   - an error wrapping ErrNotResigned when a resignation kept failing until
+//     the lease's deadline (the lease lapses at its expiry), or
+//     ErrDrainTimeout (above), joined with fn's error if any;
+//   - an error wrapping ErrInvalid when fn is nil, or when another Run or
+//     RunSchedule is active on this handle: one campaign per handle.
+//
+// If fn panics, Run ends the tenure (the leader context's cause then wraps
+// ErrLost), resigns, and panics again with a *PanicError holding the value
+// and fn's stack. It never returns while fn runs and leaves no goroutine
+// behind.
+func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, fence int64) error) (err error) {
 	if fn == nil {
 		return invalid("Run: fn is nil")
 	}
+	if !l.campaigning.CompareAndSwap(false, true) {
+		return invalid("Run %q: another Run or RunSchedule is active on this handle; use one Lease per contender", l.job)
+	}
+	defer l.campaigning.Store(false)
+	if ctx.Err() != nil {
+		return fmt.Errorf("ddblease: run %q: %w", l.job, context.Cause(ctx))
+	}
+	l.notify.emit(l.event(EventCampaign, Event{}))
+	stopped := false
+	defer func() {
+		if stopped {
+			l.notify.emit(l.event(EventStopped, Event{Err: err}))
+		}
+	}()
 	for {
-		fence, err := l.Acquire(ctx)
+		fence, failing, err := l.acquire(ctx)
 		if err != nil {
-			if ctx.Err() != nil {
+			stopped = true
+			if ctx.Err() != nil && !failing {
 				return nil
 			}
 			return err
 		}
-		if ctx.Err() != nil {
-			return l.resignRetrying(ctx)
-		}
 		done, err := l.lead(ctx, fence, fn)
 		if done {
+			stopped = true
 			return err
 		}
 	}
 }
 
-// lead runs fn for one tenure. done is false when the lease was lost and the
-// campaign should go on.
+// lead runs fn for one tenure. done is false when the tenure ended without
+// a shutdown or an error, and the campaign should go on.
 func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, int64) error) (done bool, err error) {
-	leaderCtx, cancelLeader := context.WithCancelCause(context.WithoutCancel(ctx))
+	termCtx, ok := l.termContext(fence)
+	if !ok {
+		return ctx.Err() != nil, nil // over before it began
+	}
+	if ctx.Err() != nil {
+		return true, l.resignRetrying(ctx, fence, fmt.Errorf("%w: %q fence %d: shutting down", ErrLost, l.job, fence))
+	}
+	leaderCtx, cancelLeader := context.WithCancelCause(termCtx)
 	defer cancelLeader(nil)
-	k := l.startKeeper(fence, cancelLeader)
+	k := l.startKeeper(fence, termCtx)
 	fnDone := make(chan struct{})
 	watchDone := make(chan struct{})
 	var drainExpired atomic.Bool
@@ -69,7 +106,7 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 		select {
 		case <-fnDone:
 			return
-		case <-leaderCtx.Done():
+		case <-termCtx.Done():
 			return
 		case <-ctx.Done():
 		}
@@ -86,28 +123,43 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 		}
 	}()
 	var fnErr error
+	var panicked *PanicError
 	func() {
 		defer func() {
+			if p := recover(); p != nil {
+				if pe, ok := p.(*PanicError); ok {
+					panicked = pe // from RunSchedule's runner, which recorded the run
+				} else {
+					panicked = &PanicError{Value: p, Stack: debug.Stack()}
+				}
+			}
 			close(fnDone)
 			<-watchDone
 			k.stop()
 		}()
-		fnErr = fn(leaderCtx, fence)
+		fnErr = soundError(fn(leaderCtx, fence))
 	}()
 
-	cause := context.Cause(leaderCtx)
+	if panicked != nil {
+		l.end(fence, fmt.Errorf("%w: %q fence %d: the leader's function panicked: %v", ErrLost, l.job, fence, panicked.Value), LossPanic)
+		l.writeMu.Lock()
+		rerr := l.resignLocked(context.WithoutCancel(ctx), tenure{held: true, fence: fence})
+		l.writeMu.Unlock()
+		l.resigned(fence, rerr)
+		panic(panicked)
+	}
+	lost := termCtx.Err() != nil
 	if leaderCtx.Err() != nil && (errors.Is(fnErr, context.Canceled) || errors.Is(fnErr, context.DeadlineExceeded)) {
 		fnErr = nil
 	}
 	var resignErr, drainErr error
-	if l.holds(fence) {
-		resignErr = l.resignRetrying(ctx)
+	if !lost {
+		resignErr = l.resignRetrying(ctx, fence, fmt.Errorf("%w: %q fence %d: resigning", ErrLost, l.job, fence))
 	}
 	if drainExpired.Load() {
 		drainErr = fmt.Errorf("%w: fence %d ran past %v", ErrDrainTimeout, fence, l.opts.DrainTimeout)
 	}
-	if ctx.Err() == nil && errors.Is(cause, ErrLost) && fnErr == nil {
-		l.log.Warn("ddblease: leadership lost; campaigning again", "fence", fence, "cause", cause)
+	if ctx.Err() == nil && lost && fnErr == nil {
 		return false, nil
 	}
 	return true, errors.Join(fnErr, resignErr, drainErr)

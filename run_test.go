@@ -112,9 +112,14 @@ func TestRunCancelsAtDeadline(t *testing.T) {
 	cancelled := make(chan time.Time, 1)
 	var fenceSeen atomic.Int64
 	var deadline time.Time // the tenure's last local deadline
+	again := make(chan struct{}, 1)
 	stop := runAsync(ctx, a, func(ctx context.Context, fence int64) error {
 		if !fenceSeen.CompareAndSwap(0, fence) {
-			return nil // a later tenure; not part of this test
+			select { // a later tenure: its fn returns at once, and Run with it
+			case again <- struct{}{}:
+			default:
+			}
+			return nil
 		}
 		faults.Set(func(op string) ddbtest.Action {
 			if op == "UpdateItem" {
@@ -139,6 +144,9 @@ func TestRunCancelsAtDeadline(t *testing.T) {
 	assert.False(t, at.Before(deadline), "leader context ended at %v, before its deadline %v", at, deadline)
 	assert.Greater(t, faults.Count("UpdateItem"), 2, "heartbeats were retried")
 	faults.Set(nil)
+	// Once the server answers again, the campaign takes the lease back (its
+	// own), and Run returns nil when fn does.
+	receive(t, again, "a later tenure")
 	assert.NoError(t, stop())
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/bits"
 	"reflect"
+	"runtime/debug"
 	"slices"
 	"time"
 
@@ -122,8 +123,12 @@ func fmtSlot(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 // Limits of the runner's catch-up bookkeeping.
 const (
 	// maxSweep is how many of the slots skipped by a catch-up are read back
-	// (one BatchGetItem) to count the missed ones and abandon orphaned runs.
-	maxSweep = 100
+	// (BatchGetItem, 100 slots per request) to count the missed ones and
+	// abandon orphaned runs. Every(1s) skips 900 slots at most in the
+	// default window.
+	maxSweep = 10_000
+	// maxGivenUp is how many given-up claims the runner remembers.
+	maxGivenUp = 100
 	// maxEnumerate bounds the Next calls made to find the due slots.
 	maxEnumerate = 100_000
 	// maxSleep bounds one wait for a slot, so that a wall clock that jumps
@@ -145,29 +150,41 @@ const (
 // later slots, several slots may be due at once. Only the most recent of
 // them is fired, and only if it is at most JobOptions.CatchUpWindow old
 // (default 15 minutes); its claim fails with ErrSlotTaken, and nothing runs,
-// if another tenure already handled it. The older due slots are skipped:
-// up to 100 of them are read back with one BatchGetItem; those without a
-// run after the latest one that has a run are counted as missed (logged,
-// and recorded in the fired run: RunRecord.Missed, or MissedUnknown if they
-// could not be read), and runs an older tenure left running are marked abandoned,
-// whatever the RerunPolicy: only the slot being fired may be run again.
-// Slots older than the window are never fired; if this replica had led
-// before, it logs how many it skipped that way. A slot whose claim keeps
+// if another tenure already handled it. The older due slots in the window
+// are skipped and read back (BatchGetItem, 100 slots per request, up to
+// 10,000 slots); those without a run after the latest one that has a run
+// are counted as missed (reported as EventSlotsMissed, logged, and
+// recorded in the fired run: RunRecord.Missed, or MissedUnknown if they
+// could not all be read), and runs an older tenure left running are marked
+// abandoned, whatever the RerunPolicy: only the slot being fired may be
+// run again. The first tenure a job ever has (fence 1) counts nothing as
+// missed: no one led before it. Slots older than the window are never
+// fired; if this replica had led before, it logs how many it skipped that
+// way.
+//
+// Clock steps. Slots are read off the wall clock (Options.Now). A clock
+// stepped forward fires the slots it passes early (each once: their runs
+// protect them); a clock stepped back behind the last slot handled makes
+// the runner start again from the new time at once, so a slot already run
+// is found taken and not run again, and the next due slot fires on time. A slot whose claim keeps
 // failing with transient errors is given up once the next slot is due, and
 // is swept like a missed slot by the catch-up that follows (abandoned if
 // the claim did land after all).
 //
 // Failures. fn's error is recorded in the run (status failed) and logged,
 // and the schedule goes on. A slot whose run item is malformed is logged
-// and skipped. RunSchedule returns what Run returns: nil after a shutdown,
-// or when the schedule has no further slot; an error that stops the
-// campaign; or an error wrapping ErrInvalid when sched misbehaves.
+// and skipped. If fn panics, its run is recorded as failed with the
+// panic's value and stack, and Run's panic handling follows (the tenure
+// ends, the lease is resigned, a *PanicError is raised). RunSchedule
+// returns what Run returns: nil after a shutdown, or when the schedule has
+// no further slot; an error that stops the campaign; or an error wrapping
+// ErrInvalid when sched misbehaves.
 //
 // Cost in DynamoDB requests, besides the lease's own heartbeats: one write
 // to claim each fired slot (a TransactWriteItems with a check on the lease
 // item where the server supports transactions: about four write units
 // instead of one), one UpdateItem to finish it, and one BatchGetItem per
-// catch-up that skips slots (at most 100 strongly consistent reads).
+// 100 slots a catch-up skips (a strongly consistent read per slot).
 func (l *Lease) RunSchedule(ctx context.Context, sched Schedule, fn func(ctx context.Context, run *JobRun) error,
 	optFns ...func(*JobOptions)) error {
 	if err := checkSchedule(sched); err != nil {
@@ -229,6 +246,11 @@ func (r *runner) due(ctx context.Context, fence int64) (slot time.Time, missed i
 	for {
 		now := l.opts.Now()
 		floor := now.Add(-r.o.CatchUpWindow)
+		if r.last.After(now) {
+			// The wall clock stepped back past the last slot handled: start
+			// again from now. Slots run early stay protected by their runs.
+			r.last = time.Time{}
+		}
 		if !r.last.IsZero() {
 			if r.last.Before(floor) {
 				r.logTooOld(r.last, floor)
@@ -324,61 +346,82 @@ func (r *runner) recentSlots(now time.Time) (latest time.Time, older []time.Time
 	return time.Time{}, nil, nil
 }
 
-// sweep reads back the skipped slots, counts those after the latest run
-// that have no run (the missed slots), abandons runs that an older tenure
-// left running (or that this one claimed and gave up), and logs what it
-// found. n is how many slots were skipped in all, of which older are the
-// latest. It returns -1 when the slots could not be read.
+// sweep reads back the skipped slots, latest first, 100 per request,
+// until it reaches one that has a run: the slots after the latest run are
+// the missed ones, and runs that an older tenure left running (or that this
+// one claimed and gave up) in the slots read are marked abandoned. n is how
+// many slots were skipped in all, of which older are the latest. It returns
+// the number missed, or -1 when it is not known (the slots could not be
+// read, or there were more than were enumerated).
+//
+// The first tenure a job ever has (fence 1) skips the slots before its
+// acquisition: no one led then, so nothing was missed and nothing can be
+// left running.
 func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n int, latest time.Time) int {
 	l := r.l
-	ids := make([]string, len(older))
-	for i, s := range older {
-		ids[i] = fmtSlot(s)
-	}
-	var items map[string]map[string]types.AttributeValue
-	var err error
-	for attempt := 0; attempt < 3; attempt++ {
-		if items, err = l.getRuns(ctx, ids); err == nil || !retryable(err) || ctx.Err() != nil {
-			break
+	if fence == 1 {
+		acquired := l.State().AcquiredAt
+		i := 0
+		for i < len(older) && older[i].Before(acquired) {
+			i++
 		}
-		_ = sleep(ctx, l.opts.RetryInterval)
-	}
-	if err != nil {
-		l.log.Warn("ddblease: could not check the slots skipped by a catch-up", "skipped", n, "firing", fmtSlot(latest), "err", err)
-		return -1
-	}
-	missed, abandoned := 0, 0
-	var firstMissed, lastMissed string
-	for _, id := range ids {
-		item, ok := items[runItemKey(l.job, id)]
-		if !ok {
-			if missed == 0 {
-				firstMissed = id
-			}
-			missed++
-			lastMissed = id
-			continue
+		n -= i
+		older = older[i:]
+		if len(older) == 0 {
+			return 0
 		}
-		// Slots missing before a run were settled by the catch-up that
-		// fired that run: count only those after the latest run.
-		missed, firstMissed, lastMissed = 0, "", ""
-		rec, err := decodeRun(item)
+	}
+	missed, abandoned, found := 0, 0, false
+	for end := len(older); end > 0 && !found; end -= 100 {
+		chunk := older[max(end-100, 0):end]
+		ids := make([]string, len(chunk))
+		for i, s := range chunk {
+			ids[i] = fmtSlot(s)
+		}
+		var items map[string]map[string]types.AttributeValue
+		err := retry(ctx, l.opts.RetryInterval, 3, func() error {
+			var err error
+			items, err = l.getRuns(ctx, ids)
+			return err
+		})
 		if err != nil {
-			l.log.Error("ddblease: skipped slot has a malformed run item", "slot", id, "err", err)
-			continue
+			l.notify.emit(l.event(EventSlotsMissed, Event{Slot: latest, Fence: fence, Missed: -1, Err: err}))
+			return -1
 		}
-		if rec.Status == RunRunning && (rec.Fence < fence || rec.Fence == fence && slices.Contains(r.givenUp, rec.claim)) {
-			if _, ok, err := l.abandon(ctx, rec, fence); err != nil {
-				l.log.Warn("ddblease: could not mark an orphaned run abandoned", "slot", id, "fence", rec.Fence, "err", err)
-			} else if ok {
-				abandoned++
+		for i := len(ids) - 1; i >= 0; i-- {
+			item, ok := items[runItemKey(l.job, ids[i])]
+			if !ok {
+				if !found {
+					missed++
+				}
+				continue
+			}
+			found = true
+			rec, err := decodeRun(item)
+			if err != nil {
+				l.log.Error("ddblease: skipped slot has a malformed run item", "slot", ids[i], "err", err)
+				continue
+			}
+			if rec.Status == RunRunning && (rec.Fence < fence || rec.Fence == fence && slices.Contains(r.givenUp, rec.claim)) {
+				if _, ok, err := l.abandon(ctx, rec, fence); err != nil {
+					l.log.Warn("ddblease: could not mark an orphaned run abandoned", "slot", ids[i], "fence", rec.Fence, "err", err)
+				} else if ok {
+					abandoned++
+				}
 			}
 		}
 	}
-	if missed > 0 || abandoned > 0 || n > len(older) {
-		l.log.Warn("ddblease: catch-up skipped slots", "firing", fmtSlot(latest), "skipped", n,
-			"missed", missed, "firstMissed", firstMissed, "lastMissed", lastMissed,
-			"abandoned", abandoned, "unchecked", n-len(older))
+	if abandoned > 0 {
+		l.log.Info("ddblease: runs left running by an earlier leader were marked abandoned", "abandoned", abandoned,
+			"firing", fmtSlot(latest))
+	}
+	if !found && n > len(older) {
+		// More slots were skipped than enumerated: the count is a lower
+		// bound.
+		missed = -1
+	}
+	if missed != 0 {
+		l.notify.emit(l.event(EventSlotsMissed, Event{Slot: latest, Fence: fence, Missed: missed}))
 	}
 	return missed
 }
@@ -419,9 +462,9 @@ func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed i
 			l.log.Debug("ddblease: slot already handled", "slot", fmtSlot(slot), "err", err)
 			return true, nil
 		case errors.Is(err, ErrLost), errors.Is(err, ErrNotLeader):
-			// The tenure is over; the keeper cancels ctx and Run campaigns
-			// again.
-			<-ctx.Done()
+			// The tenure is over: its timer cancels ctx, and Run campaigns
+			// again. Wait for that, but never for ever.
+			_ = sleep(ctx, l.opts.RetryInterval)
 			return false, nil
 		case ctx.Err() != nil:
 			return false, nil
@@ -434,7 +477,7 @@ func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed i
 		if next, nerr := nextSlot(r.sched, slot); nerr == nil && !next.IsZero() && !next.After(l.opts.Now()) {
 			l.log.Warn("ddblease: slot given up: the next one is due", "slot", fmtSlot(slot), "err", err)
 			r.givenUp = append(r.givenUp, token)
-			if len(r.givenUp) > maxSweep {
+			if len(r.givenUp) > maxGivenUp {
 				r.givenUp = r.givenUp[1:]
 			}
 			return false, nil
@@ -444,7 +487,7 @@ func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed i
 			return false, nil
 		}
 	}
-	fnErr := r.fn(ctx, run)
+	fnErr := r.call(ctx, fence, run)
 	if fnErr != nil && ctx.Err() != nil && (errors.Is(fnErr, context.Canceled) || errors.Is(fnErr, context.DeadlineExceeded)) {
 		fnErr = fmt.Errorf("%w (%v)", fnErr, context.Cause(ctx))
 	}
@@ -453,6 +496,20 @@ func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed i
 	}
 	r.finish(ctx, fence, run, fnErr)
 	return true, nil
+}
+
+// call calls fn for run. If fn panics, the run is recorded as failed with
+// the panic's value and stack, and the panic goes on as a *PanicError, for
+// Run to end the tenure and resign.
+func (r *runner) call(ctx context.Context, fence int64, run *JobRun) error {
+	defer func() {
+		if p := recover(); p != nil {
+			pe := &PanicError{Value: p, Stack: debug.Stack()}
+			r.finish(ctx, fence, run, pe)
+			panic(pe)
+		}
+	}()
+	return soundError(r.fn(ctx, run))
 }
 
 // finish records the run's outcome, retrying transient errors while the

@@ -15,7 +15,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
 	"github.com/ddblease/ddblease/internal/ddbtest"
-	"github.com/ddblease/ddblease/internal/probe"
 )
 
 // ReplicaConfig is what a replica process is started with.
@@ -55,18 +54,25 @@ func RunReplica(cfg ReplicaConfig) error {
 	rec.Record(Event{Kind: EvStart})
 
 	clock := Clock(cfg.Offset, cfg.DriftPPM)
-	probe.SetTenure(func(job, owner string, fence int64, deadline time.Time, ended bool) {
-		if ended {
-			rec.Record(Event{Kind: EvEnded, Fence: fence})
-			return
+	// Tenures as the public observer reports them; the deadline is read
+	// from the lease's State, as a user's code would.
+	var lease *ddblease.Lease
+	observe := func(e ddblease.Event) {
+		switch e.Kind {
+		case ddblease.EventAcquired, ddblease.EventRenewed:
+			if st := lease.State(); st.Leader && st.Fence == e.Fence {
+				rec.Record(Event{Kind: EvTenure, Fence: e.Fence, Deadline: RealDeadline(st.Deadline, clock, cfg.DriftPPM).UnixNano()})
+			}
+		case ddblease.EventLost, ddblease.EventResigned:
+			rec.Record(Event{Kind: EvEnded, Fence: e.Fence})
 		}
-		rec.Record(Event{Kind: EvTenure, Fence: fence, Deadline: RealDeadline(deadline, clock, cfg.DriftPPM).UnixNano()})
-	})
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	db := ddbtest.Endpoint(cfg.Endpoint).Client(nil)
-	lease, err := ddblease.New(db, cfg.Table, cfg.Job, func(o *ddblease.Options) {
+	lease, err = ddblease.New(db, cfg.Table, cfg.Job, func(o *ddblease.Options) {
+		o.Observer = observe
 		o.Owner = cfg.Name
 		o.LeaseDuration, o.HeartbeatInterval, o.RetryInterval = cfg.Lease, cfg.Heartbeat, cfg.Retry
 		o.MaxClockSkew, o.DrainTimeout, o.CallTimeout = cfg.Skew, cfg.Drain, cfg.Call
