@@ -79,7 +79,7 @@ type cluster struct {
 	accepted    []int64                    // fences the sink accepted, in order
 	refused     int                        // writes refused with ErrStaleFence
 	otherErrs   []error
-	blockNext   *replica // the replica whose next run blocks after its write
+	blockNext   *replica      // the replica whose next run blocks after its write
 	work        time.Duration // how long a run works before its write
 	inside      chan time.Time
 	release     chan struct{}
