@@ -253,6 +253,9 @@ func (j *job) Run() {
 		return
 	}
 	fnErr := j.fn(t.ctx, run)
+	if fnErr != nil && t.ctx.Err() != nil && (errors.Is(fnErr, context.Canceled) || errors.Is(fnErr, context.DeadlineExceeded)) {
+		fnErr = fmt.Errorf("%w (%v)", fnErr, context.Cause(t.ctx))
+	}
 	if fnErr != nil {
 		log.Warn("ddbleaserobfig: job run failed", "slot", slot, "fence", run.Fence(), "err", fnErr)
 	}
