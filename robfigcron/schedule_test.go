@@ -112,6 +112,10 @@ func TestRobfigScheduleDrivesRunSchedule(t *testing.T) {
 		// The slots robfig gives around the transition: 02:00 on the 7th
 		// (EST), 03:00 on the 7th, then 03:00 EDT on the 8th; no 02:00.
 		assert.Equal(t, time.Date(2026, 3, 8, 3, 0, 0, 0, ny), sched.Next(time.Date(2026, 3, 7, 3, 0, 0, 0, ny)).In(ny))
+		// A spec naming only a time in the gap skips the day.
+		gapOnly, err := cron.ParseStandard("CRON_TZ=America/New_York 30 2 * * *")
+		require.NoError(t, err)
+		assert.Equal(t, time.Date(2026, 3, 9, 2, 30, 0, 0, ny), gapOnly.Next(time.Date(2026, 3, 7, 12, 0, 0, 0, ny)).In(ny))
 	})
 
 	t.Run("fall back", func(t *testing.T) {
