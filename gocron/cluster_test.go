@@ -111,8 +111,8 @@ func newCluster(t *testing.T, m mode, skew time.Duration) *cluster {
 	c := &cluster{
 		t: t, mode: m, table: srv.NewTable(t), sink: srv.NewTable(t), sched: sched,
 		opts: ddblease.Options{
-			LeaseDuration: 1500 * time.Millisecond, HeartbeatInterval: 400 * time.Millisecond,
-			RetryInterval: 150 * time.Millisecond, CallTimeout: 300 * time.Millisecond,
+			LeaseDuration: 2 * time.Second, HeartbeatInterval: 600 * time.Millisecond,
+			RetryInterval: 150 * time.Millisecond, CallTimeout: 500 * time.Millisecond,
 			MaxClockSkew: skew, DrainTimeout: time.Second,
 		},
 		invocations: map[time.Time][]invocation{},
@@ -151,7 +151,7 @@ func (c *cluster) add(name string, off time.Duration) *replica {
 	case withLocker:
 		r.lk, err = ddbleasegocron.NewLocker(r.db, c.table, opt)
 		require.NoError(t, err)
-		require.NoError(t, r.lk.Add(jobName, ddbleasegocron.Job{Schedule: c.sched}))
+		require.NoError(t, r.lk.Add(jobName, ddbleasegocron.Job{Schedule: c.sched, Tolerance: 400 * time.Millisecond}))
 		require.NoError(t, r.lk.Start(ctx))
 		sopts = append(sopts, gocron.WithDistributedLocker(r.lk))
 		jopts = append(jopts, gocron.WithEventListeners(gocron.AfterJobRunsWithError(r.lk.RecordError)))
@@ -178,7 +178,7 @@ func (c *cluster) job(r *replica) func(ctx context.Context) error {
 				return err // lost between IsLeader and here
 			}
 			fence = f
-			if slot, err = ddbleasegocron.NearestSlot(c.sched, c.now(r), 250*time.Millisecond); err != nil {
+			if slot, err = ddbleasegocron.NearestSlot(c.sched, c.now(r), 400*time.Millisecond); err != nil {
 				c.fail(fmt.Errorf("%s: %w", r.name, err))
 				return err
 			}

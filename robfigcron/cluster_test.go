@@ -93,8 +93,8 @@ func newCluster(t *testing.T, spec string, slots ddblease.Schedule, skew time.Du
 	c := &cluster{
 		t: t, table: srv.NewTable(t), sink: srv.NewTable(t), spec: spec, slots: slots,
 		opts: ddblease.Options{
-			LeaseDuration: 1500 * time.Millisecond, HeartbeatInterval: 400 * time.Millisecond,
-			RetryInterval: 150 * time.Millisecond, CallTimeout: 300 * time.Millisecond,
+			LeaseDuration: 2 * time.Second, HeartbeatInterval: 600 * time.Millisecond,
+			RetryInterval: 150 * time.Millisecond, CallTimeout: 500 * time.Millisecond,
 			MaxClockSkew: skew, DrainTimeout: time.Second, Logger: quiet,
 		},
 		invocations: map[time.Time][]invocation{},
@@ -131,7 +131,7 @@ func (c *cluster) add(name string, off time.Duration) *replica {
 	require.NoError(t, err)
 	job, err := r.w.Job(jobName, sched, func(ctx context.Context, run *ddblease.JobRun) error {
 		return c.run(ctx, r, run)
-	})
+	}, ddbleaserobfig.JobOptions{Tolerance: 400 * time.Millisecond})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
