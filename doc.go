@@ -26,8 +26,10 @@
 // it holds a job's lease (IsLeader, the leader context of Run), provided the
 // wall clocks of the replicas differ by less than Options.MaxClockSkew and
 // their rates agree within a few percent. A holder's belief ends at its local
-// deadline: the monotonic time at which its last successful write was sent,
-// plus LeaseDuration, minus a safety margin of LeaseDuration/10. A standby
+// deadline: the monotonic time at which its last confirmed write was sent,
+// plus LeaseDuration, minus a safety margin of LeaseDuration/10. A timer
+// ends it there whatever requests are in flight, and a renewal confirmed
+// after the deadline never revives it. A standby
 // takes over only when the recorded expiry is older than MaxClockSkew on its
 // own clock, or when it has watched the same renewal version unchanged for a
 // whole lease duration on its monotonic clock.
@@ -68,12 +70,20 @@
 // are for sinks outside DynamoDB and are not atomic. Every form fails
 // closed.
 //
+// # Observing
+//
+// Options.Observer and GuardOptions.Observer receive an Event for every
+// change of leadership, renewal, job run, guard refusal and DynamoDB
+// request; the library's log lines are made from the same events.
+//
 // # Errors
 //
 // ErrHeld, ErrLost, ErrNotLeader, ErrSlotTaken, ErrStaleFence,
 // ErrTransactionsUnsupported, ErrMalformedItem, ErrDrainTimeout,
 // ErrNotResigned, ErrTableSchema and ErrInvalid are sentinels to test with
 // errors.Is; HeldError,
-// SlotTakenError and StaleFenceError carry the details. Errors from the
+// SlotTakenError and StaleFenceError carry the details. Run panics with a
+// *PanicError, after ending the tenure and resigning, when its function
+// panics. Errors from the
 // AWS SDK stay in the chain for errors.As.
 package ddblease

@@ -113,16 +113,16 @@ func soundError(err error) error {
 // permanentCodes are the error codes of requests the server refuses for
 // what they are, not for the moment they were sent: retrying cannot help.
 var permanentCodes = map[string]bool{
-	"ValidationException":                true,
-	"ResourceNotFoundException":          true,
-	"AccessDeniedException":              true,
-	"UnrecognizedClientException":        true,
-	"InvalidSignatureException":          true,
+	"ValidationException":                 true,
+	"ResourceNotFoundException":           true,
+	"AccessDeniedException":               true,
+	"UnrecognizedClientException":         true,
+	"InvalidSignatureException":           true,
 	"MissingAuthenticationTokenException": true,
-	"IncompleteSignatureException":       true,
-	"InvalidClientTokenId":               true,
-	"SerializationException":             true,
-	"UnknownOperationException":          true,
+	"IncompleteSignatureException":        true,
+	"InvalidClientTokenId":                true,
+	"SerializationException":              true,
+	"UnknownOperationException":           true,
 }
 
 // throttleCodes are the error codes of requests refused for load.

@@ -76,3 +76,43 @@ func ExampleLease_TryAcquire() {
 	// b: held by a fence 1
 	// b: 2 <nil>
 }
+
+// An observer sees every change of leadership; build logs, metrics and
+// alerts on it. It runs on the library's goroutines and must not block.
+func ExampleOptions_observer() {
+	ctx := context.Background()
+	db := srv.Client(nil)
+	table := "example-" + ddbtest.RandomID()
+	if err := ddblease.CreateTable(ctx, db, table); err != nil {
+		fmt.Println(err)
+		return
+	}
+	lease, err := ddblease.New(db, table, "nightly-billing", func(o *ddblease.Options) {
+		o.Owner = "replica-1"
+		o.Observer = func(e ddblease.Event) {
+			switch e.Kind {
+			case ddblease.EventAcquired, ddblease.EventDraining, ddblease.EventResigned:
+				fmt.Println(e.Kind, e.Job, "fence", e.Fence)
+			case ddblease.EventLost:
+				fmt.Println(e.Kind, e.Job, "fence", e.Fence, "reason", e.Reason)
+			case ddblease.EventStopped:
+				fmt.Println(e.Kind, "err:", e.Err)
+			}
+		}
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	runCtx, sigterm := context.WithCancel(ctx)
+	_ = lease.Run(runCtx, func(ctx context.Context, fence int64) error {
+		sigterm() // as if SIGTERM arrived
+		<-ctx.Done()
+		return nil
+	})
+	// Output:
+	// acquired nightly-billing fence 1
+	// draining nightly-billing fence 1
+	// resigned nightly-billing fence 1
+	// stopped err: <nil>
+}

@@ -101,7 +101,8 @@ func (l *Lease) fencedWrite(ctx context.Context, timeout time.Duration, until ti
 	case rec.Owner == l.opts.Owner && rec.Fence == t.fence:
 		lost = fmt.Errorf("%w: %q fence %d: the item carries a renewal version this handle no longer tracks", ErrLost, l.job, t.fence)
 	default:
-		lost = fmt.Errorf("%w: %q fence %d: now held by %q with fence %d", ErrLost, l.job, t.fence, rec.Owner, rec.Fence)
+		lost = &movedOnError{err: fmt.Errorf("%w: %q fence %d: now held by %q with fence %d", ErrLost, l.job, t.fence, rec.Owner, rec.Fence),
+			inDoubt: err != nil}
 	}
 	l.end(t.fence, lost, LossDeposed)
 	return lost
@@ -187,3 +188,14 @@ func (k *keeper) loop(ctx, termCtx context.Context) {
 		}
 	}
 }
+
+// movedOnError reports that the lease item names another owner or fence.
+// inDoubt: the write's own outcome is unknown (it may have landed before
+// the item moved on).
+type movedOnError struct {
+	err     error
+	inDoubt bool
+}
+
+func (e *movedOnError) Error() string { return e.err.Error() }
+func (e *movedOnError) Unwrap() error { return e.err }

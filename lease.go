@@ -31,6 +31,9 @@ type Lease struct {
 
 	writeMu     sync.Mutex  // held across every write to the lease item
 	campaigning atomic.Bool // Run or RunSchedule is active
+	// runCtx is the context of the active Run, whose values (trace ids)
+	// the log lines carry.
+	runCtx atomic.Pointer[context.Context]
 
 	mu  sync.Mutex // guards ten, obs, confirmed, doubt, yieldUntil and seen
 	ten *term      // the current or last term; nil before the first

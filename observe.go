@@ -237,6 +237,9 @@ func (o observedDB) DescribeTable(ctx context.Context, in *dynamodb.DescribeTabl
 // nothing per poll or per request.
 func (l *Lease) logEvent(e Event) {
 	ctx := context.Background()
+	if c := l.runCtx.Load(); c != nil {
+		ctx = *c
+	}
 	log := l.log
 	switch e.Kind {
 	case EventAcquired:

@@ -67,7 +67,15 @@ func (l *Lease) resignLocked(ctx context.Context, t tenure) error {
 		":now":   avN(now.UnixMilli()),
 		":false": avBool(false),
 	}
-	return l.fencedWrite(ctx, l.opts.CallTimeout, time.Time{}, t, "SET #exp = :zero, #rv = :rv, #ren = :now, #drn = :false", names, values, rv)
+	err := l.fencedWrite(ctx, l.opts.CallTimeout, time.Time{}, t, "SET #exp = :zero, #rv = :rv, #ren = :now, #drn = :false", names, values, rv)
+	var moved *movedOnError
+	if errors.As(err, &moved) && moved.inDoubt {
+		// The answer was lost and the lease has a newer holder: either our
+		// resignation landed and a standby took over, or the lease expired
+		// first. Either way it is given up.
+		return nil
+	}
+	return err
 }
 
 // resigned reports the outcome of a resignation of fence.

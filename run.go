@@ -58,6 +58,8 @@ func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, fence int6
 		return invalid("Run %q: another Run or RunSchedule is active on this handle; use one Lease per contender", l.job)
 	}
 	defer l.campaigning.Store(false)
+	l.runCtx.Store(&ctx)
+	defer l.runCtx.Store(nil)
 	if ctx.Err() != nil {
 		return fmt.Errorf("ddblease: run %q: %w", l.job, context.Cause(ctx))
 	}
@@ -111,6 +113,7 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 		case <-ctx.Done():
 		}
 		cancelLeader(fmt.Errorf("ddblease: shutting down: %w", context.Cause(ctx)))
+		l.notify.emit(l.event(EventDraining, Event{Fence: fence}))
 		k.drain()
 		t := time.NewTimer(l.opts.DrainTimeout)
 		defer t.Stop()

@@ -195,16 +195,14 @@ func (l *Lease) leads(fence int64) bool {
 	return t.held && t.fence == fence && l.opts.Now().Before(t.deadline)
 }
 
-func (l *Lease) setDraining(fence int64) bool {
-	defer l.notify.flush()
+// setDraining marks the term with this fence as draining: its next
+// heartbeat says so in the item.
+func (l *Lease) setDraining(fence int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if t := l.ten; t != nil && !t.over && t.fence == fence && !t.draining {
+	if t := l.ten; t != nil && !t.over && t.fence == fence {
 		t.draining = true
-		l.notify.push(l.event(EventDraining, Event{Fence: fence}))
-		return true
 	}
-	return false
 }
 
 // event fills in the fields every event of this handle carries.
