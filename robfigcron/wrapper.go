@@ -104,7 +104,8 @@ type tenure struct {
 // slots are taken to be the multiples of the delay since the Unix epoch
 // (ddblease.Every), and each firing is matched to the nearest of them.
 //
-// Job must be called before Start. An empty or invalid name, a name used
+// opts, if given, configures the job (the last one counts). Job must be
+// called before Start. An empty or invalid name, a name used
 // twice, a nil schedule or fn, or a negative tolerance is an error
 // wrapping ddblease.ErrInvalid.
 func (w *Wrapper) Job(name string, sched cron.Schedule, fn func(ctx context.Context, run *ddblease.JobRun) error, opts ...JobOptions) (cron.Job, error) {
