@@ -111,6 +111,8 @@ type replica struct {
 }
 
 func newCluster(t *testing.T, m mode, skew time.Duration) *cluster {
+	// The sink is written with Guard.TransactWrite.
+	srv.Require(t, srv.Caps(t).Transactions, "TransactWriteItems")
 	sched, err := ddbleasegocron.CronSchedule(crontab, true, time.UTC)
 	require.NoError(t, err)
 	c := &cluster{

@@ -94,6 +94,8 @@ type replica struct {
 }
 
 func newCluster(t *testing.T, spec string, slots ddblease.Schedule, skew time.Duration) *cluster {
+	// The sink is written with Guard.TransactWrite.
+	srv.Require(t, srv.Caps(t).Transactions, "TransactWriteItems")
 	c := &cluster{
 		t: t, table: srv.NewTable(t), sink: srv.NewTable(t), spec: spec, slots: slots,
 		opts: ddblease.Options{
