@@ -218,3 +218,63 @@ func waitUntil(t *testing.T, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestLockerDurationJob runs a real gocron DurationJob started with
+// AlignedStart, so that its firings fall on ddblease.Every's slots, and
+// checks that the runs were claimed for those slots and that a failing
+// run's error, seen by the AfterJobRunsWithError listener, is recorded.
+func TestLockerDurationJob(t *testing.T) {
+	table := srv.NewTable(t)
+	lk, err := ddbleasegocron.NewLocker(srv.Client(nil), table, fastOpts("a"))
+	require.NoError(t, err)
+	every := ddblease.Every(time.Second)
+	require.NoError(t, lk.Add("tick", ddbleasegocron.Job{Schedule: every}))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	require.NoError(t, lk.Start(ctx))
+	waitUntil(t, func() bool { return lk.Elector("tick").Lease().IsLeader() })
+
+	start, err := ddbleasegocron.AlignedStart(time.Second, time.Now())
+	require.NoError(t, err)
+	s, err := gocron.NewScheduler(gocron.WithDistributedLocker(lk))
+	require.NoError(t, err)
+	slots := make(chan time.Time, 10)
+	_, err = s.NewJob(gocron.DurationJob(time.Second), gocron.NewTask(func() error {
+		run, ok := lk.Run("tick")
+		if !ok {
+			return errors.New("no run in flight")
+		}
+		slots <- run.Slot()
+		if len(slots) == 1 {
+			return errors.New("first run fails")
+		}
+		return nil
+	}), gocron.WithName("tick"), start,
+		gocron.WithEventListeners(gocron.AfterJobRunsWithError(lk.RecordError)))
+	require.NoError(t, err)
+	s.Start()
+	waitUntil(t, func() bool { return len(slots) >= 3 })
+	require.NoError(t, s.Shutdown())
+	cancel()
+	require.NoError(t, lk.Wait())
+
+	close(slots)
+	var got []time.Time
+	for s := range slots {
+		got = append(got, s)
+	}
+	for i, s := range got {
+		assert.Zero(t, s.Nanosecond(), "slot %s is a multiple of the period", s)
+		if i > 0 {
+			assert.Equal(t, time.Second, s.Sub(got[i-1]), "consecutive slots")
+		}
+	}
+	runs, err := lk.Elector("tick").Lease().ListRuns(context.Background(), every, got[0], got[len(got)-1])
+	require.NoError(t, err)
+	require.Len(t, runs, len(got))
+	assert.Equal(t, ddblease.RunFailed, runs[0].Status)
+	assert.Equal(t, "first run fails", runs[0].Error)
+	for _, r := range runs[1:] {
+		assert.Equal(t, ddblease.RunSucceeded, r.Status, "slot %s", r.Slot)
+	}
+}
