@@ -90,6 +90,8 @@ type cluster struct {
 	// believed they led at that moment (an Observer on EventAcquired reads
 	// their IsLeader then).
 	overlaps [][]string
+
+	abandoned map[time.Time]bool // slots whose write gocron's shutdown cancelled
 }
 
 type invocation struct {
@@ -123,6 +125,7 @@ func newCluster(t *testing.T, m mode, skew time.Duration) *cluster {
 			MaxClockSkew: skew, DrainTimeout: time.Second,
 		},
 		invocations: map[time.Time][]invocation{},
+		abandoned:   map[time.Time]bool{},
 		start:       time.Now(),
 	}
 	t.Cleanup(c.stopAll)
@@ -271,7 +274,8 @@ func (c *cluster) write(ctx context.Context, r *replica, slot time.Time, fence i
 		c.refused++
 	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
 		// gocron's Shutdown cancels a running job's context: the write
-		// was abandoned, not refused.
+		// was abandoned, not refused, and the run is recorded failed.
+		c.abandoned[slot] = true
 	default:
 		c.otherErrs = append(c.otherErrs, fmt.Errorf("%s slot %s fence %d: %w", r.name, slot.Format(time.TimeOnly), fence, err))
 	}
@@ -504,10 +508,13 @@ func (c *cluster) checkRuns(slots []time.Time, killed time.Time) {
 		assert.Equal(t, c.invocations[s][0].fence, r.Fence, "slot %s", s)
 		assert.Equal(t, c.invocations[s][0].replica, r.Owner, "slot %s", s)
 		want := ddblease.RunSucceeded
-		if s.Equal(killed) {
+		switch {
+		case s.Equal(killed):
 			want = ddblease.RunRunning
+		case c.abandoned[s]:
+			want = ddblease.RunFailed // its context cancelled by Shutdown
 		}
-		assert.Equal(t, want, r.Status, "slot %s", s)
+		assert.Equal(t, want, r.Status, "slot %s: %s", s, r.Error)
 	}
 
 }
