@@ -146,9 +146,10 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 	if panicked != nil {
 		l.end(fence, fmt.Errorf("%w: %q fence %d: the leader's function panicked: %v", ErrLost, l.job, fence, panicked.Value), LossPanic)
 		l.writeMu.Lock()
-		rerr := l.resignLocked(context.WithoutCancel(ctx), tenure{held: true, fence: fence})
+		if err := l.resignLocked(context.WithoutCancel(ctx), tenure{held: true, fence: fence}); err != nil && !errors.Is(err, ErrLost) {
+			l.log.Warn("ddblease: could not resign after a panic; the lease lapses at its expiry", "fence", fence, "err", err)
+		}
 		l.writeMu.Unlock()
-		l.resigned(fence, rerr)
 		panic(panicked)
 	}
 	lost := termCtx.Err() != nil

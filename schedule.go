@@ -482,7 +482,7 @@ func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed i
 			}
 			return false, nil
 		}
-		l.log.Warn("ddblease: claim failed; retrying", "slot", fmtSlot(slot), "err", err)
+		l.notify.emit(l.event(EventRetry, Event{Op: "claim", Fence: fence, Slot: slot, Err: err}))
 		if sleep(ctx, l.opts.RetryInterval) != nil {
 			return false, nil
 		}
@@ -529,7 +529,7 @@ func (r *runner) finish(ctx context.Context, fence int64, run *JobRun, fnErr err
 			l.log.Warn("ddblease: could not record the run's outcome", "slot", run.id, "fence", fence, "err", err)
 			return
 		}
-		l.log.Warn("ddblease: finishing the run failed; retrying", "slot", run.id, "fence", fence, "err", err)
+		l.notify.emit(l.event(EventRetry, Event{Op: "finish", Fence: fence, Slot: run.slot, Err: err}))
 		_ = sleep(fctx, l.opts.RetryInterval)
 	}
 }
