@@ -15,8 +15,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/ddbleasetest"
 	ddbleasegocron "github.com/ddblease/ddblease/gocron"
-	"github.com/ddblease/ddblease/internal/ddbtest"
 	"github.com/go-co-op/gocron/v2"
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/assert"
@@ -24,10 +24,10 @@ import (
 	"go.uber.org/goleak"
 )
 
-var srv *ddbtest.Server
+var srv *ddbleasetest.Server
 
 func TestMain(m *testing.M) {
-	srv = ddbtest.Start()
+	srv = ddbleasetest.Start()
 	code := m.Run()
 	srv.Close()
 	if code == 0 {
@@ -102,7 +102,7 @@ type invocation struct {
 type replica struct {
 	name   string
 	off    time.Duration
-	faults *ddbtest.Faults
+	faults *ddbleasetest.Faults
 	db     *dynamodb.Client
 	guard  *ddblease.Guard
 	el     *ddbleasegocron.Elector
@@ -114,7 +114,7 @@ type replica struct {
 
 func newCluster(t *testing.T, m mode, skew time.Duration) *cluster {
 	// The sink is written with Guard.TransactWrite.
-	srv.Require(t, srv.Caps(t).Transactions, "TransactWriteItems")
+	requireTransactions(t)
 	sched, err := ddbleasegocron.CronSchedule(crontab, true, time.UTC)
 	require.NoError(t, err)
 	c := &cluster{
@@ -138,7 +138,7 @@ func (c *cluster) now(r *replica) time.Time { return time.Now().Add(r.off) }
 // off.
 func (c *cluster) add(name string, off time.Duration) *replica {
 	t := c.t
-	r := &replica{name: name, off: off, faults: ddbtest.NewFaults(nil)}
+	r := &replica{name: name, off: off, faults: ddbleasetest.NewFaults()}
 	r.db = srv.Client(r.faults.Wrap)
 	opt := func(o *ddblease.Options) {
 		*o = c.opts
@@ -325,10 +325,10 @@ func (c *cluster) waitFor(what string, limit time.Duration, cond func() bool) {
 }
 
 // kill stops r as a crash would, mid-run: its next run writes its effect,
-// then its transport is black-holed (every request is reset without
-// reaching the server), the run returns (its Unlock cannot reach the
-// table), and its scheduler and campaign are stopped without a resignation
-// reaching the table.
+// then its transport is black-holed (every request hangs unanswered until
+// its timeout, never reaching the server), the run returns (its Unlock
+// cannot reach the table), and its scheduler and campaign are stopped
+// without a resignation reaching the table.
 func (c *cluster) kill(r *replica) time.Time {
 	c.mu.Lock()
 	c.blockNext, c.inside, c.release = r, make(chan time.Time), make(chan struct{})
@@ -339,7 +339,7 @@ func (c *cluster) kill(r *replica) time.Time {
 	case <-time.After(30 * time.Second):
 		c.t.Fatalf("%s never ran again", r.name)
 	}
-	r.faults.Set(func(string) ddbtest.Action { return ddbtest.Reset })
+	r.faults.Set(func(string) ddbleasetest.Action { return ddbleasetest.Blackhole })
 	close(c.release)
 	require.NoError(c.t, r.s.Shutdown())
 	r.cancel()
@@ -580,5 +580,35 @@ func TestClusterBeyondBound(t *testing.T) {
 				assert.True(t, errors.As(err, &tce), "unexpected write error: %v", err)
 			}
 		})
+	}
+}
+
+var (
+	txnOnce  sync.Once
+	txnSetup error // the probe table could not be made
+	txnErr   error // the server refused TransactWriteItems
+)
+
+// requireTransactions skips t, naming the server, unless it has
+// TransactWriteItems (dynalite has not).
+func requireTransactions(t *testing.T) {
+	t.Helper()
+	txnOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		db := srv.Client()
+		table := "ddblease-txn-probe-" + ddbleasetest.RandomID()
+		if txnSetup = ddbleasetest.CreateKeyTable(ctx, db, table, "pk", types.ScalarAttributeTypeS); txnSetup != nil {
+			return
+		}
+		_, txnErr = db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{{Put: &types.Put{
+			TableName: aws.String(table),
+			Item:      map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "probe"}},
+		}}}})
+		_, _ = db.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(table)})
+	})
+	require.NoError(t, txnSetup)
+	if txnErr != nil {
+		t.Skipf("server %s lacks TransactWriteItems, which the sink's guarded writes use: %v", srv.Name, txnErr)
 	}
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
-	"github.com/ddblease/ddblease/internal/ddbtest"
+	"github.com/ddblease/ddblease/ddbleasetest"
 	ddbleaserobfig "github.com/ddblease/ddblease/robfigcron"
 	"github.com/robfig/cron/v3"
 	"github.com/stretchr/testify/assert"
@@ -24,10 +24,10 @@ import (
 	"go.uber.org/goleak"
 )
 
-var srv *ddbtest.Server
+var srv *ddbleasetest.Server
 
 func TestMain(m *testing.M) {
-	srv = ddbtest.Start()
+	srv = ddbleasetest.Start()
 	code := m.Run()
 	srv.Close()
 	if code == 0 {
@@ -85,7 +85,7 @@ type invocation struct {
 
 type replica struct {
 	name   string
-	faults *ddbtest.Faults
+	faults *ddbleasetest.Faults
 	guard  *ddblease.Guard
 	w      *ddbleaserobfig.Wrapper
 	c      *cron.Cron
@@ -95,7 +95,7 @@ type replica struct {
 
 func newCluster(t *testing.T, spec string, slots ddblease.Schedule, skew time.Duration) *cluster {
 	// The sink is written with Guard.TransactWrite.
-	srv.Require(t, srv.Caps(t).Transactions, "TransactWriteItems")
+	requireTransactions(t)
 	c := &cluster{
 		t: t, table: srv.NewTable(t), sink: srv.NewTable(t), spec: spec, slots: slots,
 		opts: ddblease.Options{
@@ -122,7 +122,7 @@ func newCluster(t *testing.T, spec string, slots ddblease.Schedule, skew time.Du
 // the real instant the replica's clock would show it.
 func (c *cluster) add(name string, off time.Duration) *replica {
 	t := c.t
-	r := &replica{name: name, faults: ddbtest.NewFaults(nil)}
+	r := &replica{name: name, faults: ddbleasetest.NewFaults()}
 	db := srv.Client(r.faults.Wrap)
 	var err error
 	r.guard, err = ddblease.NewGuard(db, c.table, jobName)
@@ -338,10 +338,10 @@ func TestClusterWithinBound(t *testing.T) {
 }
 
 // kill stops r as a crash would, mid-run: its next run writes its effect,
-// then its transport is black-holed (every request is reset without
-// reaching the server), the run returns (its outcome cannot be recorded),
-// and its cron and campaign are stopped without a resignation reaching the
-// table. It returns the slot of that run.
+// then its transport is black-holed (every request hangs unanswered until
+// its timeout, never reaching the server), the run returns (its outcome
+// cannot be recorded), and its cron and campaign are stopped without a
+// resignation reaching the table. It returns the slot of that run.
 func (c *cluster) kill(r *replica) time.Time {
 	c.mu.Lock()
 	c.blockNext, c.inside, c.release = r, make(chan time.Time), make(chan struct{})
@@ -352,7 +352,7 @@ func (c *cluster) kill(r *replica) time.Time {
 	case <-time.After(30 * time.Second):
 		c.t.Fatalf("%s never ran again", r.name)
 	}
-	r.faults.Set(func(string) ddbtest.Action { return ddbtest.Reset })
+	r.faults.Set(func(string) ddbleasetest.Action { return ddbleasetest.Blackhole })
 	close(c.release)
 	<-r.c.Stop().Done()
 	r.cancel()
@@ -450,4 +450,34 @@ func TestClusterBeyondBound(t *testing.T) {
 	assert.Zero(t, dup, "a slot runs at most once even beyond the bound")
 	assert.Empty(t, errs)
 	assert.True(t, slices.IsSorted(accepted), "the sink accepted a stale fence: %v", accepted)
+}
+
+var (
+	txnOnce  sync.Once
+	txnSetup error // the probe table could not be made
+	txnErr   error // the server refused TransactWriteItems
+)
+
+// requireTransactions skips t, naming the server, unless it has
+// TransactWriteItems (dynalite has not).
+func requireTransactions(t *testing.T) {
+	t.Helper()
+	txnOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		db := srv.Client()
+		table := "ddblease-txn-probe-" + ddbleasetest.RandomID()
+		if txnSetup = ddbleasetest.CreateKeyTable(ctx, db, table, "pk", types.ScalarAttributeTypeS); txnSetup != nil {
+			return
+		}
+		_, txnErr = db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{{Put: &types.Put{
+			TableName: aws.String(table),
+			Item:      map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "probe"}},
+		}}}})
+		_, _ = db.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(table)})
+	})
+	require.NoError(t, txnSetup)
+	if txnErr != nil {
+		t.Skipf("server %s lacks TransactWriteItems, which the sink's guarded writes use: %v", srv.Name, txnErr)
+	}
 }

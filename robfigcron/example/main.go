@@ -24,7 +24,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
-	"github.com/ddblease/ddblease/internal/ddbtest"
+	"github.com/ddblease/ddblease/ddbleasetest"
 	ddbleaserobfig "github.com/ddblease/ddblease/robfigcron"
 	"github.com/robfig/cron/v3"
 )
@@ -46,17 +46,17 @@ func main() {
 
 func run() error {
 	if *endpoint != "" {
-		os.Setenv(ddbtest.EndpointEnv, *endpoint) // ddbtest.Start honours it
+		os.Setenv(ddbleasetest.EndpointEnv, *endpoint) // ddbleasetest.Start honours it
 	}
-	srv := ddbtest.Start()
+	srv := ddbleasetest.Start()
 	defer srv.Close()
 	ctx := context.Background()
 	db := srv.Client(nil)
-	table, sink := "leases-"+ddbtest.RandomID(), "reports-"+ddbtest.RandomID()
+	table, sink := "leases-"+ddbleasetest.RandomID(), "reports-"+ddbleasetest.RandomID()
 	if err := ddblease.CreateTable(ctx, db, table); err != nil {
 		return err
 	}
-	if err := ddbtest.CreateRawTable(ctx, db, sink, "pk", types.ScalarAttributeTypeS); err != nil {
+	if err := ddbleasetest.CreateKeyTable(ctx, db, sink, "pk", types.ScalarAttributeTypeS); err != nil {
 		return err
 	}
 
