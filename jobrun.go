@@ -388,7 +388,11 @@ func (r *JobRun) isFinished() bool {
 //
 // The write is retried by the SDK on transient errors; a retry that finds
 // its own earlier attempt applied is recognised by the claim's random
-// token. Claim makes one request (two on the first claim of a Lease whose
+// token. A transaction cancelled by a conflict with another write to one
+// of its items (a heartbeat renewing the lease item, on DynamoDB) is sent
+// again with jittered back-off, under the same ClientRequestToken, until
+// Options.CallTimeout has passed since the call began, and never past the
+// tenure's local deadline. Claim makes one request (two on the first claim of a Lease whose
 // server lacks transactions), plus one to abandon a run and, when the
 // outcome of the write is unknown, one consistent read.
 func (l *Lease) Claim(ctx context.Context, slot time.Time, optFns ...func(*JobOptions)) (*JobRun, error) {
@@ -443,10 +447,11 @@ func (l *Lease) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 	switch {
 	case errors.Is(err, ErrLost):
 		return nil, err
-	case err != nil && !retryable(err):
+	case err != nil && !retryable(err) && !mismatch(err):
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
 	case err != nil:
-		// The outcome is unknown: read the item back.
+		// The outcome is unknown (or the server saw this request's token
+		// before, with other parameters): read the item back.
 		rec, present, rerr := l.readRun(ctx, key)
 		if rerr == nil && present && rec.claim == token {
 			return l.claimed(run), nil
@@ -494,7 +499,15 @@ func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 			ExpressionAttributeValues:           map[string]types.AttributeValue{":me": avS(l.opts.Owner), ":fence": avN(t.fence)},
 			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 		}
-		err := transact(ctx, l.db, l.opts.CallTimeout, []types.TransactWriteItem{{ConditionCheck: check}, {Update: upd}})
+		// Conflicts (a heartbeat renewing the lease item as the claim
+		// checks it) are retried until CallTimeout has passed, and never
+		// past the tenure's local deadline.
+		deadline := l.opts.Now().Add(l.opts.CallTimeout)
+		if t.deadline.Before(deadline) {
+			deadline = t.deadline
+		}
+		err := transactRetrying(ctx, l.db, []types.TransactWriteItem{{ConditionCheck: check}, {Update: upd}},
+			txRetry{now: l.opts.Now, deadline: deadline, timeout: l.opts.CallTimeout})
 		if !errors.Is(err, ErrTransactionsUnsupported) {
 			if item, ok := conditionFailed(err, 0); ok {
 				lost := l.lostError(t.fence, item)
@@ -630,14 +643,30 @@ func (r *JobRun) Finish(ctx context.Context, runErr error) error {
 // even under the Rerun policy: a newer tenure re-runs a slot only while its
 // run is still running, that is, while its effect is not committed.
 //
-// A stale claimant gets a *StaleFenceError and nothing is written; a
-// failed condition among items is returned as the SDK's
-// TransactionCanceledException, whose CancellationReasons list the lease
-// check first, then the run's update, then items in order. A server
+// items must not act on the lease item or the run's own item (an error
+// wrapping ErrInvalid). A stale claimant gets a *StaleFenceError and
+// nothing is written; a failed condition among items is returned as the
+// SDK's TransactionCanceledException, whose CancellationReasons list the
+// lease check first, then the run's update, then items in order. A server
 // without transactions gets an error wrapping ErrTransactionsUnsupported.
+//
+// A transaction cancelled by a conflict with another write to one of its
+// items (a heartbeat renewing the lease item, on DynamoDB) is sent again
+// with jittered back-off, under the same ClientRequestToken, until
+// Options.CallTimeout has passed since the call began or ctx ends; then
+// the error says so and wraps the last TransactionCanceledException, and
+// the run stays running. Whatever the failure, the run item is read back:
+// a commit found applied (an earlier attempt whose answer was lost)
+// counts as success.
 func (r *JobRun) Commit(ctx context.Context, items []types.TransactWriteItem) error {
 	if len(items) == 0 || len(items) > MaxCommitItems {
 		return invalid("Commit: %d items; between 1 and %d are allowed", len(items), MaxCommitItems)
+	}
+	if i := onItem(items, r.l.table, r.l.key); i >= 0 {
+		return invalid("Commit: item %d acts on the job's lease item", i)
+	}
+	if i := onItem(items, r.l.table, r.key); i >= 0 {
+		return invalid("Commit: item %d acts on the run's own item", i)
 	}
 	return r.finish(ctx, RunSucceeded, nil, items)
 }
@@ -724,7 +753,7 @@ func (r *JobRun) commitWrite(ctx context.Context, upd *types.Update, items []typ
 	all := make([]types.TransactWriteItem, 0, len(items)+2)
 	all = append(all, types.TransactWriteItem{ConditionCheck: fenceCheck(l.table, l.key, r.fence)}, types.TransactWriteItem{Update: upd})
 	all = append(all, items...)
-	err := transact(ctx, l.db, l.opts.CallTimeout, all)
+	err := transactRetrying(ctx, l.db, all, txRetry{now: l.opts.Now, deadline: l.opts.Now().Add(l.opts.CallTimeout), timeout: l.opts.CallTimeout})
 	if err == nil || errors.Is(err, ErrTransactionsUnsupported) {
 		return err
 	}
