@@ -494,7 +494,7 @@ func (a *Admin) WaitRun(ctx context.Context, t Trigger, poll time.Duration) (Run
 	}
 	for {
 		rec, ok, err := a.TriggerRun(ctx, t)
-		if err != nil && (ctx.Err() != nil || !transient(err)) {
+		if err != nil && (ctx.Err() != nil || !retryable(err)) {
 			return RunRecord{}, err
 		}
 		if ok && rec.Status != RunRunning {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -23,14 +22,6 @@ func ended(ctx context.Context) error {
 	return fmt.Errorf("%w: %w", err, cause)
 }
 
-// refusedOutright reports whether err is an answer that refuses the request
-// as such (malformed, unauthorised, or naming a missing table): no attempt
-// of it can have been applied.
-func refusedOutright(err error) bool {
-	var api smithy.APIError
-	return errors.As(err, &api) && permanentCodes[api.ErrorCode()]
-}
-
 // txRetry says how retryConflicts retries.
 type txRetry struct {
 	now      func() time.Time // the clock of deadline
@@ -39,8 +30,7 @@ type txRetry struct {
 }
 
 // Back-off between attempts of a write refused by a conflict: from
-// conflictBackoff, doubling up to maxConflictBackoff, less a jitter of up
-// to half.
+// conflictBackoff, doubling up to maxConflictBackoff (see backoff).
 const (
 	conflictBackoff    = 20 * time.Millisecond
 	maxConflictBackoff = 320 * time.Millisecond
@@ -52,6 +42,7 @@ const (
 // wraps the last conflict.
 func retryConflicts(ctx context.Context, r txRetry, attempt func(ctx context.Context) error) error {
 	began := r.now()
+	bo := &backoff{base: conflictBackoff, max: maxConflictBackoff}
 	var last error
 	for n := 1; ; n++ {
 		timeout := r.timeout
@@ -75,8 +66,7 @@ func retryConflicts(ctx context.Context, r txRetry, attempt func(ctx context.Con
 			return err
 		}
 		last = err
-		d := min(conflictBackoff<<min(n-1, 8), maxConflictBackoff)
-		d -= time.Duration(rand.Int64N(int64(d/2) + 1))
+		d := bo.next()
 		if !r.now().Add(d).Before(r.deadline) {
 			return fmt.Errorf("kept conflicting with other writes (%d attempts in %v) until its deadline: %w",
 				n, r.now().Sub(began).Round(time.Millisecond), err)
@@ -110,41 +100,4 @@ func transactRetrying(ctx context.Context, db DynamoDBAPI, items []types.Transac
 		return fmt.Errorf("client request token %s was used before with other parameters: %w", aws.ToString(in.ClientRequestToken), err)
 	}
 	return err
-}
-
-// conflicted reports whether err certainly did not apply and is worth
-// sending again at once: a transaction cancelled only by conflicts with
-// other writes or by throttling, a plain write refused because a
-// transaction is using its item, or a transaction with the same token
-// still in progress.
-func conflicted(err error) bool {
-	var tce *types.TransactionCanceledException
-	if errors.As(err, &tce) {
-		found := false
-		for _, r := range tce.CancellationReasons {
-			switch aws.ToString(r.Code) {
-			case "", "None":
-			case "TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded", "RequestLimitExceeded":
-				found = true
-			default:
-				return false
-			}
-		}
-		return found
-	}
-	var api smithy.APIError
-	if errors.As(err, &api) {
-		switch api.ErrorCode() {
-		case "TransactionConflictException", "TransactionInProgressException":
-			return true
-		}
-	}
-	return false
-}
-
-// mismatch reports whether err is DynamoDB's answer to a client request
-// token reused with other parameters within its idempotency window.
-func mismatch(err error) bool {
-	var api smithy.APIError
-	return errors.As(err, &api) && api.ErrorCode() == "IdempotentParameterMismatchException"
 }

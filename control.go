@@ -347,6 +347,7 @@ func (r *runner) lookIfAsked(ctx context.Context, fence int64) error {
 // follows counts it as missed, as it does a slot whose claim kept failing).
 func (r *runner) fireUnlessPaused(ctx context.Context, fence int64, slot time.Time, missed int) (handled bool, err error) {
 	l := r.l
+	bo := fixed(l.opts.RetryInterval)
 	for {
 		paused, known, err := r.control(ctx, fence)
 		switch {
@@ -361,7 +362,7 @@ func (r *runner) fireUnlessPaused(ctx context.Context, fence int64, slot time.Ti
 			l.log.Warn("ddblease: slot given up: the operator controls could not be read before the next one was due", "slot", fmtSlot(slot))
 			return false, nil
 		}
-		if sleep(ctx, l.opts.RetryInterval) != nil {
+		if bo.wait(ctx) != nil {
 			return false, nil
 		}
 	}

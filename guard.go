@@ -460,7 +460,7 @@ func (g *Guard) resolve(ctx context.Context, op string, fence int64, tok string,
 	what := strings.ToLower(op)
 	var ccf *types.ConditionalCheckFailedException
 	failed := errors.As(err, &ccf)
-	if !failed && (refusedOutright(err) || !transient(err)) {
+	if !failed && (refusedOutright(err) || !retryable(err)) {
 		// Refused before it could apply (validation, access, a missing
 		// table): no earlier attempt of it can have landed either.
 		return nil, fmt.Errorf("ddblease: guarded %s %q: %w", what, g.job, err)
@@ -786,27 +786,4 @@ func conditionFailed(err error, i int) (map[string]types.AttributeValue, bool) {
 	}
 	r := tce.CancellationReasons[i]
 	return r.Item, aws.ToString(r.Code) == "ConditionalCheckFailed"
-}
-
-// retryable is transient, except for this package's verdicts (a lost
-// tenure, a taken slot, a stale fence), and also counts as transient a
-// transaction cancelled only by conflicts or throttling.
-func retryable(err error) bool {
-	for _, verdict := range []error{ErrLost, ErrNotLeader, ErrSlotTaken, ErrStaleFence, ErrTransactionsUnsupported} {
-		if errors.Is(err, verdict) {
-			return false
-		}
-	}
-	var tce *types.TransactionCanceledException
-	if !errors.As(err, &tce) {
-		return transient(err)
-	}
-	for _, r := range tce.CancellationReasons {
-		switch aws.ToString(r.Code) {
-		case "", "None", "TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded", "RequestLimitExceeded":
-		default:
-			return false
-		}
-	}
-	return true
 }

@@ -122,13 +122,13 @@ func TestConflictClassification(t *testing.T) {
 		err                error
 		conflicted, doubt  bool
 		write, read        CallOutcome
-		transient, mismtch bool
+		retryable, mismtch bool
 	}{
-		{"conflict on the lease check", canceled("TransactionConflict", "None"), true, false, CallError, CallError, false, false},
-		{"throttled transaction", canceled("None", "ThrottlingError"), true, false, CallError, CallError, false, false},
+		{"conflict on the lease check", canceled("TransactionConflict", "None"), true, false, CallError, CallError, true, false},
+		{"throttled transaction", canceled("None", "ThrottlingError"), true, false, CallError, CallError, true, false},
 		{"condition failed", canceled("ConditionalCheckFailed", "TransactionConflict"), false, false, CallConditionFailed, CallConditionFailed, false, false},
 		{"validation", canceled("None", "ValidationError"), false, false, CallError, CallError, false, false},
-		{"no reasons", canceled(), false, false, CallError, CallError, false, false},
+		{"no reasons", canceled(), false, false, CallError, CallError, true, false},
 		// A plain write (a heartbeat) refused because a transaction uses
 		// its item: transient, so the lease side retries it.
 		{"TransactionConflictException", &types.TransactionConflictException{}, true, false, CallError, CallError, true, false},
@@ -149,8 +149,8 @@ func TestConflictClassification(t *testing.T) {
 			if got := callOutcome("GetItem", c.err); got != c.read {
 				t.Errorf("callOutcome(read) = %v, want %v", got, c.read)
 			}
-			if got := transient(c.err); got != c.transient {
-				t.Errorf("transient = %v", got)
+			if got := retryable(c.err); got != c.retryable {
+				t.Errorf("retryable = %v", got)
 			}
 			if got := mismatch(c.err); got != c.mismtch {
 				t.Errorf("mismatch = %v", got)

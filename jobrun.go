@@ -949,12 +949,13 @@ func (l *Lease) getRuns(ctx context.Context, ids []string) (map[string]map[strin
 			keys = append(keys, map[string]types.AttributeValue{attrPK: avS(runItemKey(l.job, id))})
 		}
 		req := map[string]types.KeysAndAttributes{l.table: {Keys: keys, ConsistentRead: aws.Bool(true)}}
+		bo := fixed(l.opts.RetryInterval)
 		for round := 0; len(req) > 0; round++ {
 			if round > 0 {
 				if round > 10 {
 					return nil, fmt.Errorf("ddblease: list runs %q: keys still unprocessed after %d rounds", l.job, round)
 				}
-				if err := sleep(ctx, l.opts.RetryInterval); err != nil {
+				if err := bo.wait(ctx); err != nil {
 					return nil, fmt.Errorf("ddblease: list runs %q: %w", l.job, err)
 				}
 			}

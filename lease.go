@@ -427,7 +427,7 @@ func (l *Lease) acquire(ctx context.Context) (fence int64, failing bool, err err
 			lastErr, succeeded = nil, true
 		case ctx.Err() != nil:
 			continue
-		case !transient(err):
+		case !retryable(err):
 			return 0, true, err
 		default:
 			lastErr = err
@@ -495,14 +495,3 @@ func (l *Lease) observe(rec Record, present bool) {
 // takeable reports whether the last observation allows an acquisition
 // attempt now (see takeover).
 func (l *Lease) takeable() bool { return l.takeoverRule().mayTry(l.opts.Now()) }
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-t.C:
-		return nil
-	}
-}

@@ -95,18 +95,19 @@ func (l *Lease) resignRetrying(ctx context.Context, fence int64, cause error) er
 	l.endResigning(fence, cause)
 	l.writeMu.Lock()
 	defer l.writeMu.Unlock()
+	bo := fixed(l.opts.RetryInterval)
 	for {
 		err := l.resignLocked(ctx, t)
 		switch {
 		case err == nil, errors.Is(err, ErrLost):
 			return nil
-		case !transient(err) || !l.opts.Now().Add(l.opts.RetryInterval).Before(t.deadline):
+		case !retryable(err) || !l.opts.Now().Add(l.opts.RetryInterval).Before(t.deadline):
 			err = fmt.Errorf("%w: %q fence %d: %w", ErrNotResigned, l.job, fence, err)
 			l.log.Warn("ddblease: could not resign; the lease lapses at its expiry", "fence", fence, "err", err)
 			return err
 		}
 		l.notify.emit(l.event(EventRetry, Event{Op: "resign", Fence: fence, Err: err}))
-		_ = sleep(ctx, l.opts.RetryInterval)
+		_ = bo.wait(ctx)
 	}
 }
 

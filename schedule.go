@@ -389,7 +389,7 @@ func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n in
 			ids[i] = fmtSlot(s)
 		}
 		var items map[string]map[string]types.AttributeValue
-		err := retry(ctx, l.opts.RetryInterval, 3, func() error {
+		err := retry(ctx, fixed(l.opts.RetryInterval), 3, func() error {
 			var err error
 			items, err = l.getRuns(ctx, ids)
 			return err
@@ -461,6 +461,7 @@ func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed i
 	l := r.l
 	token := randomID(8)
 	var run *JobRun
+	bo := fixed(l.opts.RetryInterval)
 	for {
 		var err error
 		run, err = l.claim(ctx, slot, &r.o, token, missed)
@@ -493,7 +494,7 @@ func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed i
 			return false, nil
 		}
 		l.notify.emit(l.event(EventRetry, Event{Op: "claim", Fence: fence, Slot: slot, Err: err}))
-		if sleep(ctx, l.opts.RetryInterval) != nil {
+		if bo.wait(ctx) != nil {
 			return false, nil
 		}
 	}
@@ -530,6 +531,7 @@ func (r *runner) finish(ctx context.Context, fence int64, run *JobRun, fnErr err
 		return
 	}
 	fctx := context.WithoutCancel(ctx)
+	bo := fixed(l.opts.RetryInterval)
 	for {
 		err := run.Finish(fctx, fnErr)
 		if err == nil {
@@ -540,6 +542,6 @@ func (r *runner) finish(ctx context.Context, fence int64, run *JobRun, fnErr err
 			return
 		}
 		l.notify.emit(l.event(EventRetry, Event{Op: "finish", Fence: fence, Slot: run.slot, Err: err}))
-		_ = sleep(fctx, l.opts.RetryInterval)
+		_ = bo.wait(fctx)
 	}
 }
