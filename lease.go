@@ -408,7 +408,7 @@ func (l *Lease) acquire(ctx context.Context) (fence int64, failing bool, err err
 	succeeded := false
 	for {
 		if ctx.Err() != nil {
-			return 0, !succeeded && lastErr != nil, errors.Join(fmt.Errorf("ddblease: acquire %q: %w", l.job, context.Cause(ctx)), lastErr)
+			return 0, !succeeded && lastErr != nil, errors.Join(fmt.Errorf("ddblease: acquire %q: %w", l.job, ended(ctx)), lastErr)
 		}
 		var err error
 		wait := l.pollInterval()

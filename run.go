@@ -34,9 +34,10 @@ import (
 //     and the lease was resigned, or a standby's last look at the lease
 //     succeeded; and nil when fn returns nil on its own (Run then resigns);
 //   - fn's error, other than the leader context's own, after resigning;
-//   - an error wrapping ctx's cause, joined with the last error, when ctx
-//     ended while the campaign's last attempt was failing (an unreachable
-//     endpoint, say), and when ctx had already ended when Run was called;
+//   - an error wrapping ctx.Err() and its cause, joined with the last
+//     error, when ctx ended while every attempt since the last tenure had
+//     failed (an unreachable endpoint, say), and when ctx had already ended
+//     when Run was called;
 //   - at once, an error that retrying cannot mend: a missing table, a wrong
 //     key schema, denied access, bad credentials, a malformed lease item —
 //     naming the table;
@@ -61,7 +62,7 @@ func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, fence int6
 	l.runCtx.Store(&ctx)
 	defer l.runCtx.Store(nil)
 	if ctx.Err() != nil {
-		return fmt.Errorf("ddblease: run %q: %w", l.job, context.Cause(ctx))
+		return fmt.Errorf("ddblease: run %q: %w", l.job, ended(ctx))
 	}
 	l.notify.emit(l.event(EventCampaign, Event{}))
 	stopped := false

@@ -113,7 +113,8 @@ func RunReplica(cfg ReplicaConfig) error {
 	// and a resignation can fail: both are reported, as documented, and the
 	// lease then lapses at its expiry. The checker still checks that no one
 	// else led while this replica believed it did.
-	ok := err == nil || errors.Is(err, ddblease.ErrNotResigned) || errors.Is(err, ddblease.ErrDrainTimeout)
+	ok := err == nil || errors.Is(err, ddblease.ErrNotResigned) || errors.Is(err, ddblease.ErrDrainTimeout) ||
+		errors.Is(err, context.Canceled) // stopped while every attempt was failing: reported, as documented
 	rec.Record(Event{Kind: EvExit, OK: ok, Err: errText(err)})
 	if ok {
 		return nil
