@@ -101,3 +101,15 @@ func transactRetrying(ctx context.Context, db DynamoDBAPI, items []types.Transac
 	}
 	return err
 }
+
+// conditionFailed reports whether err is a cancelled transaction whose
+// action i failed its condition, and returns the item the server sent with
+// the failure, if any.
+func conditionFailed(err error, i int) (map[string]types.AttributeValue, bool) {
+	var tce *types.TransactionCanceledException
+	if err == nil || !errors.As(err, &tce) || i >= len(tce.CancellationReasons) {
+		return nil, false
+	}
+	r := tce.CancellationReasons[i]
+	return r.Item, aws.ToString(r.Code) == "ConditionalCheckFailed"
+}
