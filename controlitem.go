@@ -76,30 +76,47 @@ type pendingTrigger struct {
 	slot time.Time
 }
 
-// decodeControl reads the operator attributes of a lease item. All are
-// optional; one of the wrong type is an error.
-func decodeControl(item map[string]types.AttributeValue) (Control, error) {
+// controlItem is the operator attributes of a lease item (embedded in
+// leaseItem). The pending triggers, a map, are read by pendingTriggers.
+type controlItem struct {
+	Paused        boolAttr `dynamodbav:"paused"`
+	PausedBy      sAttr    `dynamodbav:"pausedBy"`
+	PausedAt      nAttr    `dynamodbav:"pausedAt"`
+	ResumedBy     sAttr    `dynamodbav:"resumedBy"`
+	ResumedAt     nAttr    `dynamodbav:"resumedAt"`
+	CatchUp       sAttr    `dynamodbav:"catchUp"`
+	CatchUpWanted boolAttr `dynamodbav:"catchUpWanted"`
+	CatchUpDone   sAttr    `dynamodbav:"catchUpDone"`
+	ResignFence   nAttr    `dynamodbav:"resignFence"`
+	ResignBy      sAttr    `dynamodbav:"resignBy"`
+	ResignAt      nAttr    `dynamodbav:"resignAt"`
+	ReleasedFence nAttr    `dynamodbav:"releasedFence"`
+	ReleasedBy    sAttr    `dynamodbav:"releasedBy"`
+	ReleasedAt    nAttr    `dynamodbav:"releasedAt"`
+}
+
+// decode validates the operator attributes of item, decoded into it. All
+// are optional; one of the wrong type is an error.
+func (it *controlItem) decode(item map[string]types.AttributeValue) (Control, error) {
 	var c Control
 	var err error
 	var catchUpDone string
 	var wanted bool
-	if c.Paused, err = optBool(item, attrPaused); err != nil {
+	if c.Paused, err = it.Paused.opt(attrPaused); err != nil {
 		return Control{}, err
 	}
-	if wanted, err = optBool(item, attrCatchUpWanted); err != nil {
+	if wanted, err = it.CatchUpWanted.opt(attrCatchUpWanted); err != nil {
 		return Control{}, err
 	}
 	for _, s := range []struct {
 		name string
+		a    sAttr
 		dst  *string
 	}{
-		{attrPausedBy, &c.PausedBy}, {attrResumedBy, &c.ResumedBy}, {attrCatchUp, &c.catchUp},
-		{attrCatchUpDone, &catchUpDone}, {attrResignBy, &c.ResignBy}, {attrReleasedBy, &c.ReleasedBy},
+		{attrPausedBy, it.PausedBy, &c.PausedBy}, {attrResumedBy, it.ResumedBy, &c.ResumedBy}, {attrCatchUp, it.CatchUp, &c.catchUp},
+		{attrCatchUpDone, it.CatchUpDone, &catchUpDone}, {attrResignBy, it.ResignBy, &c.ResignBy}, {attrReleasedBy, it.ReleasedBy, &c.ReleasedBy},
 	} {
-		if _, ok := item[s.name]; !ok {
-			continue
-		}
-		if *s.dst, err = str(item, s.name); err != nil {
+		if *s.dst, err = s.a.opt(s.name); err != nil {
 			return Control{}, err
 		}
 	}
@@ -109,11 +126,13 @@ func decodeControl(item map[string]types.AttributeValue) (Control, error) {
 	c.CatchUpPending = c.catchUp != ""
 	for _, t := range []struct {
 		name string
+		a    nAttr
 		dst  *time.Time
 	}{
-		{attrPausedAt, &c.PausedAt}, {attrResumedAt, &c.ResumedAt}, {attrResignAt, &c.ResignAt}, {attrReleasedAt, &c.ReleasedAt},
+		{attrPausedAt, it.PausedAt, &c.PausedAt}, {attrResumedAt, it.ResumedAt, &c.ResumedAt},
+		{attrResignAt, it.ResignAt, &c.ResignAt}, {attrReleasedAt, it.ReleasedAt, &c.ReleasedAt},
 	} {
-		ms, err := optNum(item, t.name)
+		ms, err := t.a.opt(t.name)
 		if err != nil {
 			return Control{}, err
 		}
@@ -123,9 +142,10 @@ func decodeControl(item map[string]types.AttributeValue) (Control, error) {
 	}
 	for _, f := range []struct {
 		name string
+		a    nAttr
 		dst  *int64
-	}{{attrResignFence, &c.ResignFence}, {attrReleasedFence, &c.ReleasedFence}} {
-		if *f.dst, err = optNum(item, f.name); err != nil {
+	}{{attrResignFence, it.ResignFence, &c.ResignFence}, {attrReleasedFence, it.ReleasedFence, &c.ReleasedFence}} {
+		if *f.dst, err = f.a.opt(f.name); err != nil {
 			return Control{}, err
 		}
 		if *f.dst < 0 {
@@ -199,15 +219,3 @@ func validTriggerID(id string) bool {
 // triggerRunID is the run id of a triggered run: its slot, then the
 // trigger id, so that it never collides with a schedule slot.
 func triggerRunID(slot time.Time, id string) string { return fmtSlot(slot) + "#trigger-" + id }
-
-func optBool(item map[string]types.AttributeValue, name string) (bool, error) {
-	v, ok := item[name]
-	if !ok {
-		return false, nil
-	}
-	b, ok := v.(*types.AttributeValueMemberBOOL)
-	if !ok {
-		return false, fmt.Errorf("attribute %s is not a boolean", name)
-	}
-	return b.Value, nil
-}

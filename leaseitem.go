@@ -2,8 +2,6 @@ package ddblease
 
 import (
 	"fmt"
-	"math"
-	"strconv"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -40,113 +38,75 @@ type Record struct {
 	version string
 }
 
+// leaseItem is the lease item as stored: the record that decodeLease
+// decodes with attributevalue and then validates.
+type leaseItem struct {
+	PK         sAttr    `dynamodbav:"pk"`
+	Owner      sAttr    `dynamodbav:"owner"`
+	Fence      nAttr    `dynamodbav:"fence"`
+	ExpiresAt  nAttr    `dynamodbav:"expiresAt"`
+	Version    sAttr    `dynamodbav:"rv"`
+	LeaseMs    nAttr    `dynamodbav:"leaseMs"`
+	AcquiredAt nAttr    `dynamodbav:"acquiredAt"`
+	RenewedAt  nAttr    `dynamodbav:"renewedAt"`
+	Draining   boolAttr `dynamodbav:"draining"`
+	controlItem
+}
+
 // decodeLease reads a lease item. Every attribute the protocol relies on must
 // be present with the right type; anything else is ErrMalformedItem.
 func decodeLease(item map[string]types.AttributeValue) (Record, error) {
-	var r Record
-	var err error
+	var it leaseItem
 	key, _ := str(item, attrPK)
 	fail := func(e error) (Record, error) {
 		return Record{}, fmt.Errorf("%w: lease item %q: %v", ErrMalformedItem, key, e)
 	}
-	if r.Owner, err = str(item, attrOwner); err != nil {
+	if err := unmarshalItem(item, &it); err != nil {
 		return fail(err)
 	}
-	if r.Fence, err = num(item, attrFence); err != nil {
+	var r Record
+	var err error
+	if r.Owner, err = it.Owner.get(attrOwner); err != nil {
+		return fail(err)
+	}
+	if r.Fence, err = it.Fence.get(attrFence); err != nil {
 		return fail(err)
 	}
 	if r.Fence < 1 {
 		return fail(fmt.Errorf("fence %d is below 1", r.Fence))
 	}
-	exp, err := num(item, attrExpires)
+	exp, err := it.ExpiresAt.get(attrExpires)
 	if err != nil {
 		return fail(err)
 	}
 	if exp != 0 {
 		r.ExpiresAt = time.UnixMilli(exp)
 	}
-	if r.version, err = str(item, attrVersion); err != nil {
+	if r.version, err = it.Version.get(attrVersion); err != nil {
 		return fail(err)
 	}
-	if ms, err := optNum(item, attrLeaseMs); err != nil {
+	if ms, err := it.LeaseMs.opt(attrLeaseMs); err != nil {
 		return fail(err)
 	} else if ms < 0 {
 		return fail(fmt.Errorf("%s %d is negative", attrLeaseMs, ms))
 	} else {
 		r.Duration = time.Duration(ms) * time.Millisecond
 	}
-	if ms, err := optNum(item, attrAcquiredAt); err != nil {
+	if ms, err := it.AcquiredAt.opt(attrAcquiredAt); err != nil {
 		return fail(err)
 	} else if ms != 0 {
 		r.AcquiredAt = time.UnixMilli(ms)
 	}
-	if ms, err := optNum(item, attrRenewedAt); err != nil {
+	if ms, err := it.RenewedAt.opt(attrRenewedAt); err != nil {
 		return fail(err)
 	} else if ms != 0 {
 		r.RenewedAt = time.UnixMilli(ms)
 	}
-	if v, ok := item[attrDraining]; ok {
-		b, ok := v.(*types.AttributeValueMemberBOOL)
-		if !ok {
-			return fail(fmt.Errorf("%s is not a boolean", attrDraining))
-		}
-		r.Draining = b.Value
+	if r.Draining, err = it.Draining.opt(attrDraining); err != nil {
+		return fail(err)
 	}
-	if r.Control, err = decodeControl(item); err != nil {
+	if r.Control, err = it.controlItem.decode(item); err != nil {
 		return fail(err)
 	}
 	return r, nil
 }
-
-func str(item map[string]types.AttributeValue, name string) (string, error) {
-	v, ok := item[name]
-	if !ok {
-		return "", fmt.Errorf("attribute %s is missing", name)
-	}
-	s, ok := v.(*types.AttributeValueMemberS)
-	if !ok {
-		return "", fmt.Errorf("attribute %s is not a string", name)
-	}
-	return s.Value, nil
-}
-
-// num reads an integer number attribute. Servers that compute in float64 may
-// return integers in exponent form, so integral floats up to 2^53 are
-// accepted too.
-func num(item map[string]types.AttributeValue, name string) (int64, error) {
-	v, ok := item[name]
-	if !ok {
-		return 0, fmt.Errorf("attribute %s is missing", name)
-	}
-	n, ok := v.(*types.AttributeValueMemberN)
-	if !ok {
-		return 0, fmt.Errorf("attribute %s is not a number", name)
-	}
-	return parseInt(name, n.Value)
-}
-
-func parseInt(name, s string) (int64, error) {
-	if i, err := strconv.ParseInt(s, 10, 64); err == nil {
-		return i, nil
-	}
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil || f != math.Trunc(f) || math.Abs(f) > 1<<53 {
-		return 0, fmt.Errorf("attribute %s is %q, not an integer", name, s)
-	}
-	return int64(f), nil
-}
-
-func optNum(item map[string]types.AttributeValue, name string) (int64, error) {
-	if _, ok := item[name]; !ok {
-		return 0, nil
-	}
-	return num(item, name)
-}
-
-func avS(s string) types.AttributeValue { return &types.AttributeValueMemberS{Value: s} }
-
-func avN(n int64) types.AttributeValue {
-	return &types.AttributeValueMemberN{Value: strconv.FormatInt(n, 10)}
-}
-
-func avBool(b bool) types.AttributeValue { return &types.AttributeValueMemberBOOL{Value: b} }

@@ -72,19 +72,43 @@ type RunRecord struct {
 	claim string
 }
 
+// runItem is a job-run item as stored: the record that decodeRun decodes
+// with attributevalue and then validates.
+type runItem struct {
+	PK          sAttr `dynamodbav:"pk"`
+	Job         sAttr `dynamodbav:"job"`
+	Slot        sAttr `dynamodbav:"slot"`
+	Trigger     sAttr `dynamodbav:"trigger"`
+	Fence       nAttr `dynamodbav:"fence"`
+	Owner       sAttr `dynamodbav:"owner"`
+	Claim       sAttr `dynamodbav:"claim"`
+	Status      sAttr `dynamodbav:"status"`
+	StartedAt   nAttr `dynamodbav:"startedAt"`
+	FinishedAt  nAttr `dynamodbav:"finishedAt"`
+	Error       sAttr `dynamodbav:"error"`
+	Claims      nAttr `dynamodbav:"claims"`
+	Missed      nAttr `dynamodbav:"missed"`
+	AbandonedBy nAttr `dynamodbav:"abandonedBy"`
+	TTL         nAttr `dynamodbav:"ttl"` // RunTTLAttribute
+}
+
 // decodeRun reads a run item. Every attribute the protocol relies on must be
 // present with the right type; anything else is ErrMalformedItem.
 func decodeRun(item map[string]types.AttributeValue) (RunRecord, error) {
-	var r RunRecord
+	var it runItem
 	key, _ := str(item, attrPK)
 	fail := func(e error) (RunRecord, error) {
 		return RunRecord{}, fmt.Errorf("%w: run item %q: %v", ErrMalformedItem, key, e)
 	}
-	var err error
-	if r.Job, err = str(item, attrJob); err != nil {
+	if err := unmarshalItem(item, &it); err != nil {
 		return fail(err)
 	}
-	id, err := str(item, attrSlot)
+	var r RunRecord
+	var err error
+	if r.Job, err = it.Job.get(attrJob); err != nil {
+		return fail(err)
+	}
+	id, err := it.Slot.get(attrSlot)
 	if err != nil {
 		return fail(err)
 	}
@@ -93,8 +117,8 @@ func decodeRun(item map[string]types.AttributeValue) (RunRecord, error) {
 	}
 	r.Slot = r.Slot.UTC()
 	want := runItemKey(r.Job, fmtSlot(r.Slot))
-	if _, ok := item[attrTrigger]; ok {
-		if r.Trigger, err = str(item, attrTrigger); err != nil {
+	if it.Trigger.set {
+		if r.Trigger, err = it.Trigger.get(attrTrigger); err != nil {
 			return fail(err)
 		}
 		if !validTriggerID(r.Trigger) {
@@ -105,19 +129,19 @@ func decodeRun(item map[string]types.AttributeValue) (RunRecord, error) {
 	if key != want {
 		return fail(fmt.Errorf("key does not match its job and slot (%q)", want))
 	}
-	if r.Fence, err = num(item, attrFence); err != nil {
+	if r.Fence, err = it.Fence.get(attrFence); err != nil {
 		return fail(err)
 	}
 	if r.Fence < 1 {
 		return fail(fmt.Errorf("fence %d is below 1", r.Fence))
 	}
-	if r.Owner, err = str(item, attrOwner); err != nil {
+	if r.Owner, err = it.Owner.get(attrOwner); err != nil {
 		return fail(err)
 	}
-	if r.claim, err = str(item, attrClaim); err != nil {
+	if r.claim, err = it.Claim.get(attrClaim); err != nil {
 		return fail(err)
 	}
-	st, err := str(item, attrStatus)
+	st, err := it.Status.get(attrStatus)
 	if err != nil {
 		return fail(err)
 	}
@@ -126,27 +150,25 @@ func decodeRun(item map[string]types.AttributeValue) (RunRecord, error) {
 	default:
 		return fail(fmt.Errorf("unknown status %q", st))
 	}
-	ms, err := num(item, attrStartedAt)
+	ms, err := it.StartedAt.get(attrStartedAt)
 	if err != nil {
 		return fail(err)
 	}
 	r.StartedAt = time.UnixMilli(ms)
-	if ms, err = optNum(item, attrFinishedAt); err != nil {
+	if ms, err = it.FinishedAt.opt(attrFinishedAt); err != nil {
 		return fail(err)
 	} else if ms != 0 {
 		r.FinishedAt = time.UnixMilli(ms)
 	}
-	if _, ok := item[attrError]; ok {
-		if r.Error, err = str(item, attrError); err != nil {
-			return fail(err)
-		}
+	if r.Error, err = it.Error.opt(attrError); err != nil {
+		return fail(err)
 	}
 	var n int64
-	if n, err = optNum(item, attrClaims); err != nil {
+	if n, err = it.Claims.opt(attrClaims); err != nil {
 		return fail(err)
 	}
 	r.Claims = int(max(n, 1))
-	if n, err = optNum(item, attrMissed); err != nil {
+	if n, err = it.Missed.opt(attrMissed); err != nil {
 		return fail(err)
 	}
 	switch {
@@ -157,10 +179,10 @@ func decodeRun(item map[string]types.AttributeValue) (RunRecord, error) {
 	default:
 		r.Missed = int(n)
 	}
-	if r.AbandonedBy, err = optNum(item, attrAbandonedBy); err != nil {
+	if r.AbandonedBy, err = it.AbandonedBy.opt(attrAbandonedBy); err != nil {
 		return fail(err)
 	}
-	if n, err = optNum(item, RunTTLAttribute); err != nil {
+	if n, err = it.TTL.opt(RunTTLAttribute); err != nil {
 		return fail(err)
 	} else if n != 0 {
 		r.ExpiresAt = time.Unix(n, 0)
