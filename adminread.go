@@ -33,20 +33,14 @@ func (a *Admin) Job(ctx context.Context, job string) (JobStatus, error) {
 	if err := checkName("job name", job, MaxJobLength); err != nil {
 		return JobStatus{}, err
 	}
-	cctx, cancel := context.WithTimeout(ctx, a.o.CallTimeout)
-	defer cancel()
-	out, err := a.db.GetItem(cctx, &dynamodb.GetItemInput{
-		TableName:      aws.String(a.table),
-		Key:            map[string]types.AttributeValue{attrPK: avS(leaseKey(job))},
-		ConsistentRead: aws.Bool(true),
-	})
+	item, err := getItem(ctx, a.db, a.table, map[string]types.AttributeValue{attrPK: avS(leaseKey(job))}, a.o.CallTimeout)
 	if err != nil {
 		return JobStatus{}, fmt.Errorf("ddblease: read lease %q: %w", job, err)
 	}
-	if len(out.Item) == 0 {
+	if len(item) == 0 {
 		return JobStatus{}, fmt.Errorf("%w: %q has no lease item in table %q", ErrUnknownJob, job, a.table)
 	}
-	rec, err := decodeLease(out.Item)
+	rec, err := decodeLease(item)
 	if err != nil {
 		return JobStatus{}, err
 	}

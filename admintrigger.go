@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
@@ -69,20 +67,14 @@ func (a *Admin) TriggerRun(ctx context.Context, t Trigger) (rec RunRecord, ok bo
 	if !validTriggerID(t.ID) {
 		return RunRecord{}, false, invalid("trigger id %q is not 16 hex digits", t.ID)
 	}
-	cctx, cancel := context.WithTimeout(ctx, a.o.CallTimeout)
-	defer cancel()
-	out, err := a.db.GetItem(cctx, &dynamodb.GetItemInput{
-		TableName:      aws.String(a.table),
-		Key:            map[string]types.AttributeValue{attrPK: avS(runItemKey(t.Job, t.RunID()))},
-		ConsistentRead: aws.Bool(true),
-	})
+	item, err := getItem(ctx, a.db, a.table, map[string]types.AttributeValue{attrPK: avS(runItemKey(t.Job, t.RunID()))}, a.o.CallTimeout)
 	if err != nil {
 		return RunRecord{}, false, fmt.Errorf("ddblease: read run %q %s: %w", t.Job, t.RunID(), err)
 	}
-	if len(out.Item) == 0 {
+	if len(item) == 0 {
 		return RunRecord{}, false, nil
 	}
-	rec, err = decodeRun(out.Item)
+	rec, err = decodeRun(item)
 	return rec, err == nil, err
 }
 

@@ -251,20 +251,14 @@ func (l *Lease) runFromFailure(ctx context.Context, key, item map[string]types.A
 // readRun reads a run item with a strongly consistent read, even when ctx
 // has ended, so that an applied write is known.
 func (l *Lease) readRun(ctx context.Context, key map[string]types.AttributeValue) (RunRecord, bool, error) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.CallTimeout)
-	defer cancel()
-	out, err := l.db.GetItem(cctx, &dynamodb.GetItemInput{
-		TableName:      aws.String(l.table),
-		Key:            key,
-		ConsistentRead: aws.Bool(true),
-	})
+	item, err := getItem(context.WithoutCancel(ctx), l.db, l.table, key, l.opts.CallTimeout)
 	if err != nil {
 		return RunRecord{}, false, fmt.Errorf("ddblease: read run item: %w", err)
 	}
-	if len(out.Item) == 0 {
+	if len(item) == 0 {
 		return RunRecord{}, false, nil
 	}
-	rec, err := decodeRun(out.Item)
+	rec, err := decodeRun(item)
 	return rec, err == nil, err
 }
 

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
@@ -41,11 +40,9 @@ func fenceOf(item map[string]types.AttributeValue) (int64, error) {
 // readFence reads a lease item's fence with a strongly consistent read,
 // even when ctx has ended; 0 when there is no item.
 func readFence(ctx context.Context, db DynamoDBAPI, table string, key map[string]types.AttributeValue, timeout time.Duration) (int64, error) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	defer cancel()
-	out, err := db.GetItem(cctx, &dynamodb.GetItemInput{TableName: aws.String(table), Key: key, ConsistentRead: aws.Bool(true)})
+	item, err := getItem(context.WithoutCancel(ctx), db, table, key, timeout)
 	if err != nil {
 		return 0, fmt.Errorf("read lease: %w", err)
 	}
-	return fenceOf(out.Item)
+	return fenceOf(item)
 }

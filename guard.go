@@ -200,9 +200,7 @@ func (g *Guard) check(ctx context.Context, op string, fence int64) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("ddblease: guard %q: %s refused: %w", g.job, op, ended(ctx))
 	}
-	cctx, cancel := context.WithTimeout(ctx, g.opts.CallTimeout)
-	item, err := g.get(cctx, g.table, g.key)
-	cancel()
+	item, err := getItem(ctx, g.db, g.table, g.key, g.opts.CallTimeout)
 	if ctx.Err() != nil {
 		// The read may have succeeded, but the caller's context ended: what
 		// follows would run with a dead context.
@@ -361,16 +359,5 @@ func (g *Guard) keyOf(ctx context.Context, table string, item map[string]types.A
 // readItem reads an item with a strongly consistent read, even when ctx
 // has ended.
 func (g *Guard) readItem(ctx context.Context, table string, key map[string]types.AttributeValue) (map[string]types.AttributeValue, error) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.opts.CallTimeout)
-	defer cancel()
-	return g.get(cctx, table, key)
-}
-
-// get reads an item with a strongly consistent read.
-func (g *Guard) get(ctx context.Context, table string, key map[string]types.AttributeValue) (map[string]types.AttributeValue, error) {
-	out, err := g.db.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table), Key: key, ConsistentRead: aws.Bool(true)})
-	if err != nil {
-		return nil, err
-	}
-	return out.Item, nil
+	return getItem(context.WithoutCancel(ctx), g.db, table, key, g.opts.CallTimeout)
 }

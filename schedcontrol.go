@@ -79,11 +79,7 @@ func (r *runner) fireUnlessPaused(ctx context.Context, fence int64, slot time.Ti
 // malformed item: logged). err is set only when the campaign must stop.
 func (r *runner) control(ctx context.Context, fence int64) (paused, known bool, err error) {
 	l := r.l
-	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
-	out, err := l.db.GetItem(cctx, &dynamodb.GetItemInput{
-		TableName: aws.String(l.table), Key: l.key, ConsistentRead: aws.Bool(true),
-	})
-	cancel()
+	item, err := getItem(ctx, l.db, l.table, l.key, l.opts.CallTimeout)
 	switch {
 	case ctx.Err() != nil:
 		return false, false, nil
@@ -92,10 +88,10 @@ func (r *runner) control(ctx context.Context, fence int64) (paused, known bool, 
 		return false, false, nil
 	case err != nil:
 		return false, false, fmt.Errorf("ddblease: read lease %q: %w", l.job, err)
-	case len(out.Item) == 0:
+	case len(item) == 0:
 		return r.ctl.paused, true, nil // the tenure is over: the claim will say so
 	}
-	rec, err := decodeLease(out.Item)
+	rec, err := decodeLease(item)
 	if err != nil {
 		l.log.Error("ddblease: the lease item is malformed", "err", err)
 		return false, false, nil
@@ -115,7 +111,7 @@ func (r *runner) control(ctx context.Context, fence int64) (paused, known bool, 
 		l.log.Info("ddblease: operator pause changed", "paused", c.Paused, "pausedBy", c.PausedBy, "resumedBy", c.ResumedBy)
 	}
 	r.ctl.paused = c.Paused
-	trs, _ := pendingTriggers(out.Item) // decodeLease checked them
+	trs, _ := pendingTriggers(item) // decodeLease checked them
 	for _, tr := range trs {
 		if ctx.Err() != nil {
 			return c.Paused, true, nil
