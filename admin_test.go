@@ -9,33 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
 	"github.com/ddblease/ddblease/internal/ddbtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-func newAdmin(t *testing.T, db ddblease.AdminAPI, table string) *ddblease.Admin {
-	t.Helper()
-	a, err := ddblease.NewAdmin(db, table, func(o *ddblease.AdminOptions) { o.Operator = "ops@test" })
-	require.NoError(t, err)
-	return a
-}
-
-// eventually polls cond every 20ms until it holds or 15s pass.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 func TestAdminValidation(t *testing.T) {
 	t.Parallel()
@@ -73,14 +52,6 @@ func TestAdminValidation(t *testing.T) {
 	assert.False(t, ok)
 }
 
-func getRawOK(t *testing.T, db *dynamodb.Client, table, pk string) (map[string]types.AttributeValue, bool) {
-	t.Helper()
-	out, err := db.GetItem(context.Background(), &dynamodb.GetItemInput{
-		TableName: aws.String(table), Key: key(pk), ConsistentRead: aws.Bool(true)})
-	require.NoError(t, err)
-	return out.Item, len(out.Item) > 0
-}
-
 // ForceRelease raises the fence in one write: the holder's next heartbeat
 // is refused and its leader context ends with ErrLost, its guarded writes
 // are refused at once, a standby leads with a fence higher still, and the
@@ -88,8 +59,7 @@ func getRawOK(t *testing.T, db *dynamodb.Client, table, pk string) (map[string]t
 func TestForceRelease(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 30*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	admin := newAdmin(t, db, table)
 	a := newLease(t, db, table, "billing", fast("a"))
 	logA := newTenureLog()
@@ -142,8 +112,7 @@ func TestForceRelease(t *testing.T) {
 func TestRequestResign(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 30*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	admin := newAdmin(t, db, table)
 	a := newLease(t, db, table, "sweep", fast("a"))
 	logA := newTenureLog()
@@ -215,16 +184,6 @@ func (s *slotLog) all() []ddblease.RunRecord {
 	return slices.Clone(s.runs)
 }
 
-func runScheduleAsync(ctx context.Context, l *ddblease.Lease, sched ddblease.Schedule, fn func(context.Context, *ddblease.JobRun) error) (stop func() error) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- l.RunSchedule(ctx, sched, fn) }()
-	return func() error {
-		cancel()
-		return <-done
-	}
-}
-
 func runsWith(t *testing.T, admin *ddblease.Admin, job string, st ddblease.RunStatus, after time.Time) []ddblease.RunRecord {
 	t.Helper()
 	runs, err := admin.Runs(context.Background(), job, after)
@@ -244,8 +203,7 @@ func runsWith(t *testing.T, admin *ddblease.Admin, job string, st ddblease.RunSt
 func TestPauseResume(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 60*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	admin := newAdmin(t, db, table)
 	var skippedEvents atomic.Int32
 	l := newLease(t, db, table, "tick", fast("a"), func(o *ddblease.Options) {
@@ -341,8 +299,7 @@ func TestPauseResume(t *testing.T) {
 func TestTrigger(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 60*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	admin := newAdmin(t, db, table)
 	l := newLease(t, db, table, "report", fast("a"))
 	log := newSlotLog()
@@ -485,8 +442,7 @@ func srvGuardCheck(ctx context.Context, t *testing.T, table string, fence int64)
 func TestJobsAndRuns(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 30*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	admin := newAdmin(t, db, table)
 	jobs, err := admin.Jobs(ctx)
 	require.NoError(t, err)

@@ -3,8 +3,6 @@ package ddblease_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"maps"
 	"testing"
 
@@ -28,7 +26,7 @@ import (
 
 func benchOpts(o *ddblease.Options) {
 	o.Owner = "bench"
-	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	o.Logger = quiet
 }
 
 func benchLease(b *testing.B, db ddblease.DynamoDBAPI, table, job string) *ddblease.Lease {

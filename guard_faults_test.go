@@ -21,22 +21,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// firstN returns a fault rule that applies act to the first n requests of
-// op and passes everything else. Rules run under the Faults' lock.
-func firstN(op string, n int, act ddbtest.Action) func(string) ddbtest.Action {
-	seen := 0
-	return func(o string) ddbtest.Action {
-		if o != op {
-			return ddbtest.Pass
-		}
-		seen++
-		if seen <= n {
-			return act
-		}
-		return ddbtest.Pass
-	}
-}
-
 // Issue 8, defect 6. A guarded write whose first attempt was applied and
 // whose answer was lost is reported as applied (and applied once), not as
 // the failure of the SDK's retry; on both servers (dynalite returns no item
@@ -710,8 +694,7 @@ func TestGuardFormsRefuseWhatTheySay(t *testing.T) {
 	t.Parallel()
 	caps := srv.Caps(t)
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	a := newLease(t, db, table, "billing", fast("a"), slowLease)
 	old, err := a.TryAcquire(ctx)
 	require.NoError(t, err)

@@ -17,16 +17,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func item(kv ...string) map[string]types.AttributeValue {
-	m := map[string]types.AttributeValue{}
-	for i := 0; i+1 < len(kv); i += 2 {
-		m[kv[i]] = sAttr(kv[i+1])
-	}
-	return m
-}
-
-func key(pk string) map[string]types.AttributeValue { return item("pk", pk) }
-
 // Test 3 of the issue. Every form of the guard refuses a stale fence, with
 // both fences in the error, and accepts the current one; the transactional
 // forms leave nothing written when refused.
@@ -180,8 +170,7 @@ func TestStaleReadsCannotPassGuardOrClaim(t *testing.T) {
 	t.Parallel()
 	caps := srv.Caps(t)
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	stale := &ddbtest.StaleReads{}
 	dbA := srv.Client(stale.Wrap)
 	slot := time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC)

@@ -1,12 +1,10 @@
 package ddblease_test
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,23 +22,6 @@ func probe(t *testing.T, h http.Handler) (int, string) {
 	body, err := io.ReadAll(rec.Result().Body)
 	require.NoError(t, err)
 	return rec.Code, string(body)
-}
-
-// runLease runs l until the test ends, with fn waiting for its context.
-func runLease(t *testing.T, l *ddblease.Lease) (stop func() error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- l.Run(ctx, func(ctx context.Context, _ int64) error { <-ctx.Done(); return nil })
-	}()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() { cancel(); err = <-done })
-		return err
-	}
-	t.Cleanup(func() { _ = stop() })
-	return stop
 }
 
 func TestHealthLeaderWithBlackHoledHeartbeats(t *testing.T) {
@@ -81,8 +62,7 @@ func TestHealthLeaderWithBlackHoledHeartbeats(t *testing.T) {
 
 func TestHealthStandbyStaysHealthy(t *testing.T) {
 	t.Parallel()
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	a := newLease(t, db, table, "report", fast("a"))
 	faults := ddbtest.NewFaults(nil)
 	b := newLease(t, srv.Client(faults.Wrap), table, "report", fast("b"))

@@ -81,34 +81,6 @@ func runsBySlot(runs []ddblease.RunRecord) map[time.Time]ddblease.RunRecord {
 	return m
 }
 
-func putRaw(t *testing.T, db *dynamodb.Client, table string, item map[string]types.AttributeValue) {
-	t.Helper()
-	_, err := db.PutItem(context.Background(), &dynamodb.PutItemInput{TableName: aws.String(table), Item: item})
-	require.NoError(t, err)
-}
-
-func getRaw(t *testing.T, db *dynamodb.Client, table, pk string) map[string]types.AttributeValue {
-	t.Helper()
-	out, err := db.GetItem(context.Background(), &dynamodb.GetItemInput{
-		TableName: aws.String(table), ConsistentRead: aws.Bool(true),
-		Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: pk}},
-	})
-	require.NoError(t, err)
-	return out.Item
-}
-
-func sAttr(s string) types.AttributeValue { return &types.AttributeValueMemberS{Value: s} }
-func nAttr(s string) types.AttributeValue { return &types.AttributeValueMemberN{Value: s} }
-
-func staleFence(t *testing.T, err error, fence, current int64) {
-	t.Helper()
-	require.ErrorIs(t, err, ddblease.ErrStaleFence)
-	var sfe *ddblease.StaleFenceError
-	require.ErrorAs(t, err, &sfe)
-	assert.Equal(t, fence, sfe.Fence, "refused fence")
-	assert.Equal(t, current, sfe.Current, "current fence")
-}
-
 // Test 2 of the issue. A leader claims a slot and loses its lease mid-run
 // (it is paused; another replica takes over). Its Finish and every guarded
 // write it then attempts are refused. Under NeverRerun the new leader marks
@@ -121,8 +93,7 @@ func TestLeaderLosesLeaseMidRun(t *testing.T) {
 		t.Run(policy.String(), func(t *testing.T) {
 			t.Parallel()
 			ctx := withTimeout(t, 20*time.Second)
-			table := srv.NewTable(t)
-			db := srv.Client(nil)
+			table, db := tableAndClient(t)
 			withPolicy := func(o *ddblease.JobOptions) { o.Rerun = policy }
 			slot := time.Now().Add(-time.Second).Truncate(time.Second).UTC()
 			state := "billing#nightly#state"
@@ -345,8 +316,7 @@ func TestCommitExactlyOnce(t *testing.T) {
 	t.Parallel()
 	caps := srv.Caps(t)
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	l := newLease(t, db, table, "payout", fast("a"), slowLease)
 	_, err := l.TryAcquire(ctx)
 	require.NoError(t, err)
@@ -390,8 +360,7 @@ func TestClaimChecksLeaseItem(t *testing.T) {
 	t.Parallel()
 	caps := srv.Caps(t)
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	a, _ := deposedPair(t, db, db, table, "sweeper", nil)
 	_, err := a.Claim(ctx, time.Unix(3600, 0))
 	if !caps.Transactions {

@@ -202,8 +202,7 @@ func TestScheduleKeepsFiringAfterLateRenewal(t *testing.T) {
 func TestResignWhileRunLeads(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 30*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	var events eventLog
 	a := newLease(t, db, table, "job", fast("a"), events.option)
 	b := newLease(t, db, table, "job", fast("b"))
@@ -339,8 +338,7 @@ func TestRunReportsPersistentErrors(t *testing.T) {
 	t.Run("malformed lease item", func(t *testing.T) {
 		t.Parallel()
 		ctx := withTimeout(t, 20*time.Second)
-		table := srv.NewTable(t)
-		db := srv.Client(nil)
+		table, db := tableAndClient(t)
 		_, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table), Item: map[string]types.AttributeValue{
 			"pk":    &types.AttributeValueMemberS{Value: "lease#job"},
 			"owner": &types.AttributeValueMemberS{Value: "x"},
@@ -552,8 +550,7 @@ func TestResignOnSignalHandlesOne(t *testing.T) {
 func TestCatchUpOverManySlots(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 30*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	sched := ddblease.Every(time.Second)
 	a := newLease(t, db, table, "job", fast("a"))
 	_, err := a.TryAcquire(ctx)
@@ -626,8 +623,7 @@ func (l *eventLog) kinds() []ddblease.EventKind {
 func TestObserver(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	var ae, be eventLog
 	a := newLease(t, db, table, "job", fast("a"), ae.option)
 	b := newLease(t, db, table, "job", fast("b"), be.option)

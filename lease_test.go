@@ -3,75 +3,23 @@ package ddblease_test
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
 	"github.com/ddblease/ddblease/internal/ddbtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-// fast are short timings for tests that wait for expiry in real time, with
-// room for a loaded machine (the race detector, the fault suite's processes
-// running beside these tests).
-func fast(owner string) func(*ddblease.Options) {
-	return func(o *ddblease.Options) {
-		o.Owner = owner
-		o.LeaseDuration = 2 * time.Second
-		o.HeartbeatInterval = 500 * time.Millisecond
-		o.RetryInterval = 50 * time.Millisecond
-		o.MaxClockSkew = 150 * time.Millisecond
-		o.CallTimeout = 400 * time.Millisecond
-		o.DrainTimeout = 2 * time.Second
-		o.Logger = quiet
-	}
-}
-
-// offset shifts a lease's clock by d.
-func offset(d time.Duration) func(*ddblease.Options) {
-	return func(o *ddblease.Options) { o.Now = func() time.Time { return time.Now().Add(d) } }
-}
-
-func newLease(t *testing.T, db ddblease.DynamoDBAPI, table, job string, opts ...func(*ddblease.Options)) *ddblease.Lease {
-	t.Helper()
-	l, err := ddblease.New(db, table, job, opts...)
-	require.NoError(t, err)
-	return l
-}
-
-func withTimeout(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// rawLease reads the lease item as stored.
-func rawLease(t *testing.T, db *dynamodb.Client, table, job string) map[string]types.AttributeValue {
-	t.Helper()
-	out, err := db.GetItem(context.Background(), &dynamodb.GetItemInput{
-		TableName: aws.String(table), ConsistentRead: aws.Bool(true),
-		Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "lease#" + job}},
-	})
-	require.NoError(t, err)
-	return out.Item
-}
-
 func TestAcquireHeldResign(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 10*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	a := newLease(t, db, table, "nightly", fast("a"))
 	b := newLease(t, db, table, "nightly", fast("b"))
 
@@ -128,8 +76,7 @@ func TestTryAcquireWhileLeaderRenews(t *testing.T) {
 func TestStandbyTakesOverExpiredLease(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 10*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	a := newLease(t, db, table, "job", fast("a"))
 	b := newLease(t, db, table, "job", fast("b"))
 
@@ -164,8 +111,7 @@ func TestStaleHolderRefusedByTable(t *testing.T) {
 		t.Run(op, func(t *testing.T) {
 			t.Parallel()
 			ctx := withTimeout(t, 10*time.Second)
-			table := srv.NewTable(t)
-			db := srv.Client(nil)
+			table, db := tableAndClient(t)
 			a := newLease(t, db, table, "job", fast("a"), offset(-time.Hour))
 			b := newLease(t, db, table, "job", fast("b"))
 			_, err := a.TryAcquire(ctx)
@@ -261,8 +207,7 @@ func (c noRetry) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, f
 func TestSkewWithinBoundNoTakeover(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	a := newLease(t, db, table, "job", fast("a"))
 	b := newLease(t, db, table, "job", fast("b"), offset(90*time.Millisecond))
 
@@ -298,8 +243,7 @@ func TestSkewBeyondBoundObservationPath(t *testing.T) {
 		t.Run(skew.String(), func(t *testing.T) {
 			t.Parallel()
 			ctx := withTimeout(t, 10*time.Second)
-			table := srv.NewTable(t)
-			db := srv.Client(nil)
+			table, db := tableAndClient(t)
 			a := newLease(t, db, table, "job", fast("a"), offset(skew))
 			b := newLease(t, db, table, "job", fast("b"))
 			_, err := a.TryAcquire(ctx)

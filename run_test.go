@@ -49,35 +49,13 @@ func (r *tenureLog) cause(i int) error {
 	return r.causes[i]
 }
 
-func runAsync(ctx context.Context, l *ddblease.Lease, fn func(context.Context, int64) error) (stop func() error) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx, fn) }()
-	return func() error {
-		cancel()
-		return <-done
-	}
-}
-
-func receive[T any](t *testing.T, ch <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(15 * time.Second):
-		t.Fatalf("timed out waiting for %s", what)
-		panic("unreachable")
-	}
-}
-
 // Another owner takes the lease over (here an operator's write with a
 // higher fence): the leader's context is cancelled with ErrLost at its next
 // heartbeat, and Run campaigns again.
 func TestRunCancelsOnTakeover(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	a := newLease(t, db, table, "job", fast("a"))
 	rec := newTenureLog()
 	stop := runAsync(ctx, a, rec.fn)
@@ -156,8 +134,7 @@ func TestRunCancelsAtDeadline(t *testing.T) {
 func TestRunDrainsThenResigns(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	a := newLease(t, db, table, "job", fast("a"))
 	b := newLease(t, db, table, "job", fast("b"))
 	started := make(chan struct{})
@@ -202,8 +179,7 @@ func TestRunDrainsThenResigns(t *testing.T) {
 func TestRunDrainTimeout(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	short := func(o *ddblease.Options) { o.DrainTimeout = 200 * time.Millisecond }
 	a := newLease(t, db, table, "job", fast("a"), short)
 	b := newLease(t, db, table, "job", fast("b"))
@@ -239,8 +215,7 @@ func TestRunDrainTimeout(t *testing.T) {
 func TestRunReturnsFnResult(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 10*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	a := newLease(t, db, table, "job", fast("a"))
 	require.NoError(t, a.Run(ctx, func(context.Context, int64) error { return nil }))
 	boom := errors.New("boom")
@@ -259,8 +234,7 @@ func TestRunReturnsFnResult(t *testing.T) {
 func TestRunStopsWhileStandby(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 10*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	a := newLease(t, db, table, "job", fast("a"))
 	_, err := a.TryAcquire(ctx)
 	require.NoError(t, err)

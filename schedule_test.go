@@ -74,8 +74,7 @@ func TestCatchUpRule(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := withTimeout(t, 20*time.Second)
-			table := srv.NewTable(t)
-			db := srv.Client(nil)
+			table, db := tableAndClient(t)
 			// An earlier tenure ran s3 and died running s5.
 			old := newLease(t, db, table, "report", fast("old"))
 			_, err := old.TryAcquire(ctx)
