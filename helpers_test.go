@@ -3,9 +3,13 @@ package ddblease_test
 // The helpers of the package's tests: one per need, used by every test file.
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -200,4 +204,161 @@ func runLease(t *testing.T, l *ddblease.Lease) (stop func() error) {
 	stop = runAsync(context.Background(), l, func(ctx context.Context, _ int64) error { <-ctx.Done(); return nil })
 	t.Cleanup(func() { _ = stop() })
 	return stop
+}
+
+// slowLease gives a lease a long tenure, for a holder that must still
+// believe it leads after another has taken over (with offset).
+func slowLease(o *ddblease.Options) {
+	o.LeaseDuration = 20 * time.Second
+	o.HeartbeatInterval = 5 * time.Second
+	o.CallTimeout = 2 * time.Second
+}
+
+// deposedPair returns two handles on job: a, which acquired fence 1 with a
+// clock an hour slow and still believes it leads, and b, which took over
+// at once with fence 2 (a's expiry looks an hour old to b). before runs
+// while a leads, before b takes over.
+func deposedPair(t *testing.T, dbA, dbB ddblease.DynamoDBAPI, table, job string, before func(a *ddblease.Lease)) (a, b *ddblease.Lease) {
+	t.Helper()
+	ctx := withTimeout(t, 10*time.Second)
+	a = newLease(t, dbA, table, job, fast("a"), slowLease, offset(-time.Hour))
+	b = newLease(t, dbB, table, job, fast("b"))
+	fa, err := a.TryAcquire(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), fa)
+	if before != nil {
+		before(a)
+	}
+	fb, err := b.TryAcquire(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), fb)
+	require.True(t, a.IsLeader(), "a must still believe it leads")
+	return a, b
+}
+
+// oneSlot is a schedule with a single slot.
+func oneSlot(slot time.Time) ddblease.Schedule {
+	return ddblease.ScheduleFunc(func(t time.Time) time.Time {
+		if t.Before(slot) {
+			return slot
+		}
+		return time.Time{}
+	})
+}
+
+// listSlots is a schedule with the given slots, in increasing order.
+func listSlots(slots ...time.Time) ddblease.Schedule {
+	return ddblease.ScheduleFunc(func(t time.Time) time.Time {
+		for _, s := range slots {
+			if s.After(t) {
+				return s
+			}
+		}
+		return time.Time{}
+	})
+}
+
+func runsBySlot(runs []ddblease.RunRecord) map[time.Time]ddblease.RunRecord {
+	m := make(map[time.Time]ddblease.RunRecord, len(runs))
+	for _, r := range runs {
+		m[r.Slot] = r
+	}
+	return m
+}
+
+func total(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func diff(before, after map[string]int) map[string]int {
+	d := map[string]int{}
+	for k, v := range after {
+		if v != before[k] {
+			d[k] = v - before[k]
+		}
+	}
+	return d
+}
+
+// opsByItem counts requests by operation and, for single-item operations,
+// the kind of item (the pk prefix before '#'): "UpdateItem lease",
+// "UpdateItem jobrun", "TransactWriteItems", "BatchGetItem".
+type opsByItem struct {
+	base   http.RoundTripper
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (c *opsByItem) wrap(rt http.RoundTripper) http.RoundTripper {
+	c.base, c.counts = rt, map[string]int{}
+	return c
+}
+
+func (c *opsByItem) RoundTrip(r *http.Request) (*http.Response, error) {
+	name := ddbtest.Op(r)
+	if r.Body != nil && (name == "GetItem" || name == "UpdateItem" || name == "PutItem") {
+		b, err := io.ReadAll(r.Body)
+		_ = r.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		var in struct {
+			Key struct{ Pk struct{ S string } }
+		}
+		_ = json.Unmarshal(b, &in)
+		kind, _, _ := strings.Cut(in.Key.Pk.S, "#")
+		name += " " + kind
+		r = r.Clone(r.Context())
+		r.Body = io.NopCloser(bytes.NewReader(b))
+	}
+	c.mu.Lock()
+	c.counts[name]++
+	c.mu.Unlock()
+	return c.base.RoundTrip(r)
+}
+
+func (c *opsByItem) snapshot() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := make(map[string]int, len(c.counts))
+	for k, v := range c.counts {
+		m[k] = v
+	}
+	return m
+}
+
+// tenureLog records the tenures Run hands to fn.
+type tenureLog struct {
+	mu      sync.Mutex
+	fences  []int64
+	causes  []error
+	started chan int64
+}
+
+func newTenureLog() *tenureLog { return &tenureLog{started: make(chan int64, 16)} }
+
+// fn leads until its context ends, then records the cause.
+func (r *tenureLog) fn(ctx context.Context, fence int64) error {
+	r.mu.Lock()
+	r.fences = append(r.fences, fence)
+	r.mu.Unlock()
+	r.started <- fence
+	<-ctx.Done()
+	r.mu.Lock()
+	r.causes = append(r.causes, context.Cause(ctx))
+	r.mu.Unlock()
+	return ctx.Err()
+}
+
+func (r *tenureLog) cause(i int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if i >= len(r.causes) {
+		return nil
+	}
+	return r.causes[i]
 }

@@ -1,13 +1,8 @@
 package ddblease_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"io"
-	"net/http"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,66 +15,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// slowLease gives a lease a long tenure, for a holder that must still
-// believe it leads after another has taken over (with offset).
-func slowLease(o *ddblease.Options) {
-	o.LeaseDuration = 20 * time.Second
-	o.HeartbeatInterval = 5 * time.Second
-	o.CallTimeout = 2 * time.Second
-}
-
-// deposedPair returns two handles on job: a, which acquired fence 1 with a
-// clock an hour slow and still believes it leads, and b, which took over
-// at once with fence 2 (a's expiry looks an hour old to b). before runs
-// while a leads, before b takes over.
-func deposedPair(t *testing.T, dbA, dbB ddblease.DynamoDBAPI, table, job string, before func(a *ddblease.Lease)) (a, b *ddblease.Lease) {
-	t.Helper()
-	ctx := withTimeout(t, 10*time.Second)
-	a = newLease(t, dbA, table, job, fast("a"), slowLease, offset(-time.Hour))
-	b = newLease(t, dbB, table, job, fast("b"))
-	fa, err := a.TryAcquire(ctx)
-	require.NoError(t, err)
-	require.Equal(t, int64(1), fa)
-	if before != nil {
-		before(a)
-	}
-	fb, err := b.TryAcquire(ctx)
-	require.NoError(t, err)
-	require.Equal(t, int64(2), fb)
-	require.True(t, a.IsLeader(), "a must still believe it leads")
-	return a, b
-}
-
-// oneSlot is a schedule with a single slot.
-func oneSlot(slot time.Time) ddblease.Schedule {
-	return ddblease.ScheduleFunc(func(t time.Time) time.Time {
-		if t.Before(slot) {
-			return slot
-		}
-		return time.Time{}
-	})
-}
-
-// listSlots is a schedule with the given slots, in increasing order.
-func listSlots(slots ...time.Time) ddblease.Schedule {
-	return ddblease.ScheduleFunc(func(t time.Time) time.Time {
-		for _, s := range slots {
-			if s.After(t) {
-				return s
-			}
-		}
-		return time.Time{}
-	})
-}
-
-func runsBySlot(runs []ddblease.RunRecord) map[time.Time]ddblease.RunRecord {
-	m := make(map[time.Time]ddblease.RunRecord, len(runs))
-	for _, r := range runs {
-		m[r.Slot] = r
-	}
-	return m
-}
 
 // Test 2 of the issue. A leader claims a slot and loses its lease mid-run
 // (it is paused; another replica takes over). Its Finish and every guarded
@@ -289,24 +224,6 @@ func TestClaimFinishRequestsAndLostResponses(t *testing.T) {
 		assert.Equal(t, ddblease.RunSucceeded, runs[0].Status)
 		assert.Equal(t, 1, runs[0].Claims)
 	})
-}
-
-func total(m map[string]int) int {
-	n := 0
-	for _, v := range m {
-		n += v
-	}
-	return n
-}
-
-func diff(before, after map[string]int) map[string]int {
-	d := map[string]int{}
-	for k, v := range after {
-		if v != before[k] {
-			d[k] = v - before[k]
-		}
-	}
-	return d
 }
 
 // JobRun.Commit writes the effect and the run's completion together, once:
@@ -521,50 +438,3 @@ func TestJobRunBadInput(t *testing.T) {
 type everyPtr struct{ d time.Duration }
 
 func (e *everyPtr) Next(t time.Time) time.Time { return t.Add(e.d) }
-
-// opsByItem counts requests by operation and, for single-item operations,
-// the kind of item (the pk prefix before '#'): "UpdateItem lease",
-// "UpdateItem jobrun", "TransactWriteItems", "BatchGetItem".
-type opsByItem struct {
-	base   http.RoundTripper
-	mu     sync.Mutex
-	counts map[string]int
-}
-
-func (c *opsByItem) wrap(rt http.RoundTripper) http.RoundTripper {
-	c.base, c.counts = rt, map[string]int{}
-	return c
-}
-
-func (c *opsByItem) RoundTrip(r *http.Request) (*http.Response, error) {
-	name := ddbtest.Op(r)
-	if r.Body != nil && (name == "GetItem" || name == "UpdateItem" || name == "PutItem") {
-		b, err := io.ReadAll(r.Body)
-		_ = r.Body.Close()
-		if err != nil {
-			return nil, err
-		}
-		var in struct {
-			Key struct{ Pk struct{ S string } }
-		}
-		_ = json.Unmarshal(b, &in)
-		kind, _, _ := strings.Cut(in.Key.Pk.S, "#")
-		name += " " + kind
-		r = r.Clone(r.Context())
-		r.Body = io.NopCloser(bytes.NewReader(b))
-	}
-	c.mu.Lock()
-	c.counts[name]++
-	c.mu.Unlock()
-	return c.base.RoundTrip(r)
-}
-
-func (c *opsByItem) snapshot() map[string]int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	m := make(map[string]int, len(c.counts))
-	for k, v := range c.counts {
-		m[k] = v
-	}
-	return m
-}

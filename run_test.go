@@ -3,7 +3,6 @@ package ddblease_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,38 +15,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// tenureLog records the tenures Run hands to fn.
-type tenureLog struct {
-	mu      sync.Mutex
-	fences  []int64
-	causes  []error
-	started chan int64
-}
-
-func newTenureLog() *tenureLog { return &tenureLog{started: make(chan int64, 16)} }
-
-// fn leads until its context ends, then records the cause.
-func (r *tenureLog) fn(ctx context.Context, fence int64) error {
-	r.mu.Lock()
-	r.fences = append(r.fences, fence)
-	r.mu.Unlock()
-	r.started <- fence
-	<-ctx.Done()
-	r.mu.Lock()
-	r.causes = append(r.causes, context.Cause(ctx))
-	r.mu.Unlock()
-	return ctx.Err()
-}
-
-func (r *tenureLog) cause(i int) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if i >= len(r.causes) {
-		return nil
-	}
-	return r.causes[i]
-}
 
 // Another owner takes the lease over (here an operator's write with a
 // higher fence): the leader's context is cancelled with ErrLost at its next
