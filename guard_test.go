@@ -24,9 +24,7 @@ func TestGuardFormsRefuseStaleFence(t *testing.T) {
 	t.Parallel()
 	caps := srv.Caps(t)
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	faults := ddbtest.NewFaults(nil)
-	db := srv.Client(faults.Wrap)
+	table, faults, db := tableWithFaults(t)
 	// a held fence 1 and claimed a slot; b took over with fence 2.
 	a := newLease(t, db, table, "billing", fast("a"), slowLease)
 	b := newLease(t, db, table, "billing", fast("b"), slowLease)
@@ -240,9 +238,7 @@ func TestStaleReadsCannotPassGuardOrClaim(t *testing.T) {
 func TestGuardFailsClosed(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	faults := ddbtest.NewFaults(nil)
-	db := srv.Client(faults.Wrap)
+	table, faults, db := tableWithFaults(t)
 	g, err := ddblease.NewGuard(db, table, "nightly", func(o *ddblease.GuardOptions) { o.CallTimeout = time.Second })
 	require.NoError(t, err)
 	called := false

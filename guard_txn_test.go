@@ -206,9 +206,7 @@ func TestGuardedTransactionsRetryConflicts(t *testing.T) {
 func TestCommitRefusesLeaseAndRunItems(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	faults := ddbtest.NewFaults(nil)
-	db := srv.Client(faults.Wrap)
+	table, faults, db := tableWithFaults(t)
 	l := newLease(t, db, table, "billing", fast("a"), slowLease)
 	_, err := l.TryAcquire(ctx)
 	require.NoError(t, err)

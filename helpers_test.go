@@ -61,6 +61,14 @@ func tableAndClient(t testing.TB) (string, *dynamodb.Client) {
 	return srv.NewTable(t), srv.Client(nil)
 }
 
+// tableWithFaults returns a new table on the test server, a fault injector
+// and a client whose transport it decorates.
+func tableWithFaults(t testing.TB) (string, *ddbtest.Faults, *dynamodb.Client) {
+	t.Helper()
+	faults := ddbtest.NewFaults(nil)
+	return srv.NewTable(t), faults, srv.Client(faults.Wrap)
+}
+
 // withTimeout returns a context that ends after d or with the test.
 func withTimeout(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)

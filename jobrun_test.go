@@ -9,7 +9,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
-	"github.com/ddblease/ddblease/internal/ddbtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -64,9 +63,7 @@ func TestCommitExactlyOnce(t *testing.T) {
 func TestJobRunBadInput(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	faults := ddbtest.NewFaults(nil)
-	db := srv.Client(faults.Wrap)
+	table, faults, db := tableWithFaults(t)
 	l := newLease(t, db, table, "sweeper", fast("a"), slowLease)
 	noop := func(context.Context, *ddblease.JobRun) error { return nil }
 	var nilEvery *everyPtr
