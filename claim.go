@@ -210,15 +210,7 @@ func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 		l.log.Info("ddblease: the server does not support transactions; claims will not check the lease item", "err", err)
 		l.noTxn.Store(true)
 	}
-	in := &dynamodb.UpdateItemInput{
-		TableName:                           upd.TableName,
-		Key:                                 upd.Key,
-		UpdateExpression:                    upd.UpdateExpression,
-		ConditionExpression:                 upd.ConditionExpression,
-		ExpressionAttributeNames:            upd.ExpressionAttributeNames,
-		ExpressionAttributeValues:           upd.ExpressionAttributeValues,
-		ReturnValuesOnConditionCheckFailure: upd.ReturnValuesOnConditionCheckFailure,
-	}
+	in := updateItemInput(upd)
 	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
 	defer cancel()
 	_, err = l.db.UpdateItem(cctx, in)

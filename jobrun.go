@@ -10,7 +10,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
@@ -182,15 +181,7 @@ func (r *JobRun) finish(ctx context.Context, st RunStatus, runErr error, items [
 func (r *JobRun) finishWrite(ctx context.Context, upd *types.Update, st RunStatus) error {
 	l := r.l
 	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
-	_, err := l.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
-		TableName:                           upd.TableName,
-		Key:                                 upd.Key,
-		UpdateExpression:                    upd.UpdateExpression,
-		ConditionExpression:                 upd.ConditionExpression,
-		ExpressionAttributeNames:            upd.ExpressionAttributeNames,
-		ExpressionAttributeValues:           upd.ExpressionAttributeValues,
-		ReturnValuesOnConditionCheckFailure: upd.ReturnValuesOnConditionCheckFailure,
-	})
+	_, err := l.db.UpdateItem(cctx, updateItemInput(upd))
 	cancel()
 	if err == nil {
 		return nil

@@ -113,3 +113,17 @@ func conditionFailed(err error, i int) (map[string]types.AttributeValue, bool) {
 	r := tce.CancellationReasons[i]
 	return r.Item, aws.ToString(r.Code) == "ConditionalCheckFailed"
 }
+
+// updateItemInput is the UpdateItem request that applies upd on its own,
+// where a server has no transactions.
+func updateItemInput(upd *types.Update) *dynamodb.UpdateItemInput {
+	return &dynamodb.UpdateItemInput{
+		TableName:                           upd.TableName,
+		Key:                                 upd.Key,
+		UpdateExpression:                    upd.UpdateExpression,
+		ConditionExpression:                 upd.ConditionExpression,
+		ExpressionAttributeNames:            upd.ExpressionAttributeNames,
+		ExpressionAttributeValues:           upd.ExpressionAttributeValues,
+		ReturnValuesOnConditionCheckFailure: upd.ReturnValuesOnConditionCheckFailure,
+	}
+}
