@@ -69,6 +69,27 @@ func (v *leaderView) live() bool {
 	return v.ctx != nil && v.ctx.Err() == nil
 }
 
+// takeover records what a user of a saw when b began to lead: whether a's
+// last leader context was still live, and whether a.IsLeader() was true.
+type takeover struct {
+	aLive, aLeader atomic.Bool
+	started        chan int64
+}
+
+// runTakingOver runs b, which takes the lease over from a (whose tenures
+// av records), until stop.
+func runTakingOver(ctx context.Context, b, a *ddblease.Lease, av *leaderView) (tk *takeover, stop func() error) {
+	tk = &takeover{started: make(chan int64, 1)}
+	stop = runAsync(ctx, b, func(ctx context.Context, fence int64) error {
+		tk.aLive.Store(av.live())
+		tk.aLeader.Store(a.IsLeader())
+		tk.started <- fence
+		<-ctx.Done()
+		return nil
+	})
+	return tk, stop
+}
+
 // Defect 1: a heartbeat whose write and read-back hang cannot keep the
 // leader context alive past the local deadline. A standby with the same
 // clock takes over after the lease's expiry; at that moment the old
@@ -92,18 +113,10 @@ func TestBeliefEndsAtDeadlineWhileCallsHang(t *testing.T) {
 	receive(t, av.starts, "a leads")
 	h.set(func(op string) bool { return op == "UpdateItem" || op == "GetItem" })
 
-	var aLiveAtTakeover, aLeaderAtTakeover atomic.Bool
-	bStarted := make(chan int64, 1)
-	stopB := runAsync(ctx, b, func(ctx context.Context, fence int64) error {
-		aLiveAtTakeover.Store(av.live())
-		aLeaderAtTakeover.Store(a.IsLeader())
-		bStarted <- fence
-		<-ctx.Done()
-		return nil
-	})
-	assert.Equal(t, int64(2), receive(t, bStarted, "b takes over"))
-	assert.False(t, aLiveAtTakeover.Load(), "a's leader context was live when b began to lead")
-	assert.False(t, aLeaderAtTakeover.Load(), "a.IsLeader() was true when b began to lead")
+	tk, stopB := runTakingOver(ctx, b, a, av)
+	assert.Equal(t, int64(2), receive(t, tk.started, "b takes over"))
+	assert.False(t, tk.aLive.Load(), "a's leader context was live when b began to lead")
+	assert.False(t, tk.aLeader.Load(), "a.IsLeader() was true when b began to lead")
 	h.set(func(string) bool { return false })
 	assert.NoError(t, stopB())
 	_ = stopA()
@@ -123,19 +136,11 @@ func TestResignWhileRunLeads(t *testing.T) {
 	stopA := runAsync(ctx, a, av.fn)
 	require.Equal(t, int64(1), receive(t, av.starts, "a leads"))
 
-	var aLiveAtTakeover, aLeaderAtTakeover atomic.Bool
-	bStarted := make(chan int64, 1)
-	stopB := runAsync(ctx, b, func(ctx context.Context, fence int64) error {
-		aLiveAtTakeover.Store(av.live())
-		aLeaderAtTakeover.Store(a.IsLeader())
-		bStarted <- fence
-		<-ctx.Done()
-		return nil
-	})
+	tk, stopB := runTakingOver(ctx, b, a, av)
 	require.NoError(t, a.Resign(ctx))
-	assert.Equal(t, int64(2), receive(t, bStarted, "b takes over"))
-	assert.False(t, aLiveAtTakeover.Load(), "a's leader context was live when b began to lead")
-	assert.False(t, aLeaderAtTakeover.Load())
+	assert.Equal(t, int64(2), receive(t, tk.started, "b takes over"))
+	assert.False(t, tk.aLive.Load(), "a's leader context was live when b began to lead")
+	assert.False(t, tk.aLeader.Load())
 	cause := func() error { av.mu.Lock(); defer av.mu.Unlock(); return context.Cause(av.ctx) }()
 	assert.ErrorIs(t, cause, ddblease.ErrLost)
 	lost := events.find(ddblease.EventLost)
