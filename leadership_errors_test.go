@@ -1,14 +1,13 @@
 package ddblease_test
 
-// Leadership as a user sees it (what Run returns and logs when fn or the table fails): each test is the regression test
-// of a defect where the library's own idea of its tenure and what a user
-// observed disagreed (see leadership_test.go).
+// Leadership as a user sees it (what Run returns and logs when the table
+// keeps failing, or fn returns a typed nil error): each test is the
+// regression test of a defect where the library's own idea of its tenure
+// and what a user observed disagreed (see leadership_test.go).
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -109,66 +108,6 @@ func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
 func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 
 func (h *countingHandler) WithGroup(string) slog.Handler { return h }
-
-// Defect 10: a panic in fn ends the tenure, resigns, records the run as
-// failed, and reaches the caller as a *PanicError; the handle can be used
-// again.
-func TestPanicInFn(t *testing.T) {
-	t.Parallel()
-	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	a := newLease(t, srv.Client(nil), table, "job", fast("a"))
-	var fnCtx context.Context
-	recovered := func(run func()) (p any) {
-		defer func() { p = recover() }()
-		run()
-		return nil
-	}
-	p := recovered(func() {
-		_ = a.Run(ctx, func(ctx context.Context, fence int64) error {
-			fnCtx = ctx
-			panic("boom")
-		})
-	})
-	var pe *ddblease.PanicError
-	require.ErrorAs(t, p.(error), &pe)
-	assert.Equal(t, "boom", pe.Value)
-	assert.Contains(t, string(pe.Stack), "leadership_test.go")
-	assert.False(t, a.IsLeader())
-	assert.ErrorIs(t, context.Cause(fnCtx), ddblease.ErrLost)
-	rec, err := a.Holder(ctx)
-	require.NoError(t, err)
-	assert.True(t, rec.ExpiresAt.IsZero(), "resigned")
-
-	// RunSchedule: the run is recorded as failed with the panic; a
-	// supervisor that recovers and calls again gets a new tenure.
-	sched := ddblease.Every(100 * time.Millisecond)
-	var slot time.Time
-	p = recovered(func() {
-		_ = a.RunSchedule(ctx, sched, func(ctx context.Context, run *ddblease.JobRun) error {
-			slot = run.Slot()
-			panic(fmt.Errorf("wrapped: %w", os.ErrClosed))
-		})
-	})
-	require.ErrorAs(t, p.(error), &pe)
-	assert.ErrorIs(t, pe, os.ErrClosed)
-	runs, err := a.ListRuns(ctx, sched, slot, slot)
-	require.NoError(t, err)
-	require.Len(t, runs, 1)
-	assert.Equal(t, ddblease.RunFailed, runs[0].Status)
-	assert.Contains(t, runs[0].Error, "wrapped: file already closed")
-	assert.Contains(t, runs[0].Error, "leadership_test.go", "the stack is recorded")
-
-	fired := make(chan int64, 1)
-	rctx, cancel := context.WithCancel(ctx)
-	err = a.RunSchedule(rctx, sched, func(ctx context.Context, run *ddblease.JobRun) error {
-		fired <- run.Fence()
-		cancel()
-		return nil
-	})
-	assert.NoError(t, err)
-	assert.Equal(t, int64(3), <-fired)
-}
 
 // nilErr has a value receiver: calling Error on a nil *nilErr panics.
 type nilErr struct{ msg string }
