@@ -73,12 +73,7 @@ func TestGuardWriteLandedAnswerLost(t *testing.T) {
 	})
 
 	t.Run("every answer lost", func(t *testing.T) {
-		faults.Set(func(op string) ddbtest.Action {
-			if op == "PutItem" {
-				return ddbtest.DropResponse
-			}
-			return ddbtest.Pass
-		})
+		faults.Set(every("PutItem", ddbtest.DropResponse))
 		defer faults.Set(nil)
 		var n map[string]int
 		n = requests(func() {
@@ -92,12 +87,7 @@ func TestGuardWriteLandedAnswerLost(t *testing.T) {
 	})
 
 	t.Run("nothing applied", func(t *testing.T) {
-		faults.Set(func(op string) ddbtest.Action {
-			if op == "PutItem" {
-				return ddbtest.Reset
-			}
-			return ddbtest.Pass
-		})
+		faults.Set(every("PutItem", ddbtest.Reset))
 		defer faults.Set(nil)
 		_, err := g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#never")})
 		require.Error(t, err)
@@ -134,12 +124,7 @@ func TestGuardWriteLandedAnswerLost(t *testing.T) {
 		// A conflict that outlasts CallTimeout fails closed.
 		gShort, err := ddblease.NewGuard(db, table, "billing", func(o *ddblease.GuardOptions) { o.CallTimeout = 200 * time.Millisecond })
 		require.NoError(t, err)
-		faults.Set(func(op string) ddbtest.Action {
-			if op == "PutItem" {
-				return ddbtest.Conflict
-			}
-			return ddbtest.Pass
-		})
+		faults.Set(every("PutItem", ddbtest.Conflict))
 		defer faults.Set(nil)
 		_, err = gShort.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#conflict2")})
 		require.Error(t, err)

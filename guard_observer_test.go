@@ -92,12 +92,7 @@ func TestGuardObserver(t *testing.T) {
 	assert.Equal(t, "Put", stale[0].Op)
 	assert.Equal(t, int64(2), stale[0].Current)
 
-	faults.Set(func(op string) ddbtest.Action {
-		if op == "UpdateItem" {
-			return ddbtest.Reset
-		}
-		return ddbtest.Pass
-	})
+	faults.Set(every("UpdateItem", ddbtest.Reset))
 	_, err = g.Update(ctx, 2, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: key("sink#obs"),
 		UpdateExpression: aws.String("SET v = :v"), ExpressionAttributeValues: map[string]types.AttributeValue{":v": nAttr("1")}})
 	require.Error(t, err)

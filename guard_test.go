@@ -259,12 +259,7 @@ func TestGuardFailsClosed(t *testing.T) {
 	t.Run("read fails", func(t *testing.T) {
 		putRaw(t, srv.Client(nil), table, map[string]types.AttributeValue{"pk": sAttr("lease#nightly"), "fence": nAttr("1")})
 		require.NoError(t, g.Check(ctx, 1))
-		faults.Set(func(op string) ddbtest.Action {
-			if op == "GetItem" {
-				return ddbtest.ServerError
-			}
-			return ddbtest.Pass
-		})
+		faults.Set(every("GetItem", ddbtest.ServerError))
 		defer faults.Set(nil)
 		err := g.Check(ctx, 1)
 		require.Error(t, err)

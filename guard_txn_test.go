@@ -135,12 +135,7 @@ func TestGuardedTransactionsRetryConflicts(t *testing.T) {
 	})
 
 	t.Run("a conflict beyond the deadline fails closed", func(t *testing.T) {
-		faults.Set(func(op string) ddbtest.Action {
-			if op == "TransactWriteItems" {
-				return ddbtest.Conflict
-			}
-			return ddbtest.Pass
-		})
+		faults.Set(every("TransactWriteItems", ddbtest.Conflict))
 		defer faults.Set(nil)
 		conflictErr := func(t *testing.T, err error) {
 			t.Helper()
@@ -176,12 +171,7 @@ func TestGuardedTransactionsRetryConflicts(t *testing.T) {
 		faults.Set(nil)
 		run2, err := l.Claim(ctx, late)
 		require.NoError(t, err)
-		faults.Set(func(op string) ddbtest.Action {
-			if op == "TransactWriteItems" {
-				return ddbtest.Conflict
-			}
-			return ddbtest.Pass
-		})
+		faults.Set(every("TransactWriteItems", ddbtest.Conflict))
 		conflictErr(t, run2.Commit(ctx, put("sink#never2")))
 		assert.Empty(t, getRaw(t, raw, table, "sink#never2"))
 		runs, err = l.ListRuns(ctx, oneSlot(late), late, late)

@@ -190,6 +190,17 @@ func item(kv ...string) map[string]types.AttributeValue {
 // key is the key of the item under pk.
 func key(pk string) map[string]types.AttributeValue { return item("pk", pk) }
 
+// every returns a fault rule that applies act to every request of op and
+// passes everything else.
+func every(op string, act ddbtest.Action) func(string) ddbtest.Action {
+	return func(o string) ddbtest.Action {
+		if o == op {
+			return act
+		}
+		return ddbtest.Pass
+	}
+}
+
 // firstN returns a fault rule that applies act to the first n requests of
 // op and passes everything else. Rules run under the Faults' lock.
 func firstN(op string, n int, act ddbtest.Action) func(string) ddbtest.Action {

@@ -204,12 +204,7 @@ func TestManyWritesInDoubt(t *testing.T) {
 		require.Error(t, err)
 		require.NotErrorIs(t, err, ddblease.ErrLost)
 	}
-	faults.Set(func(op string) ddbtest.Action {
-		if op == "UpdateItem" {
-			return ddbtest.Throttle
-		}
-		return ddbtest.Pass
-	})
+	faults.Set(every("UpdateItem", ddbtest.Throttle))
 	for i := 0; i < 60; i++ {
 		require.Error(t, a.Heartbeat(ctx))
 	}

@@ -66,12 +66,7 @@ func TestRunCancelsAtDeadline(t *testing.T) {
 			}
 			return nil
 		}
-		faults.Set(func(op string) ddbtest.Action {
-			if op == "UpdateItem" {
-				return ddbtest.Reset
-			}
-			return ddbtest.Pass
-		})
+		faults.Set(every("UpdateItem", ddbtest.Reset))
 		deadline = a.State().Deadline
 		<-ctx.Done()
 		cancelled <- time.Now()
