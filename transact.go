@@ -12,16 +12,6 @@ import (
 	"github.com/aws/smithy-go"
 )
 
-// ended returns the error of a context that has ended, with its cause if
-// that differs: both context.Canceled and the cause are in the chain.
-func ended(ctx context.Context) error {
-	err, cause := ctx.Err(), context.Cause(ctx)
-	if cause == nil || cause == err {
-		return err
-	}
-	return fmt.Errorf("%w: %w", err, cause)
-}
-
 // txRetry says how retryConflicts retries.
 type txRetry struct {
 	now      func() time.Time // the clock of deadline
