@@ -3,13 +3,9 @@ package ddblease_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"maps"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
 	"github.com/ddblease/ddblease/internal/reqcount"
 )
@@ -28,7 +24,7 @@ import (
 
 func benchOpts(o *ddblease.Options) {
 	o.Owner = "bench"
-	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	o.Logger = quiet
 }
 
 func benchLease(b *testing.B, db ddblease.DynamoDBAPI, table, job string) *ddblease.Lease {
@@ -38,25 +34,6 @@ func benchLease(b *testing.B, db ddblease.DynamoDBAPI, table, job string) *ddble
 		b.Fatal(err)
 	}
 	return l
-}
-
-// keepVersion returns a copy of a heartbeat request that writes the renewal
-// version held by the item that the acquire request created (":rv" of
-// acquire), so that it can be sent again and again: every write of the
-// library is conditional on a version it wrote itself, and a heartbeat
-// captured right after an acquire accepts the acquire's version.
-func keepVersion(heartbeat, acquire *dynamodb.UpdateItemInput) *dynamodb.UpdateItemInput {
-	c := *heartbeat
-	c.ExpressionAttributeValues = maps.Clone(heartbeat.ExpressionAttributeValues)
-	c.ExpressionAttributeValues[":rv"] = acquire.ExpressionAttributeValues[":rv"]
-	return &c
-}
-
-// onKey returns a copy of the request aimed at another lease item.
-func onKey(in *dynamodb.UpdateItemInput, job string) *dynamodb.UpdateItemInput {
-	c := *in
-	c.Key = map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "lease#" + job}}
-	return &c
 }
 
 // captured returns the acquire and heartbeat requests the library sends for
@@ -131,7 +108,7 @@ func BenchmarkRawUpdateItem(b *testing.B) {
 		ctx := context.Background()
 		ins := make([]*dynamodb.UpdateItemInput, b.N)
 		for i := range ins {
-			ins[i] = onKey(acquire, fmt.Sprintf("raw-acquire-%d", i))
+			ins[i] = reqcount.OnKey(acquire, fmt.Sprintf("raw-acquire-%d", i))
 		}
 		b.ReportAllocs()
 		b.ResetTimer()
@@ -147,10 +124,10 @@ func BenchmarkRawUpdateItem(b *testing.B) {
 		db := srv.Client(nil)
 		ctx := context.Background()
 		// An item held by owner "bench" with fence 1, as heartbeat expects.
-		if _, err := db.UpdateItem(ctx, onKey(acquire, "raw-heartbeat")); err != nil {
+		if _, err := db.UpdateItem(ctx, reqcount.OnKey(acquire, "raw-heartbeat")); err != nil {
 			b.Fatal(err)
 		}
-		in := onKey(keepVersion(heartbeat, acquire), "raw-heartbeat")
+		in := reqcount.OnKey(reqcount.KeepVersion(heartbeat, acquire), "raw-heartbeat")
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {

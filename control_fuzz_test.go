@@ -80,18 +80,10 @@ func FuzzDecodeControl(f *testing.F) {
 	f.Fuzz(func(t *testing.T, kp byte, by string, ka byte, at string, kf byte, fence string, kid byte, id string,
 		kts byte, ts string, kw byte) {
 		item := validLease()
-		for _, a := range []struct {
-			name string
-			k    byte
-			s    string
-		}{
+		setAttrs(item, []fuzzAttr{
 			{attrPaused, kp, by}, {attrPausedBy, kp, by}, {attrPausedAt, ka, at}, {attrResignFence, kf, fence},
 			{attrReleasedFence, kf, fence}, {attrResumedAt, ka, at}, {attrCatchUp, kid, id}, {attrCatchUpWanted, kw, id},
-		} {
-			if v, ok := attr(a.k, a.s); ok {
-				item[a.name] = v
-			}
-		}
+		}...)
 		if kid%2 == 1 {
 			m := map[string]types.AttributeValue{}
 			if v, ok := attr(kts, ts); ok {

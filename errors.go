@@ -332,3 +332,13 @@ func (w *warnLimiter) allow(key string, now time.Time) (bool, int) {
 	w.last[key] = warnState{at: now}
 	return true, s.suppressed
 }
+
+// ended returns the error of a context that has ended, with its cause if
+// that differs: both context.Canceled and the cause are in the chain.
+func ended(ctx context.Context) error {
+	err, cause := ctx.Err(), context.Cause(ctx)
+	if cause == nil || cause == err {
+		return err
+	}
+	return fmt.Errorf("%w: %w", err, cause)
+}

@@ -26,6 +26,23 @@ func attr(k byte, s string) (types.AttributeValue, bool) {
 	}
 }
 
+// fuzzAttr is one attribute of a fuzzed item: its name, the kind chosen by
+// k and the text s (see attr).
+type fuzzAttr struct {
+	name string
+	k    byte
+	s    string
+}
+
+// setAttrs sets the attributes of as that attr makes in item.
+func setAttrs(item map[string]types.AttributeValue, as ...fuzzAttr) {
+	for _, a := range as {
+		if v, ok := attr(a.k, a.s); ok {
+			item[a.name] = v
+		}
+	}
+}
+
 // FuzzDecodeLease feeds lease items of arbitrary shape to the decoder: it
 // must return an error or a record that keeps the invariants, never panic.
 func FuzzDecodeLease(f *testing.F) {
@@ -35,18 +52,10 @@ func FuzzDecodeLease(f *testing.F) {
 	f.Fuzz(func(t *testing.T, ko byte, owner string, kf byte, fence string, ke byte, exp string,
 		kv byte, rv string, kl byte, leaseMs string, kd byte) {
 		item := map[string]types.AttributeValue{attrPK: &types.AttributeValueMemberS{Value: "lease#job"}}
-		for _, a := range []struct {
-			name string
-			k    byte
-			s    string
-		}{
+		setAttrs(item, []fuzzAttr{
 			{attrOwner, ko, owner}, {attrFence, kf, fence}, {attrExpires, ke, exp},
 			{attrVersion, kv, rv}, {attrLeaseMs, kl, leaseMs}, {attrDraining, kd, rv},
-		} {
-			if v, ok := attr(a.k, a.s); ok {
-				item[a.name] = v
-			}
-		}
+		}...)
 		r, err := decodeLease(item)
 		if err != nil {
 			return
@@ -102,18 +111,10 @@ func FuzzDecodeRun(f *testing.F) {
 			attrOwner: &types.AttributeValueMemberS{Value: "o"},
 			attrClaim: &types.AttributeValueMemberS{Value: "c"},
 		}
-		for _, a := range []struct {
-			name string
-			k    byte
-			s    string
-		}{
+		setAttrs(item, []fuzzAttr{
 			{attrSlot, ks, slot}, {attrFence, kf, fence}, {attrStatus, kst, status}, {attrStartedAt, kt, started},
 			{attrClaims, kc, claims}, {attrError, ke, errText}, {attrMissed, kc, claims}, {RunTTLAttribute, kt, started},
-		} {
-			if v, ok := attr(a.k, a.s); ok {
-				item[a.name] = v
-			}
-		}
+		}...)
 		r, err := decodeRun(item)
 		if err != nil {
 			return

@@ -17,16 +17,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func item(kv ...string) map[string]types.AttributeValue {
-	m := map[string]types.AttributeValue{}
-	for i := 0; i+1 < len(kv); i += 2 {
-		m[kv[i]] = sAttr(kv[i+1])
-	}
-	return m
-}
-
-func key(pk string) map[string]types.AttributeValue { return item("pk", pk) }
-
 // Test 3 of the issue. Every form of the guard refuses a stale fence, with
 // both fences in the error, and accepts the current one; the transactional
 // forms leave nothing written when refused.
@@ -34,9 +24,7 @@ func TestGuardFormsRefuseStaleFence(t *testing.T) {
 	t.Parallel()
 	caps := srv.Caps(t)
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	faults := ddbtest.NewFaults(nil)
-	db := srv.Client(faults.Wrap)
+	table, faults, db := tableWithFaults(t)
 	// a held fence 1 and claimed a slot; b took over with fence 2.
 	a := newLease(t, db, table, "billing", fast("a"), slowLease)
 	b := newLease(t, db, table, "billing", fast("b"), slowLease)
@@ -180,8 +168,7 @@ func TestStaleReadsCannotPassGuardOrClaim(t *testing.T) {
 	t.Parallel()
 	caps := srv.Caps(t)
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	stale := &ddbtest.StaleReads{}
 	dbA := srv.Client(stale.Wrap)
 	slot := time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC)
@@ -251,9 +238,7 @@ func TestStaleReadsCannotPassGuardOrClaim(t *testing.T) {
 func TestGuardFailsClosed(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	faults := ddbtest.NewFaults(nil)
-	db := srv.Client(faults.Wrap)
+	table, faults, db := tableWithFaults(t)
 	g, err := ddblease.NewGuard(db, table, "nightly", func(o *ddblease.GuardOptions) { o.CallTimeout = time.Second })
 	require.NoError(t, err)
 	called := false
@@ -274,12 +259,7 @@ func TestGuardFailsClosed(t *testing.T) {
 	t.Run("read fails", func(t *testing.T) {
 		putRaw(t, srv.Client(nil), table, map[string]types.AttributeValue{"pk": sAttr("lease#nightly"), "fence": nAttr("1")})
 		require.NoError(t, g.Check(ctx, 1))
-		faults.Set(func(op string) ddbtest.Action {
-			if op == "GetItem" {
-				return ddbtest.ServerError
-			}
-			return ddbtest.Pass
-		})
+		faults.Set(every("GetItem", ddbtest.ServerError))
 		defer faults.Set(nil)
 		err := g.Check(ctx, 1)
 		require.Error(t, err)

@@ -1,12 +1,10 @@
 package ddblease_test
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,21 +24,17 @@ func probe(t *testing.T, h http.Handler) (int, string) {
 	return rec.Code, string(body)
 }
 
-// runLease runs l until the test ends, with fn waiting for its context.
-func runLease(t *testing.T, l *ddblease.Lease) (stop func() error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- l.Run(ctx, func(ctx context.Context, _ int64) error { <-ctx.Done(); return nil })
-	}()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() { cancel(); err = <-done })
-		return err
-	}
-	t.Cleanup(func() { _ = stop() })
-	return stop
+// untilUnhealthy probes h until it answers 503 and returns that body.
+func untilUnhealthy(t *testing.T, h http.Handler) string {
+	t.Helper()
+	var last string
+	require.Eventually(t, func() bool {
+		var code int
+		code, last = probe(t, h)
+		return code == http.StatusServiceUnavailable
+	}, 30*time.Second, 10*time.Millisecond)
+	t.Log(last)
+	return last
 }
 
 func TestHealthLeaderWithBlackHoledHeartbeats(t *testing.T) {
@@ -60,12 +54,7 @@ func TestHealthLeaderWithBlackHoledHeartbeats(t *testing.T) {
 	assert.Equal(t, "ok\n", body)
 
 	faults.Fail("UpdateItem", ddbtest.Blackhole, -1) // heartbeats go unanswered until CallTimeout
-	var last string
-	require.Eventually(t, func() bool {
-		code, last = probe(t, h)
-		return code == http.StatusServiceUnavailable
-	}, 30*time.Second, 10*time.Millisecond)
-	t.Log(last)
+	last := untilUnhealthy(t, h)
 	assert.True(t, l.IsLeader(), "the check failed only after the tenure ended: %s", last)
 	assert.Contains(t, last, `job "report": leading, but the lease was last renewed`)
 	assert.Contains(t, last, "renewals overdue by")
@@ -81,8 +70,7 @@ func TestHealthLeaderWithBlackHoledHeartbeats(t *testing.T) {
 
 func TestHealthStandbyStaysHealthy(t *testing.T) {
 	t.Parallel()
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	a := newLease(t, db, table, "report", fast("a"))
 	faults := ddbtest.NewFaults(nil)
 	b := newLease(t, srv.Client(faults.Wrap), table, "report", fast("b"))
@@ -106,13 +94,7 @@ func TestHealthStandbyStaysHealthy(t *testing.T) {
 	// same error, and it turns unhealthy; once they are answered again, it
 	// is healthy again.
 	faults.Fail("GetItem", ddbtest.Blackhole, -1)
-	var code int
-	var last string
-	require.Eventually(t, func() bool {
-		code, last = probe(t, h)
-		return code == http.StatusServiceUnavailable
-	}, 30*time.Second, 10*time.Millisecond)
-	t.Log(last)
+	last := untilUnhealthy(t, h)
 	assert.Contains(t, last, `job "report": acquire has failed for `)
 	assert.NotContains(t, last, "leading")
 	assert.NoError(t, a.CheckHealth(time.Second), "the leader")
@@ -131,12 +113,7 @@ func TestHealthWrongKeySchema(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, "before any campaign: %s", body)
 
 	stop := runLease(t, l)
-	var last string
-	require.Eventually(t, func() bool {
-		code, last = probe(t, h)
-		return code == http.StatusServiceUnavailable
-	}, 30*time.Second, 10*time.Millisecond)
-	t.Log(last)
+	last := untilUnhealthy(t, h)
 	assert.Contains(t, last, `ddblease: unhealthy: job "report": `)
 	assert.Contains(t, last, "the campaign stopped with an error")
 	assert.Contains(t, last, "wrong key schema")

@@ -116,8 +116,7 @@ func TestMalformedLeaseItem(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := withTimeout(t, 10*time.Second)
-			table := srv.NewTable(t)
-			db := srv.Client(nil)
+			table, db := tableAndClient(t)
 			item := good()
 			damage(item)
 			_, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item})
@@ -138,8 +137,7 @@ func TestMalformedLeaseItem(t *testing.T) {
 	t.Run("draining is a string", func(t *testing.T) {
 		t.Parallel()
 		ctx := withTimeout(t, 10*time.Second)
-		table := srv.NewTable(t)
-		db := srv.Client(nil)
+		table, db := tableAndClient(t)
 		item := good()
 		item["draining"] = s("yes")
 		_, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item})
@@ -185,8 +183,7 @@ func TestCreateTable(t *testing.T) {
 
 func TestResignOnSignal(t *testing.T) {
 	ctx := withTimeout(t, 10*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	a := newLease(t, db, table, "job", fast("a"))
 	b := newLease(t, db, table, "job", fast("b"))
 	_, err := a.TryAcquire(ctx)

@@ -3,7 +3,6 @@ package ddblease_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,67 +16,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// tenureLog records the tenures Run hands to fn.
-type tenureLog struct {
-	mu      sync.Mutex
-	fences  []int64
-	causes  []error
-	started chan int64
-}
-
-func newTenureLog() *tenureLog { return &tenureLog{started: make(chan int64, 16)} }
-
-// fn leads until its context ends, then records the cause.
-func (r *tenureLog) fn(ctx context.Context, fence int64) error {
-	r.mu.Lock()
-	r.fences = append(r.fences, fence)
-	r.mu.Unlock()
-	r.started <- fence
-	<-ctx.Done()
-	r.mu.Lock()
-	r.causes = append(r.causes, context.Cause(ctx))
-	r.mu.Unlock()
-	return ctx.Err()
-}
-
-func (r *tenureLog) cause(i int) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if i >= len(r.causes) {
-		return nil
-	}
-	return r.causes[i]
-}
-
-func runAsync(ctx context.Context, l *ddblease.Lease, fn func(context.Context, int64) error) (stop func() error) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx, fn) }()
-	return func() error {
-		cancel()
-		return <-done
-	}
-}
-
-func receive[T any](t *testing.T, ch <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(15 * time.Second):
-		t.Fatalf("timed out waiting for %s", what)
-		panic("unreachable")
-	}
-}
-
 // Another owner takes the lease over (here an operator's write with a
 // higher fence): the leader's context is cancelled with ErrLost at its next
 // heartbeat, and Run campaigns again.
 func TestRunCancelsOnTakeover(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	a := newLease(t, db, table, "job", fast("a"))
 	rec := newTenureLog()
 	stop := runAsync(ctx, a, rec.fn)
@@ -121,12 +66,7 @@ func TestRunCancelsAtDeadline(t *testing.T) {
 			}
 			return nil
 		}
-		faults.Set(func(op string) ddbtest.Action {
-			if op == "UpdateItem" {
-				return ddbtest.Reset
-			}
-			return ddbtest.Pass
-		})
+		faults.Set(every("UpdateItem", ddbtest.Reset))
 		deadline = a.State().Deadline
 		<-ctx.Done()
 		cancelled <- time.Now()
@@ -156,8 +96,7 @@ func TestRunCancelsAtDeadline(t *testing.T) {
 func TestRunDrainsThenResigns(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	a := newLease(t, db, table, "job", fast("a"))
 	b := newLease(t, db, table, "job", fast("b"))
 	started := make(chan struct{})
@@ -202,8 +141,7 @@ func TestRunDrainsThenResigns(t *testing.T) {
 func TestRunDrainTimeout(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 20*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	short := func(o *ddblease.Options) { o.DrainTimeout = 200 * time.Millisecond }
 	a := newLease(t, db, table, "job", fast("a"), short)
 	b := newLease(t, db, table, "job", fast("b"))
@@ -239,8 +177,7 @@ func TestRunDrainTimeout(t *testing.T) {
 func TestRunReturnsFnResult(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 10*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	a := newLease(t, db, table, "job", fast("a"))
 	require.NoError(t, a.Run(ctx, func(context.Context, int64) error { return nil }))
 	boom := errors.New("boom")
@@ -259,8 +196,7 @@ func TestRunReturnsFnResult(t *testing.T) {
 func TestRunStopsWhileStandby(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 10*time.Second)
-	table := srv.NewTable(t)
-	db := srv.Client(nil)
+	table, db := tableAndClient(t)
 	a := newLease(t, db, table, "job", fast("a"))
 	_, err := a.TryAcquire(ctx)
 	require.NoError(t, err)

@@ -5,34 +5,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"slices"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
 	"github.com/ddblease/ddblease/internal/reqcount"
 )
-
-// keepVersion returns a copy of a heartbeat request that writes the renewal
-// version held by the item that the acquire request created (":rv" of
-// acquire), so that it can be sent again and again: every write of the
-// library is conditional on a version it wrote itself, and a heartbeat
-// captured right after an acquire accepts the acquire's version.
-func keepVersion(heartbeat, acquire *dynamodb.UpdateItemInput) *dynamodb.UpdateItemInput {
-	c := *heartbeat
-	c.ExpressionAttributeValues = maps.Clone(heartbeat.ExpressionAttributeValues)
-	c.ExpressionAttributeValues[":rv"] = acquire.ExpressionAttributeValues[":rv"]
-	return &c
-}
-
-// onKey returns a copy of the request aimed at the lease item of job.
-func onKey(in *dynamodb.UpdateItemInput, job string) *dynamodb.UpdateItemInput {
-	c := *in
-	c.Key = map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "lease#" + job}}
-	return &c
-}
 
 // overhead times TryAcquire and Heartbeat against the raw UpdateItem they
 // send, interleaved call by call (in random order) so that drift on a shared
@@ -70,15 +48,15 @@ func (r *runner) overhead() {
 	}
 	heartbeatIn := rec.LastUpdate()
 	rawHB := prefix + "-hb-raw"
-	if _, err := db.UpdateItem(ctx, onKey(acquireIn, rawHB)); err != nil {
+	if _, err := db.UpdateItem(ctx, reqcount.OnKey(acquireIn, rawHB)); err != nil {
 		r.fail("overhead", err)
 		return
 	}
-	heartbeatIn = onKey(keepVersion(heartbeatIn, acquireIn), rawHB)
+	heartbeatIn = reqcount.OnKey(reqcount.KeepVersion(heartbeatIn, acquireIn), rawHB)
 
 	// Warm up connections and the server.
 	for i := range 20 {
-		_, _ = db.UpdateItem(ctx, onKey(acquireIn, fmt.Sprintf("%s-warm-%d", prefix, i)))
+		_, _ = db.UpdateItem(ctx, reqcount.OnKey(acquireIn, fmt.Sprintf("%s-warm-%d", prefix, i)))
 	}
 	var acqOurs, acqRaw, hbOurs, hbRaw []time.Duration
 	for i := range n {
@@ -87,7 +65,7 @@ func (r *runner) overhead() {
 			r.fail("overhead", err)
 			return
 		}
-		in := onKey(acquireIn, fmt.Sprintf("%s-raw-%d", prefix, i))
+		in := reqcount.OnKey(acquireIn, fmt.Sprintf("%s-raw-%d", prefix, i))
 		ours := func() error { _, err := l.TryAcquire(ctx); return err }
 		raw := func() error { _, err := db.UpdateItem(ctx, in); return err }
 		d1, d2, err := pair(i, ours, raw)

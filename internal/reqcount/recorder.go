@@ -2,9 +2,11 @@ package reqcount
 
 import (
 	"context"
+	"maps"
 	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
 )
 
@@ -30,4 +32,23 @@ func (r *Recorder) LastUpdate() *dynamodb.UpdateItemInput {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.last
+}
+
+// KeepVersion returns a copy of a heartbeat request that writes the renewal
+// version held by the item that the acquire request created (":rv" of
+// acquire), so that it can be sent again and again: every write of the
+// library is conditional on a version it wrote itself, and a heartbeat
+// captured right after an acquire accepts the acquire's version.
+func KeepVersion(heartbeat, acquire *dynamodb.UpdateItemInput) *dynamodb.UpdateItemInput {
+	c := *heartbeat
+	c.ExpressionAttributeValues = maps.Clone(heartbeat.ExpressionAttributeValues)
+	c.ExpressionAttributeValues[":rv"] = acquire.ExpressionAttributeValues[":rv"]
+	return &c
+}
+
+// OnKey returns a copy of the request aimed at the lease item of job.
+func OnKey(in *dynamodb.UpdateItemInput, job string) *dynamodb.UpdateItemInput {
+	c := *in
+	c.Key = map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "lease#" + job}}
+	return &c
 }

@@ -12,16 +12,6 @@ import (
 	"github.com/aws/smithy-go"
 )
 
-// ended returns the error of a context that has ended, with its cause if
-// that differs: both context.Canceled and the cause are in the chain.
-func ended(ctx context.Context) error {
-	err, cause := ctx.Err(), context.Cause(ctx)
-	if cause == nil || cause == err {
-		return err
-	}
-	return fmt.Errorf("%w: %w", err, cause)
-}
-
 // txRetry says how retryConflicts retries.
 type txRetry struct {
 	now      func() time.Time // the clock of deadline
@@ -100,4 +90,30 @@ func transactRetrying(ctx context.Context, db DynamoDBAPI, items []types.Transac
 		return fmt.Errorf("client request token %s was used before with other parameters: %w", aws.ToString(in.ClientRequestToken), err)
 	}
 	return err
+}
+
+// conditionFailed reports whether err is a cancelled transaction whose
+// action i failed its condition, and returns the item the server sent with
+// the failure, if any.
+func conditionFailed(err error, i int) (map[string]types.AttributeValue, bool) {
+	var tce *types.TransactionCanceledException
+	if err == nil || !errors.As(err, &tce) || i >= len(tce.CancellationReasons) {
+		return nil, false
+	}
+	r := tce.CancellationReasons[i]
+	return r.Item, aws.ToString(r.Code) == "ConditionalCheckFailed"
+}
+
+// updateItemInput is the UpdateItem request that applies upd on its own,
+// where a server has no transactions.
+func updateItemInput(upd *types.Update) *dynamodb.UpdateItemInput {
+	return &dynamodb.UpdateItemInput{
+		TableName:                           upd.TableName,
+		Key:                                 upd.Key,
+		UpdateExpression:                    upd.UpdateExpression,
+		ConditionExpression:                 upd.ConditionExpression,
+		ExpressionAttributeNames:            upd.ExpressionAttributeNames,
+		ExpressionAttributeValues:           upd.ExpressionAttributeValues,
+		ReturnValuesOnConditionCheckFailure: upd.ReturnValuesOnConditionCheckFailure,
+	}
 }

@@ -1,0 +1,116 @@
+package ddblease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Acquire waits until it holds the lease or ctx ends, and returns the fence.
+// It polls with eventually consistent reads every RetryInterval (less a
+// jitter), ten times as often while the holder drains, and writes only when
+// the lease looks free: the conditional write decides. Throttling, server
+// and network errors are logged (rate-limited) and retried; errors the
+// server blames on the request (a missing table, a wrong key schema, denied
+// access, bad credentials) and a malformed lease item are returned at once.
+// When ctx ends it returns an error wrapping ctx's cause, joined with the
+// last error if the last attempt failed.
+func (l *Lease) Acquire(ctx context.Context) (int64, error) {
+	fence, _, err := l.acquire(ctx)
+	return fence, err
+}
+
+// acquire is Acquire; failing reports that every attempt failed.
+func (l *Lease) acquire(ctx context.Context) (fence int64, failing bool, err error) {
+	var lastErr error
+	succeeded := false
+	for {
+		if ctx.Err() != nil {
+			return 0, !succeeded && lastErr != nil, errors.Join(fmt.Errorf("ddblease: acquire %q: %w", l.job, ended(ctx)), lastErr)
+		}
+		var err error
+		wait := l.pollInterval()
+		if y := l.yielding(); y > 0 {
+			wait = min(wait, y)
+		}
+		if l.takeable() && l.yielding() <= 0 {
+			if fence, err = l.TryAcquire(ctx); err == nil {
+				return fence, false, nil
+			}
+		} else if err = l.poll(ctx); err == nil && l.takeable() && l.yielding() <= 0 {
+			continue
+		}
+		switch {
+		case err == nil, errors.Is(err, ErrHeld), errors.Is(err, ErrLost):
+			lastErr, succeeded = nil, true
+		case ctx.Err() != nil:
+			continue
+		case !retryable(err):
+			return 0, true, err
+		default:
+			lastErr = err
+			l.notify.emit(l.event(EventRetry, Event{Op: "acquire", Err: err}))
+		}
+		if sleep(ctx, wait) != nil {
+			continue
+		}
+	}
+}
+
+// yielding returns how long Acquire still leaves a free lease to others.
+func (l *Lease) yielding() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.yieldUntil.Sub(l.opts.Now())
+}
+
+// poll reads the lease item, eventually consistent, and records what it saw.
+func (l *Lease) poll(ctx context.Context) error {
+	rec, present, err := l.read(ctx, false)
+	if err == nil {
+		l.observe(rec, present)
+	}
+	return err
+}
+
+// pollInterval is how long a standby waits before it looks again: a
+// jittered RetryInterval (a tenth of it while the holder drains), or less
+// when the lease becomes takeable sooner, by its recorded expiry or by the
+// watch on its renewal version, so that a crashed holder's lease is taken
+// the moment it may be, without extra reads.
+func (l *Lease) pollInterval() time.Duration {
+	r := l.takeoverRule()
+	d := l.opts.RetryInterval
+	if r.obs.present && r.obs.rec.Draining {
+		d /= 10
+	}
+	d = jitter(d)
+	if r.obs.present {
+		d = min(d, r.wait(l.opts.Now()))
+	}
+	return d
+}
+
+func (l *Lease) observe(rec Record, present bool) {
+	now := l.opts.Now()
+	defer l.notify.flush()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !present {
+		l.obs = observation{valid: true}
+		return
+	}
+	if !l.obs.present || l.obs.rec.version != rec.version {
+		l.obs.since = now
+	}
+	l.obs.valid, l.obs.present, l.obs.rec = true, true, rec
+	if rec.Owner != l.opts.Owner && !rec.ExpiresAt.IsZero() && (rec.Owner != l.seen.owner || rec.Fence != l.seen.fence) {
+		l.seen = seenHolder{owner: rec.Owner, fence: rec.Fence}
+		l.notify.push(l.event(EventLeaderSeen, Event{Holder: rec.Owner, Fence: rec.Fence}))
+	}
+}
+
+// takeable reports whether the last observation allows an acquisition
+// attempt now (see takeover).
+func (l *Lease) takeable() bool { return l.takeoverRule().mayTry(l.opts.Now()) }

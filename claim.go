@@ -1,0 +1,291 @@
+package ddblease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// Claim records a run of slot for this handle's tenure, with one
+// conditional write of the item jobrun#<job>#<slot>, and returns the run.
+// The slot is the schedule's nominal fire time, never time.Now(). Its
+// identity is the instant: the key holds it in UTC, RFC 3339 with as many
+// fractional digits as it needs (2026-11-30T02:00:00Z); the zero time and
+// years outside 0001-9999 are errors wrapping ErrInvalid.
+//
+// Only the current holder can claim: a handle with no tenure, or past its
+// local deadline, gets ErrNotLeader; where the server supports transactions
+// the write carries a check that the lease item still names this owner and
+// fence, and a deposed holder gets ErrLost (its tenure ends). The write
+// succeeds only if the slot has no run, or, under the Rerun policy, a run
+// that an older fence left running. Otherwise Claim returns a
+// *SlotTakenError (errors.Is(err, ErrSlotTaken)) holding the run found;
+// under NeverRerun, a run an older fence left running is first marked
+// abandoned. A malformed item in the slot is an error wrapping
+// ErrMalformedItem.
+//
+// The write is retried by the SDK on transient errors; a retry that finds
+// its own earlier attempt applied is recognised by the claim's random
+// token. A transaction cancelled by a conflict with another write to one
+// of its items (a heartbeat renewing the lease item, on DynamoDB) is sent
+// again with jittered back-off, under the same ClientRequestToken, until
+// Options.CallTimeout has passed since the call began, and never past the
+// tenure's local deadline. Claim makes one request (two on the first claim of a Lease whose
+// server lacks transactions), plus one to abandon a run and, when the
+// outcome of the write is unknown, one consistent read.
+func (l *Lease) Claim(ctx context.Context, slot time.Time, optFns ...func(*JobOptions)) (*JobRun, error) {
+	o, err := newJobOptions(optFns)
+	if err != nil {
+		return nil, err
+	}
+	return l.claim(ctx, slot, &o, randomID(8), 0)
+}
+
+func (l *Lease) claim(ctx context.Context, slot time.Time, o *JobOptions, token string, missed int) (*JobRun, error) {
+	return l.claimRun(ctx, slot, o, token, missed, claimSpec{})
+}
+
+// claimSpec says how claimRun departs from a plain claim (control.go).
+type claimSpec struct {
+	trigger   string    // a triggered run's trigger id: the run id is triggerRunID
+	status    RunStatus // the status written, if not RunRunning: a final one
+	reclaimed bool      // a run skipped by a pause may be claimed again
+}
+
+func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, token string, missed int, spec claimSpec) (*JobRun, error) {
+	id, err := slotID(slot)
+	if err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	slot = slot.Round(0).UTC()
+	slotText := id
+	if spec.trigger != "" {
+		id = triggerRunID(slot, spec.trigger)
+	}
+	if spec.status == "" {
+		spec.status = RunRunning
+	}
+	now := l.opts.Now()
+	t := l.current()
+	if !t.held || !now.Before(t.deadline) {
+		return nil, fmt.Errorf("%w: claim %q slot %s", ErrNotLeader, l.job, id)
+	}
+	key := map[string]types.AttributeValue{attrPK: avS(runItemKey(l.job, id))}
+	names := map[string]string{
+		"#pk": attrPK, "#job": attrJob, "#slot": attrSlot, "#fence": attrFence, "#owner": attrOwner,
+		"#claim": attrClaim, "#status": attrStatus, "#start": attrStartedAt, "#ttl": RunTTLAttribute,
+		"#claims": attrClaims, "#missed": attrMissed,
+	}
+	values := map[string]types.AttributeValue{
+		":job": avS(l.job), ":slot": avS(slotText), ":fence": avN(t.fence), ":me": avS(l.opts.Owner),
+		":claim": avS(token), ":running": avS(string(RunRunning)), ":now": avN(now.UnixMilli()),
+		":ttl": avN(now.Add(o.Retention).Unix()), ":zero": avN(0), ":one": avN(1), ":missed": avN(int64(missed)),
+	}
+	cond := "attribute_not_exists(#pk)"
+	if o.Rerun == Rerun {
+		cond += " OR (#status = :running AND #fence < :fence)"
+	}
+	// A run that may be claimed again is running, so it has none of the
+	// attributes a finished run has: nothing needs removing, except from a
+	// run skipped by a pause, claimed again for a catch-up.
+	update := "SET #job = :job, #slot = :slot, #fence = :fence, #owner = :me, #claim = :claim, " +
+		"#status = :st, #start = :now, #ttl = :ttl, #missed = :missed, " +
+		"#claims = if_not_exists(#claims, :zero) + :one"
+	values[":st"] = avS(string(spec.status))
+	if o.Rerun != Rerun {
+		delete(values, ":running")
+	}
+	if spec.status != RunRunning {
+		update += ", #fin = :now"
+		names["#fin"] = attrFinishedAt
+	}
+	if spec.trigger != "" {
+		update += ", #trig = :trig"
+		names["#trig"], values[":trig"] = attrTrigger, avS(spec.trigger)
+	}
+	if spec.reclaimed {
+		cond += " OR #status = :skipped"
+		values[":skipped"] = avS(string(RunSkippedByPause))
+		if spec.status == RunRunning {
+			update += " REMOVE #fin"
+			names["#fin"] = attrFinishedAt
+		}
+	}
+	upd := &types.Update{
+		TableName:                           aws.String(l.table),
+		Key:                                 key,
+		UpdateExpression:                    aws.String(update),
+		ConditionExpression:                 aws.String(cond),
+		ExpressionAttributeNames:            names,
+		ExpressionAttributeValues:           values,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	}
+	run := &JobRun{l: l, slot: slot, id: id, key: key, fence: t.fence, claim: token, started: now.Round(0), missed: missed,
+		trigger: spec.trigger, finished: spec.status != RunRunning}
+	failed, old, err := l.claimWrite(ctx, t, upd, o)
+	switch {
+	case errors.Is(err, ErrLost):
+		return nil, err
+	case err != nil && !retryable(err) && !mismatch(err):
+		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
+	case err != nil:
+		// The outcome is unknown (or the server saw this request's token
+		// before, with other parameters): read the item back.
+		rec, present, rerr := l.readRun(ctx, key)
+		if rerr == nil && present && rec.claim == token {
+			return l.claimed(run), nil
+		}
+		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, errors.Join(err, rerr))
+	case !failed:
+		return l.claimed(run), nil
+	}
+	rec, present, err := l.runFromFailure(ctx, key, old)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
+	case !present:
+		return nil, fmt.Errorf("ddblease: claim %q slot %s: the condition failed but the run item is gone; try again", l.job, id)
+	case rec.claim == token:
+		return l.claimed(run), nil // an SDK retry of a write that did land
+	}
+	taken := &SlotTakenError{Run: rec}
+	if rec.Status == RunRunning && rec.Fence < t.fence && o.Rerun == NeverRerun {
+		var err error
+		if taken.Run, taken.Abandoned, err = l.abandon(ctx, rec, t.fence); err != nil {
+			l.log.Warn("ddblease: could not mark an orphaned run abandoned", "slot", id, "fence", rec.Fence, "err", err)
+		}
+	}
+	return nil, taken
+}
+
+// claimed reports a claimed run.
+func (l *Lease) claimed(run *JobRun) *JobRun {
+	if run.finished { // control.go: a slot recorded as skipped by a pause
+		l.notify.emit(l.event(EventRunFinished, Event{Slot: run.slot, Fence: run.fence, Status: RunSkippedByPause}))
+		return run
+	}
+	l.notify.emit(l.event(EventRunClaimed, Event{Slot: run.slot, Fence: run.fence}))
+	return run
+}
+
+// claimWrite writes the claim, in a transaction with a check on the lease
+// item where the server supports them. failed reports that the run item's
+// condition failed, old is the item then returned, if any. A failed check
+// on the lease item ends the tenure and returns ErrLost.
+func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *JobOptions) (failed bool, old map[string]types.AttributeValue, err error) {
+	if !o.NoTransactions && !l.noTxn.Load() {
+		check := &types.ConditionCheck{
+			TableName:                           aws.String(l.table),
+			Key:                                 l.key,
+			ConditionExpression:                 aws.String("#owner = :me AND #fence = :fence"),
+			ExpressionAttributeNames:            map[string]string{"#owner": attrOwner, "#fence": attrFence},
+			ExpressionAttributeValues:           map[string]types.AttributeValue{":me": avS(l.opts.Owner), ":fence": avN(t.fence)},
+			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+		}
+		// Conflicts (a heartbeat renewing the lease item as the claim
+		// checks it) are retried until CallTimeout has passed, and never
+		// past the tenure's local deadline.
+		deadline := l.opts.Now().Add(l.opts.CallTimeout)
+		if t.deadline.Before(deadline) {
+			deadline = t.deadline
+		}
+		err := transactRetrying(ctx, l.db, []types.TransactWriteItem{{ConditionCheck: check}, {Update: upd}},
+			txRetry{now: l.opts.Now, deadline: deadline, timeout: l.opts.CallTimeout})
+		if !errors.Is(err, ErrTransactionsUnsupported) {
+			if item, ok := conditionFailed(err, 0); ok {
+				lost := l.lostError(t.fence, item)
+				l.end(t.fence, lost, LossDeposed)
+				return false, nil, lost
+			}
+			if item, ok := conditionFailed(err, 1); ok {
+				return true, item, nil
+			}
+			return false, nil, err
+		}
+		l.log.Info("ddblease: the server does not support transactions; claims will not check the lease item", "err", err)
+		l.noTxn.Store(true)
+	}
+	in := updateItemInput(upd)
+	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
+	defer cancel()
+	_, err = l.db.UpdateItem(cctx, in)
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		return true, ccf.Item, nil
+	}
+	return false, nil, err
+}
+
+// lostError describes a failed check on the lease item, from the item the
+// server returned with the failure, if any.
+func (l *Lease) lostError(fence int64, item map[string]types.AttributeValue) error {
+	if rec, err := decodeLease(item); len(item) > 0 && err == nil {
+		return fmt.Errorf("%w: %q fence %d: now held by %q with fence %d", ErrLost, l.job, fence, rec.Owner, rec.Fence)
+	}
+	return fmt.Errorf("%w: %q fence %d: the lease item no longer names this owner and fence", ErrLost, l.job, fence)
+}
+
+// runFromFailure decodes the run item returned with a failed condition, or
+// reads it when the server returned none.
+func (l *Lease) runFromFailure(ctx context.Context, key, item map[string]types.AttributeValue) (RunRecord, bool, error) {
+	if len(item) > 0 {
+		rec, err := decodeRun(item)
+		return rec, err == nil, err
+	}
+	return l.readRun(ctx, key)
+}
+
+// readRun reads a run item with a strongly consistent read, even when ctx
+// has ended, so that an applied write is known.
+func (l *Lease) readRun(ctx context.Context, key map[string]types.AttributeValue) (RunRecord, bool, error) {
+	item, err := getItem(context.WithoutCancel(ctx), l.db, l.table, key, l.opts.CallTimeout)
+	if err != nil {
+		return RunRecord{}, false, fmt.Errorf("ddblease: read run item: %w", err)
+	}
+	if len(item) == 0 {
+		return RunRecord{}, false, nil
+	}
+	rec, err := decodeRun(item)
+	return rec, err == nil, err
+}
+
+// abandon marks rec, which an older tenure left running, abandoned by
+// fence. ok reports that this call did it; the record returned is the run
+// as it now stands, as far as known.
+func (l *Lease) abandon(ctx context.Context, rec RunRecord, fence int64) (RunRecord, bool, error) {
+	id := fmtSlot(rec.Slot)
+	now := l.opts.Now()
+	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
+	defer cancel()
+	_, err := l.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
+		TableName:           aws.String(l.table),
+		Key:                 map[string]types.AttributeValue{attrPK: avS(runItemKey(l.job, id))},
+		UpdateExpression:    aws.String("SET #status = :abandoned, #by = :by, #fin = :now"),
+		ConditionExpression: aws.String("#status = :running AND #claim = :claim AND #fence = :old"),
+		ExpressionAttributeNames: map[string]string{
+			"#status": attrStatus, "#by": attrAbandonedBy, "#fin": attrFinishedAt, "#claim": attrClaim, "#fence": attrFence,
+		},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":abandoned": avS(string(RunAbandoned)), ":by": avN(fence), ":now": avN(now.UnixMilli()),
+			":running": avS(string(RunRunning)), ":claim": avS(rec.claim), ":old": avN(rec.Fence),
+		},
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	})
+	var ccf *types.ConditionalCheckFailedException
+	switch {
+	case err == nil:
+		rec.Status, rec.AbandonedBy, rec.FinishedAt = RunAbandoned, fence, time.UnixMilli(now.UnixMilli())
+		return rec, true, nil
+	case errors.As(err, &ccf):
+		if cur, derr := decodeRun(ccf.Item); len(ccf.Item) > 0 && derr == nil {
+			return cur, false, nil
+		}
+		return rec, false, nil
+	}
+	return rec, false, fmt.Errorf("ddblease: abandon run %q slot %s: %w", l.job, id, err)
+}

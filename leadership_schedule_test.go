@@ -1,0 +1,171 @@
+package ddblease_test
+
+// Leadership as a user sees it (RunSchedule's leadership across late renewals, clock steps and long outages): each test is the regression test
+// of a defect where the library's own idea of its tenure and what a user
+// observed disagreed (see leadership_test.go).
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/internal/ddbtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// lateRenewal, once armed, lets the next heartbeat (an UpdateItem of the
+// lease item) land but loses its answer, and from then on holds every
+// GetItem (the read-back that would confirm it) and every later write of
+// the lease item, until released.
+type lateRenewal struct {
+	base  http.RoundTripper
+	armed atomic.Bool
+	hold  atomic.Bool
+}
+
+func (l *lateRenewal) RoundTrip(r *http.Request) (*http.Response, error) {
+	op := ddbtest.Op(r)
+	if op == "GetItem" && l.hold.Load() {
+		<-r.Context().Done()
+		return nil, r.Context().Err()
+	}
+	if op == "UpdateItem" && (l.armed.Load() || l.hold.Load()) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return nil, err
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if !bytes.Contains(body, []byte(`"lease#`)) {
+			return l.base.RoundTrip(r)
+		}
+		if l.hold.Load() {
+			<-r.Context().Done()
+			return nil, r.Context().Err()
+		}
+		if l.armed.CompareAndSwap(true, false) {
+			l.hold.Store(true)
+			if resp, err := l.base.RoundTrip(r); err == nil {
+				_ = resp.Body.Close()
+			}
+			return nil, errors.New("read tcp: connection reset by peer (injected)")
+		}
+	}
+	return l.base.RoundTrip(r)
+}
+
+// Defect 2: a renewal confirmed only after the local deadline does not
+// revive the tenure; the schedule keeps firing, under a new tenure.
+func TestScheduleKeepsFiringAfterLateRenewal(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table := srv.NewTable(t)
+	lr := &lateRenewal{}
+	a := newLease(t, srv.Client(func(rt http.RoundTripper) http.RoundTripper { lr.base = rt; return lr }), table, "job", fast("a"))
+	fences := make(chan int64, 1000)
+	done := make(chan error, 1)
+	rctx, cancel := context.WithCancel(ctx)
+	go func() {
+		done <- a.RunSchedule(rctx, ddblease.Every(50*time.Millisecond), func(ctx context.Context, run *ddblease.JobRun) error {
+			fences <- run.Fence()
+			return nil
+		})
+	}()
+	require.Equal(t, int64(1), receive(t, fences, "a slot fires"))
+	lr.armed.Store(true)
+	// The tenure ends at its deadline; then the server is reachable again,
+	// and a read-back would confirm the lost renewal, too late.
+	for lr.armed.Load() || a.IsLeader() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the tenure did not end: armed %v leader %v state %+v", lr.armed.Load(), a.IsLeader(), a.State())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	lr.hold.Store(false)
+	// A later tenure fires several slots: the schedule did not stall.
+	for n := 0; n < 3; {
+		if receive(t, fences, "slots after the lost renewal") > 1 {
+			n++
+		}
+	}
+	cancel()
+	assert.NoError(t, <-done)
+}
+
+// Defect 11: a wall clock stepped forward and then back does not stall the
+// schedule for as long as the step.
+func TestScheduleSurvivesClockStepBack(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table := srv.NewTable(t)
+	var step atomic.Int64
+	a := newLease(t, srv.Client(nil), table, "job", fast("a"), func(o *ddblease.Options) {
+		o.Now = func() time.Time { return time.Now().Add(time.Duration(step.Load())) }
+	})
+	fired := make(chan time.Time, 1000)
+	done := make(chan error, 1)
+	rctx, cancel := context.WithCancel(ctx)
+	go func() {
+		done <- a.RunSchedule(rctx, ddblease.Every(100*time.Millisecond), func(ctx context.Context, run *ddblease.JobRun) error {
+			fired <- run.Slot()
+			return nil
+		})
+	}()
+	receive(t, fired, "a slot")
+	step.Store(int64(time.Minute)) // NTP steps the clock a minute ahead...
+	ahead := receive(t, fired, "a slot on the stepped clock")
+	for ahead.Before(time.Now().Add(30 * time.Second)) {
+		ahead = receive(t, fired, "a slot on the stepped clock")
+	}
+	step.Store(0) // ...and back
+	// Slots on the corrected clock fire again, long before the minute the
+	// clock was ahead has passed (the test's context ends in 30 s).
+	for n := 0; n < 3; {
+		if s := receive(t, fired, "a slot on the corrected clock"); s.Before(time.Now().Add(time.Second)) {
+			n++
+		}
+	}
+	cancel()
+	assert.NoError(t, <-done)
+}
+
+// Defect 14: a catch-up over more than 100 slots counts the missed ones
+// exactly and abandons a run an older tenure left running far back.
+func TestCatchUpOverManySlots(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table, db := tableAndClient(t)
+	sched := ddblease.Every(time.Second)
+	a := newLease(t, db, table, "job", fast("a"))
+	_, err := a.TryAcquire(ctx)
+	require.NoError(t, err)
+	orphan, err := a.Claim(ctx, time.Now().Truncate(time.Second))
+	require.NoError(t, err) // left running: a dies mid-run
+	require.NoError(t, a.Resign(ctx))
+
+	// b's clock is 150 s ahead: 150 one-second slots fell due since.
+	b := newLease(t, db, table, "job", fast("b"), offset(150*time.Second))
+	fired := make(chan *ddblease.JobRun, 1)
+	rctx, cancel := context.WithCancel(ctx)
+	err = b.RunSchedule(rctx, sched, func(ctx context.Context, run *ddblease.JobRun) error {
+		fired <- run
+		cancel()
+		return nil
+	})
+	require.NoError(t, err)
+	run := <-fired
+	n, known := run.Missed()
+	assert.True(t, known)
+	assert.Equal(t, int(run.Slot().Sub(orphan.Slot())/time.Second)-1, n, "the slots between the orphan and the fired one")
+	runs, err := b.ListRuns(ctx, sched, orphan.Slot(), orphan.Slot())
+	require.NoError(t, err)
+	require.Len(t, runs, 1)
+	assert.Equal(t, ddblease.RunAbandoned, runs[0].Status)
+}

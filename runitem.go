@@ -1,0 +1,191 @@
+package ddblease
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// Attribute names of a job-run item (pk, owner and fence as in the lease
+// item). Several are reserved words: expressions use expression attribute
+// names throughout.
+const (
+	attrJob         = "job"
+	attrSlot        = "slot"        // S: the slot, RFC 3339 in UTC
+	attrClaim       = "claim"       // S: random token of the claim
+	attrStatus      = "status"      // S: a RunStatus
+	attrStartedAt   = "startedAt"   // N: Unix ms, claimant's clock
+	attrFinishedAt  = "finishedAt"  // N: Unix ms
+	attrError       = "error"       // S: error text of a failed run
+	attrClaims      = "claims"      // N: claims made, 1 + re-runs
+	attrMissed      = "missed"      // N: slots found missed by the catch-up; -1: unknown
+	attrAbandonedBy = "abandonedBy" // N: fence of the tenure that abandoned it
+	attrTrigger     = "trigger"     // S: id of the trigger request of a triggered run
+)
+
+// slotID formats a slot for the run item's key: RFC 3339 in UTC, with as
+// many fractional digits as it needs (2026-11-30T02:00:00Z). A zero slot,
+// or one outside years 0001-9999, is an error wrapping ErrInvalid.
+func slotID(slot time.Time) (string, error) {
+	if slot.IsZero() {
+		return "", invalid("slot is the zero time")
+	}
+	if y := slot.UTC().Year(); y < 1 || y > 9999 {
+		return "", invalid("slot %v is outside years 0001-9999", slot)
+	}
+	return fmtSlot(slot), nil
+}
+
+func runItemKey(job, id string) string { return "jobrun#" + job + "#" + id }
+
+// RunRecord is a job-run item as stored in the table.
+type RunRecord struct {
+	Job        string
+	Slot       time.Time // the slot, in UTC
+	Fence      int64     // the claimant's fence
+	Owner      string    // the claimant's owner id
+	Status     RunStatus
+	StartedAt  time.Time // claim time, by the claimant's clock
+	FinishedAt time.Time // zero while running
+	Error      string    // the error of a failed run
+	// Claims counts the claims made on the slot: 1, plus one per re-run.
+	Claims int
+	// Missed counts the slots that the catch-up before this run skipped
+	// and found without a run, after the latest earlier run (RunSchedule).
+	// Only slots within CatchUpWindow of the catch-up are looked at: after
+	// an outage longer than the window, older slots went unrun uncounted,
+	// and a run an old tenure left running there stays running until its
+	// item expires. ListRuns shows them.
+	Missed int
+	// MissedUnknown reports that the catch-up could not read the skipped
+	// slots back (Missed is then 0).
+	MissedUnknown bool
+	// AbandonedBy is the fence of the tenure that marked the run abandoned.
+	AbandonedBy int64
+	// ExpiresAt is when the item may be deleted (its time to live).
+	ExpiresAt time.Time
+	// Trigger is the id of the trigger request (Admin.Trigger) of a run
+	// made outside the schedule; empty for a schedule slot.
+	Trigger string
+
+	claim string
+}
+
+// runItem is a job-run item as stored: the record that decodeRun decodes
+// with attributevalue and then validates.
+type runItem struct {
+	PK          sAttr `dynamodbav:"pk"`
+	Job         sAttr `dynamodbav:"job"`
+	Slot        sAttr `dynamodbav:"slot"`
+	Trigger     sAttr `dynamodbav:"trigger"`
+	Fence       nAttr `dynamodbav:"fence"`
+	Owner       sAttr `dynamodbav:"owner"`
+	Claim       sAttr `dynamodbav:"claim"`
+	Status      sAttr `dynamodbav:"status"`
+	StartedAt   nAttr `dynamodbav:"startedAt"`
+	FinishedAt  nAttr `dynamodbav:"finishedAt"`
+	Error       sAttr `dynamodbav:"error"`
+	Claims      nAttr `dynamodbav:"claims"`
+	Missed      nAttr `dynamodbav:"missed"`
+	AbandonedBy nAttr `dynamodbav:"abandonedBy"`
+	TTL         nAttr `dynamodbav:"ttl"` // RunTTLAttribute
+}
+
+// decodeRun reads a run item. Every attribute the protocol relies on must be
+// present with the right type; anything else is ErrMalformedItem.
+func decodeRun(item map[string]types.AttributeValue) (RunRecord, error) {
+	var it runItem
+	key, _ := str(item, attrPK)
+	fail := func(e error) (RunRecord, error) {
+		return RunRecord{}, fmt.Errorf("%w: run item %q: %v", ErrMalformedItem, key, e)
+	}
+	if err := unmarshalItem(item, &it); err != nil {
+		return fail(err)
+	}
+	var r RunRecord
+	var err error
+	if r.Job, err = it.Job.get(attrJob); err != nil {
+		return fail(err)
+	}
+	id, err := it.Slot.get(attrSlot)
+	if err != nil {
+		return fail(err)
+	}
+	if r.Slot, err = time.Parse(time.RFC3339Nano, id); err != nil {
+		return fail(fmt.Errorf("attribute %s is %q, not an RFC 3339 time", attrSlot, id))
+	}
+	r.Slot = r.Slot.UTC()
+	want := runItemKey(r.Job, fmtSlot(r.Slot))
+	if it.Trigger.set {
+		if r.Trigger, err = it.Trigger.get(attrTrigger); err != nil {
+			return fail(err)
+		}
+		if !validTriggerID(r.Trigger) {
+			return fail(fmt.Errorf("attribute %s is %q, not a trigger id", attrTrigger, r.Trigger))
+		}
+		want = runItemKey(r.Job, triggerRunID(r.Slot, r.Trigger))
+	}
+	if key != want {
+		return fail(fmt.Errorf("key does not match its job and slot (%q)", want))
+	}
+	if r.Fence, err = it.Fence.get(attrFence); err != nil {
+		return fail(err)
+	}
+	if r.Fence < 1 {
+		return fail(fmt.Errorf("fence %d is below 1", r.Fence))
+	}
+	if r.Owner, err = it.Owner.get(attrOwner); err != nil {
+		return fail(err)
+	}
+	if r.claim, err = it.Claim.get(attrClaim); err != nil {
+		return fail(err)
+	}
+	st, err := it.Status.get(attrStatus)
+	if err != nil {
+		return fail(err)
+	}
+	switch r.Status = RunStatus(st); r.Status {
+	case RunRunning, RunSucceeded, RunFailed, RunAbandoned, RunSkippedByPause:
+	default:
+		return fail(fmt.Errorf("unknown status %q", st))
+	}
+	ms, err := it.StartedAt.get(attrStartedAt)
+	if err != nil {
+		return fail(err)
+	}
+	r.StartedAt = time.UnixMilli(ms)
+	if ms, err = it.FinishedAt.opt(attrFinishedAt); err != nil {
+		return fail(err)
+	} else if ms != 0 {
+		r.FinishedAt = time.UnixMilli(ms)
+	}
+	if r.Error, err = it.Error.opt(attrError); err != nil {
+		return fail(err)
+	}
+	var n int64
+	if n, err = it.Claims.opt(attrClaims); err != nil {
+		return fail(err)
+	}
+	r.Claims = int(max(n, 1))
+	if n, err = it.Missed.opt(attrMissed); err != nil {
+		return fail(err)
+	}
+	switch {
+	case n == -1: // written when the catch-up could not count
+		r.MissedUnknown = true
+	case n < 0:
+		return fail(fmt.Errorf("%s %d is below -1", attrMissed, n))
+	default:
+		r.Missed = int(n)
+	}
+	if r.AbandonedBy, err = it.AbandonedBy.opt(attrAbandonedBy); err != nil {
+		return fail(err)
+	}
+	if n, err = it.TTL.opt(RunTTLAttribute); err != nil {
+		return fail(err)
+	} else if n != 0 {
+		r.ExpiresAt = time.Unix(n, 0)
+	}
+	return r, nil
+}

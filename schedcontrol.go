@@ -1,0 +1,257 @@
+package ddblease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// runnerControl is RunSchedule's view of the operator controls.
+type runnerControl struct {
+	look   bool              // read the controls before waiting for a slot
+	paused bool              // as last read
+	tokens map[string]string // claim token of each trigger and catch-up tried, by id
+}
+
+// wait sleeps for d, or until the keeper sees the operator controls change
+// (woken), or ctx ends (err).
+func (r *runner) wait(ctx context.Context, d time.Duration) (woken bool, err error) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false, context.Cause(ctx)
+	case <-t.C:
+		return false, nil
+	case <-r.l.ctl.ch():
+		r.ctl.look = true
+		return true, nil
+	}
+}
+
+// lookIfAsked reads the controls when the runner was woken, or its tenure
+// just began.
+func (r *runner) lookIfAsked(ctx context.Context, fence int64) error {
+	if !r.ctl.look {
+		return nil
+	}
+	r.ctl.look = false
+	_, _, err := r.control(ctx, fence)
+	return err
+}
+
+// fireUnlessPaused reads the controls and fires slot, or records it as
+// skipped by the pause. While the controls cannot be read, it does
+// neither: firing might break a pause. It reads again every RetryInterval,
+// and gives the slot up once the next one is due (the catch-up that
+// follows counts it as missed, as it does a slot whose claim kept failing).
+func (r *runner) fireUnlessPaused(ctx context.Context, fence int64, slot time.Time, missed int) (handled bool, err error) {
+	l := r.l
+	bo := fixed(l.opts.RetryInterval)
+	for {
+		paused, known, err := r.control(ctx, fence)
+		switch {
+		case err != nil || ctx.Err() != nil:
+			return false, err
+		case known && !paused:
+			return r.fire(ctx, fence, slot, missed)
+		case known:
+			return r.skip(ctx, fence, slot), nil
+		}
+		if next, nerr := nextSlot(r.sched, slot); nerr == nil && !next.IsZero() && !next.After(l.opts.Now()) {
+			l.log.Warn("ddblease: slot given up: the operator controls could not be read before the next one was due", "slot", fmtSlot(slot))
+			return false, nil
+		}
+		if bo.wait(ctx) != nil {
+			return false, nil
+		}
+	}
+}
+
+// control reads the lease item with a strongly consistent read, runs the
+// pending triggers and catch-up, and returns whether the job is paused.
+// known is false when the item could not be read (a transient error, or a
+// malformed item: logged). err is set only when the campaign must stop.
+func (r *runner) control(ctx context.Context, fence int64) (paused, known bool, err error) {
+	l := r.l
+	item, err := getItem(ctx, l.db, l.table, l.key, l.opts.CallTimeout)
+	switch {
+	case ctx.Err() != nil:
+		return false, false, nil
+	case err != nil && retryable(err):
+		l.log.Warn("ddblease: could not read the operator controls", "err", err)
+		return false, false, nil
+	case err != nil:
+		return false, false, fmt.Errorf("ddblease: read lease %q: %w", l.job, err)
+	case len(item) == 0:
+		return r.ctl.paused, true, nil // the tenure is over: the claim will say so
+	}
+	rec, err := decodeLease(item)
+	if err != nil {
+		l.log.Error("ddblease: the lease item is malformed", "err", err)
+		return false, false, nil
+	}
+	if rec.Fence != fence {
+		// The tenure is over; the keeper ends it soon. Without a
+		// transaction, a claim would rest on the local tenure alone.
+		return false, false, nil
+	}
+	c := rec.Control
+	l.ctl.note(c)
+	select { // what we just read needs no second look
+	case <-l.ctl.ch():
+	default:
+	}
+	if r.ctl.paused != c.Paused {
+		l.log.Info("ddblease: operator pause changed", "paused", c.Paused, "pausedBy", c.PausedBy, "resumedBy", c.ResumedBy)
+	}
+	r.ctl.paused = c.Paused
+	trs, _ := pendingTriggers(item) // decodeLease checked them
+	for _, tr := range trs {
+		if ctx.Err() != nil {
+			return c.Paused, true, nil
+		}
+		r.runTrigger(ctx, fence, tr)
+	}
+	if c.catchUp != "" && !c.Paused && ctx.Err() == nil {
+		r.catchUp(ctx, fence, c)
+	}
+	return c.Paused, true, nil
+}
+
+// token returns the claim token used for the request id, the same on every
+// attempt, so that a claim whose answer was lost is recognised.
+func (r *runner) token(id string) string {
+	if r.ctl.tokens == nil {
+		r.ctl.tokens = map[string]string{}
+	}
+	if t, ok := r.ctl.tokens[id]; ok {
+		return t
+	}
+	if len(r.ctl.tokens) > maxSweep {
+		clear(r.ctl.tokens)
+	}
+	t := randomID(8)
+	r.ctl.tokens[id] = t
+	return t
+}
+
+// runTrigger claims, runs and finishes a triggered run, then clears its
+// request. A claim that fails for a transient reason leaves the request
+// for the next look.
+func (r *runner) runTrigger(ctx context.Context, fence int64, tr pendingTrigger) {
+	l := r.l
+	run, err := l.claimRun(ctx, tr.slot, &r.o, r.token(tr.id), 0, claimSpec{trigger: tr.id})
+	switch {
+	case err == nil:
+		l.log.Info("ddblease: running a triggered run", "run", run.id, "fence", fence)
+		r.runAndFinish(ctx, fence, run)
+	case errors.Is(err, ErrSlotTaken), errors.Is(err, ErrMalformedItem):
+		l.log.Warn("ddblease: triggered run already handled", "trigger", tr.id, "err", err)
+	default:
+		if ctx.Err() == nil && !errors.Is(err, ErrLost) && !errors.Is(err, ErrNotLeader) {
+			l.log.Warn("ddblease: could not claim a triggered run; will try again", "trigger", tr.id, "err", err)
+		}
+		return
+	}
+	r.clearControl(ctx, "REMOVE #tr.#id", "", map[string]string{"#tr": attrTriggers, "#id": tr.id}, map[string]types.AttributeValue{})
+	delete(r.ctl.tokens, tr.id)
+}
+
+// catchUp runs the latest slot that fell due during the pause that c ended,
+// claiming again its run skipped by the pause, then clears the request.
+func (r *runner) catchUp(ctx context.Context, fence int64, c Control) {
+	l := r.l
+	if !c.PausedAt.IsZero() && !c.ResumedAt.IsZero() {
+		first, err := nextSlot(r.sched, c.PausedAt)
+		if err == nil && !first.IsZero() && !first.After(c.ResumedAt) {
+			var latest time.Time
+			if latest, _, _, err = r.dueSlots(first, c.ResumedAt); err == nil {
+				run, err := l.claimRun(ctx, latest, &r.o, r.token(c.catchUp), 0, claimSpec{reclaimed: true})
+				switch {
+				case err == nil:
+					l.log.Info("ddblease: running the latest slot skipped by the pause, as the resumption asked", "slot", run.id, "fence", fence)
+					r.runAndFinish(ctx, fence, run)
+				case errors.Is(err, ErrSlotTaken), errors.Is(err, ErrMalformedItem):
+					l.log.Info("ddblease: catch-up: the slot was already handled", "slot", fmtSlot(latest), "err", err)
+				default:
+					if ctx.Err() == nil && !errors.Is(err, ErrLost) && !errors.Is(err, ErrNotLeader) {
+						l.log.Warn("ddblease: catch-up claim failed; will try again", "slot", fmtSlot(latest), "err", err)
+					}
+					return
+				}
+				if latest.After(r.last) {
+					r.last = latest
+				}
+			}
+		}
+		if err != nil {
+			l.log.Error("ddblease: catch-up: the schedule failed; dropping the request", "err", err)
+		}
+	}
+	r.clearControl(ctx, "SET #cud = :cu", "#cu = :cu", map[string]string{"#cu": attrCatchUp, "#cud": attrCatchUpDone},
+		map[string]types.AttributeValue{":cu": avS(c.catchUp)})
+	delete(r.ctl.tokens, c.catchUp)
+}
+
+// runAndFinish runs fn for a claimed run and records its outcome, as fire
+// does (a panic in fn is recorded and goes on, through r.call).
+func (r *runner) runAndFinish(ctx context.Context, fence int64, run *JobRun) {
+	fnErr := r.call(ctx, fence, run)
+	if fnErr != nil && ctx.Err() != nil && (errors.Is(fnErr, context.Canceled) || errors.Is(fnErr, context.DeadlineExceeded)) {
+		fnErr = fmt.Errorf("%w (%v)", fnErr, context.Cause(ctx))
+	}
+	if fnErr != nil {
+		r.l.log.Warn("ddblease: job run failed", "slot", run.id, "fence", fence, "err", fnErr)
+	}
+	r.finish(ctx, fence, run, fnErr)
+}
+
+// skip records slot as skipped by the pause. It reports whether the slot
+// was handled (recorded, or found already handled).
+func (r *runner) skip(ctx context.Context, fence int64, slot time.Time) bool {
+	l := r.l
+	_, err := l.claimRun(ctx, slot, &r.o, randomID(8), 0, claimSpec{status: RunSkippedByPause})
+	switch {
+	case err == nil:
+		l.log.Info("ddblease: slot skipped: the job is paused", "slot", fmtSlot(slot), "fence", fence)
+		return true
+	case errors.Is(err, ErrSlotTaken), errors.Is(err, ErrMalformedItem):
+		return true
+	case ctx.Err() == nil && !errors.Is(err, ErrLost) && !errors.Is(err, ErrNotLeader):
+		// Recorded at the next catch-up, like a slot whose claim failed.
+		l.log.Warn("ddblease: could not record a slot skipped by the pause", "slot", fmtSlot(slot), "err", err)
+	}
+	return false
+}
+
+// clearControl removes a handled operator request from the lease item. It
+// touches no attribute of the lease protocol, so it cannot disturb the
+// holder's writes; a failure leaves the request to be handled again, which
+// finds its run already claimed.
+func (r *runner) clearControl(ctx context.Context, update, cond string, names map[string]string, values map[string]types.AttributeValue) {
+	l := r.l
+	names["#pk"] = attrPK
+	full := "attribute_exists(#pk)"
+	if cond != "" {
+		full += " AND " + cond
+	}
+	in := &dynamodb.UpdateItemInput{
+		TableName: aws.String(l.table), Key: l.key, UpdateExpression: aws.String(update),
+		ConditionExpression: aws.String(full), ExpressionAttributeNames: names,
+	}
+	if len(values) > 0 {
+		in.ExpressionAttributeValues = values
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.CallTimeout)
+	defer cancel()
+	var ccf *types.ConditionalCheckFailedException
+	if _, err := l.db.UpdateItem(cctx, in); err != nil && !errors.As(err, &ccf) {
+		l.log.Warn("ddblease: could not clear a handled operator request", "err", err)
+	}
+}

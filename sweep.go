@@ -1,0 +1,107 @@
+package ddblease
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// sweep reads back the skipped slots, latest first, 100 per request,
+// until it reaches one that has a run: the slots after the latest run are
+// the missed ones, and runs that an older tenure left running (or that this
+// one claimed and gave up) in the slots read are marked abandoned. n is how
+// many slots were skipped in all, of which older are the latest. It returns
+// the number missed, or -1 when it is not known (the slots could not be
+// read, or there were more than were enumerated).
+//
+// The first tenure a job ever has (fence 1) skips the slots before its
+// acquisition: no one led then, so nothing was missed and nothing can be
+// left running.
+func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n int, latest time.Time) int {
+	l := r.l
+	if fence == 1 {
+		acquired := l.State().AcquiredAt
+		i := 0
+		for i < len(older) && older[i].Before(acquired) {
+			i++
+		}
+		n -= i
+		older = older[i:]
+		if len(older) == 0 {
+			return 0
+		}
+	}
+	missed, abandoned, found := 0, 0, false
+	for end := len(older); end > 0 && !found; end -= 100 {
+		chunk := older[max(end-100, 0):end]
+		ids := make([]string, len(chunk))
+		for i, s := range chunk {
+			ids[i] = fmtSlot(s)
+		}
+		var items map[string]map[string]types.AttributeValue
+		err := retry(ctx, fixed(l.opts.RetryInterval), 3, func() error {
+			var err error
+			items, err = l.getRuns(ctx, ids)
+			return err
+		})
+		if err != nil {
+			l.notify.emit(l.event(EventSlotsMissed, Event{Slot: latest, Fence: fence, Missed: -1, Err: err}))
+			return -1
+		}
+		for i := len(ids) - 1; i >= 0; i-- {
+			item, ok := items[runItemKey(l.job, ids[i])]
+			if !ok {
+				if !found {
+					missed++
+				}
+				continue
+			}
+			found = true
+			rec, err := decodeRun(item)
+			if err != nil {
+				l.log.Error("ddblease: skipped slot has a malformed run item", "slot", ids[i], "err", err)
+				continue
+			}
+			if rec.Status == RunRunning && (rec.Fence < fence || rec.Fence == fence && slices.Contains(r.givenUp, rec.claim)) {
+				if _, ok, err := l.abandon(ctx, rec, fence); err != nil {
+					l.log.Warn("ddblease: could not mark an orphaned run abandoned", "slot", ids[i], "fence", rec.Fence, "err", err)
+				} else if ok {
+					abandoned++
+				}
+			}
+		}
+	}
+	if abandoned > 0 {
+		l.log.Info("ddblease: runs left running by an earlier leader were marked abandoned", "abandoned", abandoned,
+			"firing", fmtSlot(latest))
+	}
+	if !found && n > len(older) {
+		// More slots were skipped than enumerated: the count is a lower
+		// bound.
+		missed = -1
+	}
+	if missed != 0 {
+		l.notify.emit(l.event(EventSlotsMissed, Event{Slot: latest, Fence: fence, Missed: missed}))
+	}
+	return missed
+}
+
+// logTooOld logs the slots after last that fell out of the catch-up window
+// before this replica could fire them.
+func (r *runner) logTooOld(last, floor time.Time) {
+	n, s := 0, last
+	for n < maxEnumerate {
+		next, err := nextSlot(r.sched, s)
+		if err != nil || next.IsZero() || next.After(floor) {
+			break
+		}
+		n++
+		s = next
+	}
+	if n > 0 {
+		r.l.log.Warn("ddblease: slots older than the catch-up window were skipped", "after", fmtSlot(last),
+			"skipped", n, "window", r.o.CatchUpWindow)
+	}
+}
