@@ -362,7 +362,7 @@ func (c *checker) runs(admin *dynamodb.Client) {
 	if window == 0 {
 		window = ddblease.DefaultCatchUpWindow
 	}
-	from := start.Add(-window)
+	from := start.Add(-2*p.Interval - 4*p.Lease) // no slot long before the start is ever claimed
 	to := start.Add(c.checkAt)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()

@@ -90,6 +90,7 @@ type Plan struct {
 	Panics  []Act // fn panics at its first call after At; a supervisor restarts
 	Double  int   // replica whose handle gets two concurrent Run calls; -1 none
 	Clean   []int // replicas kept free of faults (see clean)
+	Tags    []string // the scenarios drawn, for the survey
 
 	FaultEnd time.Duration // every fault, action and wall step is over
 	Quiet    time.Duration // fault-free time after FaultEnd before shutdown
@@ -160,16 +161,16 @@ func pick[T any](r *rand.Rand, xs ...T) T { return xs[r.IntN(len(xs))] }
 func newPlan(seed uint64) *Plan {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	p := &Plan{Seed: seed, Double: -1}
-	p.N = pick(r, 2, 3, 3, 4)
+	p.N = pick(r, 2, 2, 3, 3, 4)
 	p.Schedule = r.Float64() < 0.6
 	p.Lease = pick(r, 1*time.Second, 2*time.Second, 2*time.Second, 5*time.Second, 10*time.Second)
 	p.Heartbeat = time.Duration(float64(p.Lease) * pick(r, 1.0/3, 1.0/3, 0.2, 0.45))
 	p.CallTimeout = time.Duration(float64(p.Heartbeat) * pick(r, 0.5, 0.5, 0.3, 0.95))
-	p.Retry = time.Duration(float64(p.Lease) * pick(r, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25))
+	p.Retry = time.Duration(float64(p.Lease) * pick(r, 0.025, 0.05, 0.1, 0.25))
 	p.Skew = time.Duration(float64(p.Lease) * pick(r, 0.05, 0.1, 0.2))
 	p.Drain = pick(r, time.Duration(0), p.Lease, 3*p.Lease)
 	p.Attempts = pick(r, 0, 0, 1, 5)
-	p.Interval = time.Duration(float64(p.Lease) * pick(r, 0.02, 0.05, 0.1, 0.25, 1, 3))
+	p.Interval = time.Duration(float64(p.Lease) * pick(r, 0.1, 0.25, 0.5, 1, 3))
 	p.Window = pick(r, time.Duration(0), time.Duration(0), 20*p.Interval, 3*p.Lease+p.Interval)
 	p.Rerun = r.Float64() < 0.3
 	if p.Schedule {
@@ -182,7 +183,7 @@ func newPlan(seed uint64) *Plan {
 		p.Work = time.Duration(float64(p.Lease) * pick(r, 0.02, 0.1, 0.3))
 		p.Effect = pick(r, "put", "update", "txn", "do")
 	}
-	phase := time.Duration(float64(p.Lease) * pick(r, 5.0, 10, 20))
+	phase := time.Duration(float64(p.Lease) * pick(r, 3.0, 6, 10))
 
 	// Clocks: within the bound (70%), else wild.
 	p.Clocks = make([]Clock, p.N)
@@ -228,6 +229,7 @@ func newPlan(seed uint64) *Plan {
 			p.Faults = append(p.Faults, Fault{Rep: rep, Op: "UpdateItem", Kind: F500, P: 1, From: from, To: from + p.Heartbeat})
 			from += p.Heartbeat
 		}
+		p.Tags = append(p.Tags, "hang")
 		p.Faults = append(p.Faults, Fault{Rep: rep, Op: "UpdateItem", Kind: FBlackHole, P: 1, From: from, To: to},
 			Fault{Rep: rep, Op: "GetItem", Kind: FBlackHole, P: 1, From: from, To: to})
 	}
@@ -235,17 +237,23 @@ func newPlan(seed uint64) *Plan {
 		from := time.Duration(r.Float64() * float64(phase) * 0.7)
 		to := from + time.Duration(float64(p.Lease)*pick(r, 1.0, 2, 3))
 		rep := r.IntN(p.N)
+		p.Tags = append(p.Tags, "lost-answers")
 		p.Faults = append(p.Faults, Fault{Rep: rep, Op: "UpdateItem", Kind: pick(r, FDropHang, FDropReset), P: pick(r, 0.5, 1.0), From: from, To: to},
 			Fault{Rep: rep, Op: "GetItem", Kind: FSlowAnswer, P: pick(r, 0.5, 1.0), From: from, To: to,
 				Delay: time.Duration(float64(p.CallTimeout) * pick(r, 0.5, 0.9))})
 	}
-	if r.Float64() < 0.1 { // long throttling of one replica's writes
+	if r.Float64() < 0.1 { // long throttling of one replica's writes, fast retries
 		from := time.Duration(r.Float64() * float64(phase) * 0.5)
+		p.Retry = p.Lease / 200
+		p.Tags = append(p.Tags, "throttle")
 		p.Faults = append(p.Faults, Fault{Rep: r.IntN(p.N), Op: "UpdateItem", Kind: FThrottle, P: 1, From: from,
 			To: from + time.Duration(float64(p.Lease)*pick(r, 0.5, 0.8, 2))})
 	}
 	if p.Schedule && r.Float64() < 0.1 { // an outage over more than 100 slots
 		from := time.Duration(r.Float64() * float64(phase) * 0.4)
+		p.Interval = p.Lease / 50
+		p.Tags = append(p.Tags, "outage")
+		p.Work = min(p.Work, p.Interval/2)
 		d := max(time.Duration(pick(r, 110, 150, 250))*p.Interval, 2*p.Lease)
 		p.Faults = append(p.Faults, Fault{Rep: -1, Kind: FBlackHole, P: 1, From: from, To: from + d})
 		if r.Float64() < 0.7 {
@@ -293,6 +301,27 @@ func newPlan(seed uint64) *Plan {
 		p.clean(p.Double)
 	}
 
+	if len(p.Steps) > 0 {
+		p.Tags = append(p.Tags, "step")
+	}
+	if len(p.Resigns) > 0 {
+		p.Tags = append(p.Tags, "resign")
+	}
+	if len(p.Panics) > 0 {
+		p.Tags = append(p.Tags, "panic")
+	}
+	if p.Double >= 0 {
+		p.Tags = append(p.Tags, "double-run")
+	}
+	if len(p.Crashes) > 0 {
+		p.Tags = append(p.Tags, "crash")
+	}
+	if len(p.Pauses) > 0 {
+		p.Tags = append(p.Tags, "pause")
+	}
+	if p.wild() {
+		p.Tags = append(p.Tags, "wild")
+	}
 	p.FaultEnd = phase
 	for _, f := range p.Faults {
 		p.FaultEnd = max(p.FaultEnd, f.To+f.Delay)
@@ -303,7 +332,7 @@ func newPlan(seed uint64) *Plan {
 	for _, s := range p.Steps {
 		p.FaultEnd = max(p.FaultEnd, s.At+s.Dur)
 	}
-	p.Quiet = p.liveBound() + 4*p.Lease + 6*max(p.Interval, p.Heartbeat)
+	p.Quiet = p.liveBound() + 2*p.Lease + 4*max(p.Interval, p.Heartbeat)
 	return p
 }
 
@@ -368,7 +397,7 @@ func (p *Plan) String() string {
 	if p.Schedule {
 		mode = fmt.Sprintf("RunSchedule(Every(%v), window=%v, rerun=%v, fnError=%v)", p.Interval, p.Window, p.Rerun, p.FnError)
 	}
-	fmt.Fprintf(&b, "seed %d: %d replicas, %s, effect=%s work=%v\n", p.Seed, p.N, mode, p.Effect, p.Work)
+	fmt.Fprintf(&b, "seed %d: %d replicas, %s, effect=%s work=%v %v\n", p.Seed, p.N, mode, p.Effect, p.Work, p.Tags)
 	fmt.Fprintf(&b, "  lease=%v heartbeat=%v retry=%v skew=%v callTimeout=%v drain=%v sdkAttempts=%d\n",
 		p.Lease, p.Heartbeat, p.Retry, p.Skew, p.CallTimeout, p.Drain, p.Attempts)
 	fmt.Fprintf(&b, "  clocks (wild=%v, stepped=%v):", p.wild(), p.stepped())

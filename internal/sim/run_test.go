@@ -18,7 +18,8 @@ import (
 )
 
 const (
-	table = "sim-table"
+	table = "sim-table" // the lease and its job runs
+	sink  = "sim-sink"  // the users' effects
 	job   = "job"
 )
 
@@ -152,15 +153,15 @@ func (s *sim) effect(ctx context.Context, rep int, fence int64) {
 	s.mu.Unlock()
 	switch s.p.Effect {
 	case "put":
-		_, _ = g.Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(table),
+		_, _ = g.Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(sink),
 			Item: map[string]types.AttributeValue{"pk": as("sink#put"), "wf": av(fence), "n": av(int64(n))}})
 	case "update":
-		_, _ = g.Update(ctx, fence, &dynamodb.UpdateItemInput{TableName: aws.String(table),
+		_, _ = g.Update(ctx, fence, &dynamodb.UpdateItemInput{TableName: aws.String(sink),
 			Key:                       map[string]types.AttributeValue{"pk": as("sink#upd")},
 			UpdateExpression:          aws.String("SET wf = :wf, n = :n"),
 			ExpressionAttributeValues: map[string]types.AttributeValue{":wf": av(fence), ":n": av(int64(n))}})
 	case "txn":
-		_ = g.TransactWrite(ctx, fence, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table),
+		_ = g.TransactWrite(ctx, fence, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(sink),
 			Item: map[string]types.AttributeValue{"pk": as(fmt.Sprintf("sink#txn#%d#%d", rep, n)), "wf": av(fence)}}}})
 	case "do":
 		_ = g.Do(ctx, fence, func(context.Context, int64) error { return nil })
@@ -208,14 +209,14 @@ func (s *sim) fnSchedule(rep, call int) func(context.Context, *ddblease.JobRun) 
 		var err error
 		switch s.p.Effect {
 		case "commit":
-			err = run.Commit(ctx, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table),
+			err = run.Commit(ctx, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(sink),
 				Item: map[string]types.AttributeValue{"pk": as(fmt.Sprintf("eff#%s|%d|%d|%d", slot, fence, rep, n)), "wf": av(fence)}}}})
 		case "idem":
-			_, err = s.gs[rep].Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(table),
+			_, err = s.gs[rep].Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(sink),
 				Item:                map[string]types.AttributeValue{"pk": as("idem#" + run.IdempotencyKey()), "wf": av(fence)},
 				ConditionExpression: aws.String("attribute_not_exists(pk)")})
 		case "slotput":
-			_, err = s.gs[rep].Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(table),
+			_, err = s.gs[rep].Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(sink),
 				Item: map[string]types.AttributeValue{"pk": as("slotsink#" + slot), "wf": av(fence)}})
 		}
 		if err != nil {
@@ -291,8 +292,10 @@ func execute(p *Plan) (violations []string, h *history) {
 	setup, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	admin := client(direct{w}, 0)
-	if err := ddblease.CreateTable(setup, admin, table); err != nil {
-		return []string{"setup: " + err.Error()}, &s.h
+	for _, name := range []string{table, sink} {
+		if err := ddblease.CreateTable(setup, admin, name); err != nil {
+			return []string{"setup: " + err.Error()}, &s.h
+		}
 	}
 	logger := slog.New(slog.DiscardHandler)
 	for i := range p.N {
@@ -354,7 +357,7 @@ func execute(p *Plan) (violations []string, h *history) {
 			}
 		}()
 	}
-	period := max(p.Lease/40, time.Millisecond)
+	period := max(p.Lease/20, time.Millisecond)
 	var samplers sync.WaitGroup
 	for i := range p.N {
 		samplers.Go(func() { s.sampler(i, period, samplersDone) })

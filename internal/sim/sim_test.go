@@ -23,6 +23,7 @@ var (
 	flagWorkers = flag.Int("sim.workers", 0, "seeds run at once (default GOMAXPROCS)")
 	flagShow    = flag.Int("sim.show", 5, "failing seeds printed in full")
 	flagStuck   = flag.Duration("sim.stuck", 2*time.Minute, "real time after which a seed counts as stuck (the run stops)")
+	flagList    = flag.Bool("sim.list", false, "print one line per failing seed: its violation kinds and scenario tags")
 	flagKeepOn  = flag.Bool("sim.keepgoing", false, "report violations without failing the test (to survey a code base)")
 )
 
@@ -159,6 +160,20 @@ func TestSim(t *testing.T) {
 	sort.Strings(kinds)
 	for _, k := range kinds {
 		t.Logf("  %-13s in %5d seeds (%d violations), first at seed %d", k, seedsBy[k], countBy[k], firstBy[k])
+	}
+	if *flagList {
+		for _, res := range failed {
+			kinds := map[string]bool{}
+			for _, v := range res.violations {
+				kinds[kindOf(v)] = true
+			}
+			var ks []string
+			for k := range kinds {
+				ks = append(ks, k)
+			}
+			sort.Strings(ks)
+			fmt.Printf("FAILED seed=%d kinds=%s tags=%v\n", res.seed, strings.Join(ks, ","), newPlan(res.seed).Tags)
+		}
 	}
 	for i, res := range failed {
 		if i >= *flagShow {
