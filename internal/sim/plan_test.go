@@ -86,10 +86,10 @@ type Plan struct {
 	Faults  []Fault
 	Crashes []Act
 	Pauses  []Act
-	Resigns []Act // Resign called on the handle while it may lead
-	Panics  []Act // fn panics at its first call after At; a supervisor restarts
-	Double  int   // replica whose handle gets two concurrent Run calls; -1 none
-	Clean   []int // replicas kept free of faults (see clean)
+	Resigns []Act    // Resign called on the handle while it may lead
+	Panics  []Act    // fn panics at its first call after At; a supervisor restarts
+	Double  int      // replica whose handle gets two concurrent Run calls; -1 none
+	Clean   []int    // replicas kept free of faults (see clean)
 	Tags    []string // the scenarios drawn, for the survey
 
 	FaultEnd time.Duration // every fault, action and wall step is over
