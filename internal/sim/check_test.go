@@ -269,7 +269,13 @@ func check(s *sim, admin *dynamodb.Client, checkAt time.Duration) []string {
 		if at, ok := resigns[r.rep]; ok && at <= r.at && r.err != nil {
 			continue // stopped by the user's Resign, and said so
 		}
-		c.fail(VRunReturned, "r%d call %d: returned %v at %v while its context was live", r.rep, r.call, r.err, r.at)
+		cause := "no leader context"
+		for _, x := range ctxs {
+			if x.rep == r.rep && x.call == r.call && x.start <= r.at {
+				cause = fmt.Sprintf("last leader context (fence %d) ended at %v: %s", x.fence, x.end, x.cause)
+			}
+		}
+		c.fail(VRunReturned, "r%d call %d: returned %v at %v while its context was live (%s)", r.rep, r.call, r.err, r.at, cause)
 	}
 
 	for _, r := range s.reps {
