@@ -31,6 +31,10 @@ var kindNames = [...]string{"none", "blackhole", "drop-hang", "drop-reset", "res
 
 func (k FaultKind) String() string { return kindNames[k] }
 
+// leader, as a replica, means the replica that leads when the window opens
+// (none if no replica outside Clean leads then).
+const leader = -2
+
 // Fault is one fault window: requests of Rep (-1: every replica) whose
 // operation matches Op ("" for all; "write" for writes) sent in [From, To)
 // get Kind with probability P.
@@ -100,11 +104,14 @@ func (p *Plan) end() time.Duration { return p.FaultEnd + p.Quiet }
 
 // decide picks the fault for the n-th request of rep, op at d, from a hash
 // of the seed so that it does not depend on other replicas' requests.
-func (p *Plan) decide(rep int, op string, d time.Duration, n uint64) Fault {
+func (p *Plan) decide(rep int, op string, d time.Duration, n uint64, resolve func(fault int) int) Fault {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%d/%d/%s/%d", p.Seed, rep, op, n)
 	u := float64(h.Sum64()>>11) / (1 << 53)
-	for _, f := range p.Faults {
+	for i, f := range p.Faults {
+		if f.Rep == leader {
+			f.Rep = resolve(i)
+		}
 		if f.Rep != -1 && f.Rep != rep || d < f.From || d >= f.To {
 			continue
 		}
@@ -224,7 +231,7 @@ func newPlan(seed uint64) *Plan {
 	if r.Float64() < 0.15 { // the leader's writes and reads hang (keeper blocked)
 		from := time.Duration(r.Float64() * float64(phase) * 0.7)
 		to := from + time.Duration(float64(p.Lease)*pick(r, 1.0, 2, 3))
-		rep := r.IntN(p.N)
+		rep := pick(r, leader, leader, r.IntN(p.N))
 		if r.Float64() < 0.5 {
 			p.Faults = append(p.Faults, Fault{Rep: rep, Op: "UpdateItem", Kind: F500, P: 1, From: from, To: from + p.Heartbeat})
 			from += p.Heartbeat
@@ -236,7 +243,7 @@ func newPlan(seed uint64) *Plan {
 	if r.Float64() < 0.15 { // heartbeats land unanswered, read-backs slow
 		from := time.Duration(r.Float64() * float64(phase) * 0.7)
 		to := from + time.Duration(float64(p.Lease)*pick(r, 1.0, 2, 3))
-		rep := r.IntN(p.N)
+		rep := pick(r, leader, leader, r.IntN(p.N))
 		p.Tags = append(p.Tags, "lost-answers")
 		p.Faults = append(p.Faults, Fault{Rep: rep, Op: "UpdateItem", Kind: pick(r, FDropHang, FDropReset), P: pick(r, 0.5, 1.0), From: from, To: to},
 			Fault{Rep: rep, Op: "GetItem", Kind: FSlowAnswer, P: pick(r, 0.5, 1.0), From: from, To: to,
@@ -246,7 +253,7 @@ func newPlan(seed uint64) *Plan {
 		from := time.Duration(r.Float64() * float64(phase) * 0.5)
 		p.Retry = p.Lease / 200
 		p.Tags = append(p.Tags, "throttle")
-		p.Faults = append(p.Faults, Fault{Rep: r.IntN(p.N), Op: "UpdateItem", Kind: FThrottle, P: 1, From: from,
+		p.Faults = append(p.Faults, Fault{Rep: pick(r, leader, leader, r.IntN(p.N)), Op: "UpdateItem", Kind: FThrottle, P: 1, From: from,
 			To: from + time.Duration(float64(p.Lease)*pick(r, 0.5, 0.8, 2))})
 	}
 	if p.Schedule && r.Float64() < 0.1 { // an outage over more than 100 slots
@@ -275,13 +282,16 @@ func newPlan(seed uint64) *Plan {
 	}
 	// Wall-clock steps.
 	if r.Float64() < 0.12 {
-		p.Steps = append(p.Steps, Step{Rep: r.IntN(p.N), At: time.Duration(r.Float64() * float64(phase) * 0.8),
+		p.Steps = append(p.Steps, Step{Rep: pick(r, leader, leader, r.IntN(p.N)), At: time.Duration(r.Float64() * float64(phase) * 0.8),
 			Dur: time.Duration(float64(p.Lease) * pick(r, 0.15, 0.5, 1)),
 			By:  pick(r, 5*time.Second, 3*p.Lease, time.Hour, -3*p.Lease)})
 	}
 	// Adversarial users.
 	if r.Float64() < 0.1 {
-		p.Resigns = append(p.Resigns, Act{Rep: r.IntN(p.N), At: time.Duration(r.Float64() * float64(phase))})
+		rep := r.IntN(p.N)
+		for range 3 {
+			p.Resigns = append(p.Resigns, Act{Rep: rep, At: time.Duration(r.Float64() * float64(phase))})
+		}
 	}
 	if r.Float64() < 0.1 {
 		p.Panics = append(p.Panics, Act{Rep: r.IntN(p.N), At: time.Duration(r.Float64() * float64(phase))})
@@ -406,10 +416,10 @@ func (p *Plan) String() string {
 	}
 	b.WriteString("\n")
 	for _, s := range p.Steps {
-		fmt.Fprintf(&b, "  wall step r%d at %v for %v by %v\n", s.Rep, s.At, s.Dur, s.By)
+		fmt.Fprintf(&b, "  wall step %s at %v for %v by %v\n", repName(s.Rep), s.At, s.Dur, s.By)
 	}
 	for _, f := range p.Faults {
-		fmt.Fprintf(&b, "  fault r%d op=%q %s p=%.1f [%v, %v) delay=%v\n", f.Rep, f.Op, f.Kind, f.P, f.From, f.To, f.Delay)
+		fmt.Fprintf(&b, "  fault %s op=%q %s p=%.1f [%v, %v) delay=%v\n", repName(f.Rep), f.Op, f.Kind, f.P, f.From, f.To, f.Delay)
 	}
 	for _, a := range p.Crashes {
 		if a.Rep < 0 {
@@ -432,4 +442,14 @@ func (p *Plan) String() string {
 	}
 	fmt.Fprintf(&b, "  faults end %v, quiet until %v (live bound %v, gap bound %v)", p.FaultEnd, p.end(), p.liveBound(), p.gapBound())
 	return b.String()
+}
+
+func repName(rep int) string {
+	switch rep {
+	case -1:
+		return "all"
+	case leader:
+		return "leader"
+	}
+	return fmt.Sprintf("r%d", rep)
 }

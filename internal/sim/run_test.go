@@ -306,7 +306,7 @@ func execute(p *Plan) (violations []string, h *history) {
 			}
 		}
 		for _, st := range p.Steps {
-			if st.Rep == i {
+			if st.Rep == i && st.Rep != leader {
 				r.steps = append(r.steps, st)
 			}
 		}
@@ -385,17 +385,44 @@ func execute(p *Plan) (violations []string, h *history) {
 		}})
 	}
 	crashed := map[int]bool{}
+	// The replica that leads now, outside Clean and the crashed; -3 if none.
+	leading := func() int {
+		for i, l := range s.ls {
+			if !crashed[i] && !slices.Contains(p.Clean, i) && l.IsLeader() {
+				return i
+			}
+		}
+		return -3
+	}
+	for i, f := range p.Faults {
+		if f.Rep == leader {
+			acts = append(acts, action{f.From, func() {
+				rep := leading()
+				w.resolved.Store(i, rep)
+				s.note("fault %d (%s on %s) aimed at the leader hits r%d", i, f.Kind, f.Op, rep)
+			}})
+		}
+	}
+	for _, st := range p.Steps {
+		if st.Rep == leader {
+			acts = append(acts, action{st.At, func() {
+				rep := leading()
+				if rep < 0 {
+					return
+				}
+				r := s.reps[rep]
+				r.mu.Lock()
+				r.steps = append(slices.Clone(r.steps), st)
+				r.mu.Unlock()
+				s.note("wall step by %v aimed at the leader hits r%d", st.By, rep)
+			}})
+		}
+	}
 	for _, a := range p.Crashes {
 		acts = append(acts, action{max(a.At, 0), func() {
 			rep := a.Rep
 			if rep < 0 { // the leader, if any
-				rep = -1
-				for i, l := range s.ls {
-					if !crashed[i] && !slices.Contains(p.Clean, i) && l.IsLeader() {
-						rep = i
-						break
-					}
-				}
+				rep = leading()
 			}
 			if rep < 0 || crashed[rep] || len(crashed) == p.N-1 {
 				return

@@ -33,6 +33,17 @@ type world struct {
 	h       http.Handler
 	applied []appliedWrite
 	nreq    int
+
+	resolved sync.Map // fault index -> replica, for faults aimed at the leader
+}
+
+// resolve returns the replica a fault aimed at the leader hits, or -3
+// (none) before its window opens or when no replica led then.
+func (w *world) resolve(fault int) int {
+	if v, ok := w.resolved.Load(fault); ok {
+		return v.(int)
+	}
+	return -3
 }
 
 var debugReq = os.Getenv("SIM_DEBUG") != ""
@@ -285,7 +296,10 @@ func (r *replicaState) now() time.Time {
 	el := t.Sub(r.w.start)
 	off := r.clock.Offset + time.Duration(float64(el)*(r.clock.Rate-1))
 	t = t.Add(off)
-	for _, s := range r.steps {
+	r.mu.Lock()
+	steps := r.steps
+	r.mu.Unlock()
+	for _, s := range steps {
 		if el >= s.At && el < s.At+s.Dur {
 			t = wallShift(t, s.By)
 		}
@@ -335,7 +349,7 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if d := r.latency(op); d > 0 && !sleepCtx(ctx, d) {
 		return nil, ctx.Err()
 	}
-	f := r.w.plan.decide(r.id, op, r.w.since(), n)
+	f := r.w.plan.decide(r.id, op, r.w.since(), n, r.w.resolve)
 	switch f.Kind {
 	case FBlackHole:
 		<-ctx.Done()
