@@ -72,12 +72,15 @@
 //
 // # Running it
 //
-//	go test ./internal/sim                                  # 200 seeds
-//	go test ./internal/sim -run 'TestSim$' -sim.seeds=2000  # CI
+//	go test ./internal/sim -run 'TestSim$' -sim.seeds=200   # a quick look
+//	go test ./internal/sim -run 'TestSim$' -sim.seeds=2000 -timeout 60m  # CI
 //	go test ./internal/sim -run 'TestSim$' -sim.long -timeout 24h  # 100,000 seeds
 //	go test ./internal/sim -run 'TestSim$' -sim.seed=1234 -v  # replay one seed
 //
-// A failure prints its seed, its plan and a replay command. -sim.first
+// Without -sim.seeds, -sim.seed or -sim.long the test skips, saying so, so
+// that go test ./... (which runs it with -race, and against other servers
+// it does not use) stays quick. A failure prints its seed, its plan and a
+// replay command. -sim.first
 // moves the seed range, -sim.workers sets how many seeds run at once,
 // -sim.list prints one line per failing seed, -sim.keepgoing surveys
 // without failing. The plan is a function of the seed alone; the run is

@@ -17,7 +17,7 @@ import (
 
 var (
 	flagSeed    = flag.Uint64("sim.seed", 0, "replay this seed alone, verbosely")
-	flagSeeds   = flag.Int("sim.seeds", 200, "number of seeds to run (CI: 2000)")
+	flagSeeds   = flag.Int("sim.seeds", 0, "number of seeds to run (CI: 2000); without it or -sim.seed or -sim.long the test skips")
 	flagFirst   = flag.Uint64("sim.first", 1, "first seed")
 	flagLong    = flag.Bool("sim.long", false, "long mode: 100,000 seeds unless -sim.seeds says more")
 	flagWorkers = flag.Int("sim.workers", 0, "seeds run at once (default GOMAXPROCS)")
@@ -77,6 +77,9 @@ func TestSim(t *testing.T) {
 	n := *flagSeeds
 	if *flagLong && n < 100_000 {
 		n = 100_000
+	}
+	if n <= 0 {
+		t.Skip("the simulation runs in its own step: go test ./internal/sim -run 'TestSim$' -sim.seeds=2000 (see doc.go)")
 	}
 	workers := *flagWorkers
 	if workers <= 0 {
