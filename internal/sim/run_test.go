@@ -231,9 +231,9 @@ func (s *sim) fnSchedule(rep, call int) func(context.Context, *ddblease.JobRun) 
 
 // supervise is the user's main loop for one Run call: it restarts Run or
 // RunSchedule after a panic or an error, as a supervisor would.
-func (s *sim) supervise(rep, call int, wg *sync.WaitGroup) {
+func (s *sim) supervise(rep, call int, wg *sync.WaitGroup, done chan struct{}) {
 	defer wg.Done()
-	defer close(s.callDone[[2]int{rep, call}])
+	defer close(done)
 	ctx := s.ctxs[rep]
 	l := s.ls[rep]
 	for {
@@ -338,9 +338,10 @@ func execute(p *Plan) (violations []string, h *history) {
 			calls = 2
 		}
 		for c := range calls {
-			s.callDone[[2]int{i, c}] = make(chan struct{})
+			done := make(chan struct{})
+			s.callDone[[2]int{i, c}] = done
 			wgs[i].Add(1)
-			go s.supervise(i, c, wgs[i])
+			go s.supervise(i, c, wgs[i], done)
 		}
 	}
 	samplersDone := make(chan struct{})
