@@ -252,6 +252,7 @@ func newPlan(seed uint64) *Plan {
 	if r.Float64() < 0.1 { // long throttling of one replica's writes, fast retries
 		from := time.Duration(r.Float64() * float64(phase) * 0.5)
 		p.Retry = p.Lease / 200
+		p.Attempts = pick(r, 1, 1, p.Attempts)
 		p.Tags = append(p.Tags, "throttle")
 		p.Faults = append(p.Faults, Fault{Rep: pick(r, leader, leader, r.IntN(p.N)), Op: "UpdateItem", Kind: FThrottle, P: 1, From: from,
 			To: from + time.Duration(float64(p.Lease)*pick(r, 0.5, 0.8, 2))})
