@@ -286,12 +286,46 @@ func check(s *sim, admin *dynamodb.Client, checkAt time.Duration) []string {
 		r.mu.Unlock()
 	}
 	if !p.wild() {
+		c.handover(ctxs, shutdown)
 		c.liveness(samples, shutdown)
 		if p.Schedule {
 			c.runs(admin)
 		}
 	}
 	return c.out
+}
+
+// handover: a leader context that ends after the faults ended, other than
+// by shutdown, is followed by another within GapBound (plus a slot interval
+// for RunSchedule, whose fn first sees a tenure at its first slot).
+func (c *checker) handover(ctxs []ctxRec, shutdown map[int]time.Duration) {
+	p := c.p
+	end := c.checkAt
+	for _, t := range shutdown {
+		end = min(end, t)
+	}
+	bound := p.gapBound()
+	if p.Schedule {
+		bound += p.Interval + p.Work
+	}
+	for _, a := range ctxs {
+		if a.end < p.FaultEnd || a.end >= end {
+			continue
+		}
+		if at, ok := c.crashAt[a.rep]; ok && a.end >= at {
+			continue
+		}
+		next := end
+		for _, b := range ctxs {
+			if b.start >= a.end && b.start < next {
+				next = b.start
+			}
+		}
+		if next-a.end > bound {
+			c.fail(VGap, "r%d's tenure (fence %d) ended at %v (%s) and no leader followed for %v (faults ended at %v, bound %v)",
+				a.rep, a.fence, a.end, a.cause, next-a.end, p.FaultEnd, bound)
+		}
+	}
 }
 
 // liveness: once the faults end, a leader within LiveBound and no gap

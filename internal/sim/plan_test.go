@@ -249,13 +249,15 @@ func newPlan(seed uint64) *Plan {
 			Fault{Rep: rep, Op: "GetItem", Kind: FSlowAnswer, P: pick(r, 0.5, 1.0), From: from, To: to,
 				Delay: time.Duration(float64(p.CallTimeout) * pick(r, 0.5, 0.9))})
 	}
-	if r.Float64() < 0.1 { // long throttling of one replica's writes, fast retries
-		from := time.Duration(r.Float64() * float64(phase) * 0.5)
+	if r.Float64() < 0.1 { // the leader's heartbeats throttled, frequent and fast, until the faults end
 		p.Retry = p.Lease / 200
-		p.Attempts = pick(r, 1, 1, p.Attempts)
+		p.Heartbeat = p.Lease / 100
+		p.CallTimeout = p.Heartbeat / 2
+		p.Attempts = 1
 		p.Tags = append(p.Tags, "throttle")
-		p.Faults = append(p.Faults, Fault{Rep: pick(r, leader, leader, r.IntN(p.N)), Op: "UpdateItem", Kind: FThrottle, P: 1, From: from,
-			To: from + time.Duration(float64(p.Lease)*pick(r, 0.5, 0.8, 2))})
+		to := phase
+		p.Faults = append(p.Faults, Fault{Rep: pick(r, leader, leader, r.IntN(p.N)), Op: "UpdateItem", Kind: FThrottle, P: 1,
+			From: to - time.Duration(float64(p.Lease)*pick(r, 0.4, 0.5, 0.6)), To: to})
 	}
 	if p.Schedule && r.Float64() < 0.1 { // an outage over more than 100 slots
 		from := time.Duration(r.Float64() * float64(phase) * 0.4)
@@ -283,9 +285,11 @@ func newPlan(seed uint64) *Plan {
 	}
 	// Wall-clock steps.
 	if r.Float64() < 0.12 {
-		p.Steps = append(p.Steps, Step{Rep: pick(r, leader, leader, r.IntN(p.N)), At: time.Duration(r.Float64() * float64(phase) * 0.8),
-			Dur: time.Duration(float64(p.Lease) * pick(r, 0.15, 0.5, 1)),
-			By:  pick(r, 5*time.Second, 3*p.Lease, time.Hour, -3*p.Lease)})
+		// Late in the faulty phase, so that what the step leaves behind
+		// is still there when the faults end.
+		dur := time.Duration(float64(p.Lease) * pick(r, 0.15, 0.5, 1))
+		p.Steps = append(p.Steps, Step{Rep: pick(r, leader, leader, r.IntN(p.N)), At: max(phase-dur-time.Duration(r.Float64()*float64(p.Lease)), 0),
+			Dur: dur, By: pick(r, 5*time.Second, 3*p.Lease, time.Hour, -3*p.Lease)})
 	}
 	// Adversarial users.
 	if r.Float64() < 0.1 {

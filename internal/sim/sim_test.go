@@ -23,6 +23,7 @@ var (
 	flagWorkers = flag.Int("sim.workers", 0, "seeds run at once (default GOMAXPROCS)")
 	flagShow    = flag.Int("sim.show", 5, "failing seeds printed in full")
 	flagStuck   = flag.Duration("sim.stuck", 2*time.Minute, "real time after which a seed counts as stuck (the run stops)")
+	flagPlans   = flag.Bool("sim.plans", false, "print the plans of the seeds without running them")
 	flagList    = flag.Bool("sim.list", false, "print one line per failing seed: its violation kinds and scenario tags")
 	flagKeepOn  = flag.Bool("sim.keepgoing", false, "report violations without failing the test (to survey a code base)")
 )
@@ -77,6 +78,12 @@ func TestSim(t *testing.T) {
 	n := *flagSeeds
 	if *flagLong && n < 100_000 {
 		n = 100_000
+	}
+	if *flagPlans {
+		for seed := *flagFirst; seed < *flagFirst+uint64(n); seed++ {
+			fmt.Println(newPlan(seed))
+		}
+		return
 	}
 	if n <= 0 {
 		t.Skip("the simulation runs in its own step: go test ./internal/sim -run 'TestSim$' -sim.seeds=2000 (see doc.go)")
