@@ -317,8 +317,11 @@ func (c *checker) handover(ctxs []ctxRec, shutdown map[int]time.Duration) {
 		}
 		next := end
 		for _, b := range ctxs {
-			if b.start >= a.end && b.start < next {
+			switch {
+			case b.start >= a.end && b.start < next:
 				next = b.start
+			case b.rep != a.rep && b.start < a.end && b.end > a.end:
+				next = a.end // another replica already led
 			}
 		}
 		if next-a.end > bound {
