@@ -288,6 +288,9 @@ func newPlan(seed uint64) *Plan {
 		// Late in the faulty phase, so that what the step leaves behind
 		// is still there when the faults end.
 		dur := time.Duration(float64(p.Lease) * pick(r, 0.15, 0.5, 1))
+		if p.Schedule {
+			dur = max(dur, 2*p.Interval) // long enough for the runner to wake inside it
+		}
 		p.Steps = append(p.Steps, Step{Rep: pick(r, leader, leader, r.IntN(p.N)), At: max(phase-dur-time.Duration(r.Float64()*float64(p.Lease)), 0),
 			Dur: dur, By: pick(r, 5*time.Second, 3*p.Lease, time.Hour, -3*p.Lease)})
 	}
