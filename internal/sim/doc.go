@@ -63,7 +63,10 @@
 //   - no-leader: a replica leads within LiveBound (LeaseDuration +
 //     2*MaxClockSkew + RetryInterval + 2*CallTimeout + LeaseDuration/20);
 //   - gap: no leaderless gap longer than GapBound (LeaseDuration/10 +
-//     2*MaxClockSkew + RetryInterval + 2*CallTimeout + LeaseDuration/20);
+//     2*MaxClockSkew + RetryInterval + 2*CallTimeout + LeaseDuration/20),
+//     by IsLeader samples, and no tenure that ends after the faults ended
+//     without another leader context following within GapBound (plus a
+//     slot interval under RunSchedule);
 //   - slot-missed: every slot due from then on fired (succeeded or failed);
 //   - run-running: no run is left running when a later tenure fired within
 //     the catch-up window of its slot;
@@ -83,7 +86,7 @@
 // replay command. -sim.first
 // moves the seed range, -sim.workers sets how many seeds run at once,
 // -sim.list prints one line per failing seed, -sim.keepgoing surveys
-// without failing. The plan is a function of the seed alone; the run is
+// without failing, -sim.plans prints the plans without running them. The plan is a function of the seed alone; the run is
 // not bit for bit: the library draws renewal versions and jitter from
 // math/rand/v2 and the SDK its retry jitter, and goroutines woken at the
 // same virtual instant run in any order, so a replay reproduces the plan
