@@ -1,0 +1,496 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/ddblease/ddblease"
+)
+
+// Kinds of violation. Each names an invariant judged from what the users
+// observed (see doc.go).
+const (
+	VFenceOrder  = "fence-order"  // fences handed to fn did not grow
+	VFenceDup    = "fence-dup"    // one fence handed to two leader contexts
+	VStaleLeader = "stale-leader" // a leader context outlived a newer fence by more than a lease
+	VOverlap     = "overlap"      // two live leader contexts at once (clocks within bound)
+	VTwoLeaders  = "two-leaders"  // IsLeader true on two replicas at once (clocks within bound)
+	VGuardOrder  = "guard-order"  // a guard accepted a fence lower than one it had accepted
+	VTwoEffects  = "two-effects"  // a slot has two effects
+	VFnTwice     = "fn-twice"     // fn called twice for a slot under NeverRerun
+	VRunReturned = "run-returned" // Run returned while its context was live (nothing silent)
+	VShutdown    = "run-shutdown" // Run returned an error after a clean shutdown
+	VRunHang     = "run-hang"     // Run did not return after its context ended
+	VNoLeader    = "no-leader"    // no leader LiveBound after the faults ended
+	VGap         = "gap"          // a leaderless gap after the faults ended longer than GapBound
+	VSlotMissed  = "slot-missed"  // a slot due after the faults ended never fired
+	VRunning     = "run-running"  // a run left running for ever
+	VMissedCount = "missed-count" // RunRecord.Missed is wrong while marked known
+	VBusyLoop    = "busy-loop"    // a replica sent requests in a loop without waiting
+	VLeak        = "leak"         // a goroutine outlived the run (synctest deadlock)
+	VSetup       = "setup"
+)
+
+type checker struct {
+	s       *sim
+	p       *Plan
+	out     []string
+	crashAt map[int]time.Duration
+	checkAt time.Duration
+}
+
+func (c *checker) fail(kind, format string, args ...any) {
+	c.out = append(c.out, kind+": "+fmt.Sprintf(format, args...))
+}
+
+// pauseWithin returns how much of [a, b) rep spent paused.
+func (c *checker) pauseWithin(rep int, a, b time.Duration) time.Duration {
+	var d time.Duration
+	for _, w := range c.s.reps[rep].pauses {
+		lo, hi := max(a, w.From), min(b, w.To)
+		if hi > lo {
+			d += hi - lo
+		}
+	}
+	return d
+}
+
+// live returns the parts of [a, b) in which rep was running (not paused).
+func (c *checker) live(rep int, a, b time.Duration) []window {
+	out := []window{{a, b}}
+	for _, p := range c.s.reps[rep].pauses {
+		var next []window
+		for _, w := range out {
+			if p.To <= w.From || p.From >= w.To {
+				next = append(next, w)
+				continue
+			}
+			if p.From > w.From {
+				next = append(next, window{w.From, p.From})
+			}
+			if p.To < w.To {
+				next = append(next, window{p.To, w.To})
+			}
+		}
+		out = next
+	}
+	return out
+}
+
+func (c *checker) paused(rep int, t time.Duration) bool {
+	return c.s.reps[rep].pausedUntil(t) != 0
+}
+
+func (c *checker) alive(rep int, t time.Duration) bool {
+	at, ok := c.crashAt[rep]
+	return !ok || t < at
+}
+
+func check(s *sim, admin *dynamodb.Client, checkAt time.Duration) []string {
+	p := s.p
+	s.h.mu.Lock()
+	c := &checker{s: s, p: p, crashAt: map[int]time.Duration{}, checkAt: checkAt}
+	for k, v := range s.h.crashAt {
+		c.crashAt[k] = v
+	}
+	var ctxs []ctxRec
+	for _, r := range s.h.ctxs {
+		x := *r
+		if x.end < 0 {
+			x.end = checkAt
+		}
+		if at, ok := c.crashAt[x.rep]; ok {
+			if x.start >= at {
+				continue
+			}
+			x.end = min(x.end, at)
+		}
+		ctxs = append(ctxs, x)
+	}
+	var samples []sample
+	for _, sm := range s.h.samples {
+		if c.alive(sm.rep, sm.at) {
+			samples = append(samples, sm)
+		}
+	}
+	calls := slices.Clone(s.h.calls)
+	returns := slices.Clone(s.h.returns)
+	resigns, shutdown := s.h.resigns, s.h.shutdown
+	s.h.mu.Unlock()
+	s.w.mu.Lock()
+	applied := slices.Clone(s.w.applied)
+	s.w.mu.Unlock()
+	sort.SliceStable(ctxs, func(i, j int) bool { return ctxs[i].start < ctxs[j].start })
+	timed := !p.wild() && !p.stepped()
+
+	// Fences handed to fn.
+	last := map[[2]int]int64{}
+	byFence := map[int64]ctxRec{}
+	var maxSoFar int64
+	for _, x := range ctxs {
+		k := [2]int{x.rep, x.call}
+		if f, ok := last[k]; ok && x.fence <= f {
+			c.fail(VFenceOrder, "r%d call %d: fn got fence %d at %v after fence %d in an earlier tenure", x.rep, x.call, x.fence, x.start, f)
+		}
+		last[k] = x.fence
+		if y, ok := byFence[x.fence]; ok {
+			c.fail(VFenceDup, "fence %d handed to two leader contexts: r%d call %d at %v and r%d call %d at %v",
+				x.fence, y.rep, y.call, y.start, x.rep, x.call, x.start)
+		} else {
+			byFence[x.fence] = x
+		}
+		if timed && x.fence < maxSoFar {
+			c.fail(VFenceOrder, "r%d got fence %d at %v after fence %d was handed to fn", x.rep, x.fence, x.start, maxSoFar)
+		}
+		maxSoFar = max(maxSoFar, x.fence)
+	}
+	// No one believes it leads long after a newer fence reached fn (every run).
+	for _, a := range ctxs {
+		for _, b := range ctxs {
+			if b.fence <= a.fence || b.start >= a.end {
+				continue
+			}
+			allowed := time.Duration(float64(p.Lease)*0.9/p.Clocks[a.rep].Rate) + c.pauseWithin(a.rep, b.start, a.end) + time.Millisecond
+			if a.end-b.start > allowed {
+				c.fail(VStaleLeader, "r%d's leader context (fence %d) was live until %v, %v after r%d's fn got fence %d (allowed %v)",
+					a.rep, a.fence, a.end, a.end-b.start, b.rep, b.fence, allowed)
+			}
+		}
+	}
+	if timed {
+		// No two live leader contexts at once.
+		for i, a := range ctxs {
+			for _, b := range ctxs[i+1:] {
+				if b.start >= a.end {
+					continue
+				}
+				for _, wa := range c.live(a.rep, a.start, a.end) {
+					for _, wb := range c.live(b.rep, b.start, b.end) {
+						if lo, hi := max(wa.From, wb.From), min(wa.To, wb.To); hi > lo {
+							c.fail(VOverlap, "r%d call %d (fence %d, [%v, %v)) and r%d call %d (fence %d, [%v, %v)) both led for %v from %v (a ended: %s)",
+								a.rep, a.call, a.fence, a.start, a.end, b.rep, b.call, b.fence, b.start, b.end, hi-lo, lo, a.cause)
+						}
+					}
+				}
+			}
+		}
+		// IsLeader true on two replicas at once, or while another's context is live.
+		at := map[time.Duration][]int{}
+		for _, sm := range samples {
+			if sm.leader && !c.paused(sm.rep, sm.at) {
+				at[sm.at] = append(at[sm.at], sm.rep)
+			}
+		}
+		for t, reps := range at {
+			slices.Sort(reps)
+			reps = slices.Compact(reps)
+			if len(reps) > 1 {
+				c.fail(VTwoLeaders, "IsLeader true on replicas %v at %v", reps, t)
+			}
+			for _, x := range ctxs {
+				if x.rep != reps[0] && len(reps) == 1 && t >= x.start && t < x.end && !c.paused(x.rep, t) {
+					c.fail(VTwoLeaders, "IsLeader true on r%d at %v while r%d's leader context (fence %d) was live", reps[0], t, x.rep, x.fence)
+				}
+			}
+		}
+	}
+
+	// Guards: fences accepted only grow, per item for Put/Update, per job
+	// for the transactional forms.
+	perItem := map[string]int64{}
+	var txnMax int64
+	effects := map[string]int{}
+	idem := map[string]int{}
+	for _, a := range applied {
+		if a.guard && !a.txn {
+			if a.wf < perItem[a.pk] {
+				c.fail(VGuardOrder, "guarded %s of %s accepted fence %d at %v after fence %d", a.op, a.pk, a.wf, a.at, perItem[a.pk])
+			}
+			perItem[a.pk] = max(perItem[a.pk], a.wf)
+		}
+		if a.guard && a.txn {
+			if a.wf < txnMax {
+				c.fail(VGuardOrder, "guarded transaction (%s) accepted fence %d at %v after fence %d", a.pk, a.wf, a.at, txnMax)
+			}
+			txnMax = max(txnMax, a.wf)
+		}
+		if a.slot != "" {
+			effects[a.slot]++
+		}
+		if len(a.pk) > 5 && a.pk[:5] == "idem#" {
+			idem[a.pk]++
+		}
+	}
+	for slot, n := range effects {
+		if n > 1 {
+			c.fail(VTwoEffects, "slot %s committed %d effects", slot, n)
+		}
+	}
+	for k, n := range idem {
+		if n > 1 {
+			c.fail(VTwoEffects, "idempotency key %s written %d times", k, n)
+		}
+	}
+	if p.Schedule && !p.Rerun {
+		per := map[string][]fnCall{}
+		for _, x := range calls {
+			per[x.slot] = append(per[x.slot], x)
+		}
+		for slot, xs := range per {
+			if len(xs) > 1 {
+				c.fail(VFnTwice, "fn called %d times for slot %s under NeverRerun (first r%d fence %d at %v, then r%d fence %d at %v)",
+					len(xs), slot, xs[0].rep, xs[0].fence, xs[0].at, xs[1].rep, xs[1].fence, xs[1].at)
+			}
+		}
+	}
+
+	// What Run returned.
+	for _, r := range returns {
+		if _, ok := c.crashAt[r.rep]; ok {
+			continue
+		}
+		sd, ok := shutdown[r.rep]
+		if ok && r.at >= sd {
+			if r.err != nil {
+				c.fail(VShutdown, "r%d call %d: returned %q after a clean shutdown", r.rep, r.call, r.err)
+			}
+			continue
+		}
+		if r.panicked {
+			continue
+		}
+		if s.panicked[r.rep] && r.err != nil {
+			continue // the library reported fn's panic as an error
+		}
+		if at, ok := resigns[r.rep]; ok && at <= r.at && r.err != nil {
+			continue // stopped by the user's Resign, and said so
+		}
+		cause := "no leader context"
+		for _, x := range ctxs {
+			if x.rep == r.rep && x.call == r.call && x.start <= r.at {
+				cause = fmt.Sprintf("last leader context (fence %d) ended at %v: %s", x.fence, x.end, x.cause)
+			}
+		}
+		c.fail(VRunReturned, "r%d call %d: returned %v at %v while its context was live (%s)", r.rep, r.call, r.err, r.at, cause)
+	}
+
+	for _, r := range s.reps {
+		r.mu.Lock()
+		if r.busy != "" {
+			c.fail(VBusyLoop, "%s", r.busy)
+		}
+		r.mu.Unlock()
+	}
+	if !p.wild() {
+		c.handover(ctxs, shutdown)
+		c.liveness(samples, shutdown)
+		if p.Schedule {
+			c.runs(admin)
+		}
+	}
+	return c.out
+}
+
+// handover: a leader context that ends after the faults ended, other than
+// by shutdown, is followed by another within GapBound (plus a slot interval
+// for RunSchedule, whose fn first sees a tenure at its first slot).
+func (c *checker) handover(ctxs []ctxRec, shutdown map[int]time.Duration) {
+	p := c.p
+	end := c.checkAt
+	for _, t := range shutdown {
+		end = min(end, t)
+	}
+	bound := p.gapBound()
+	if p.Schedule {
+		bound += p.Interval + p.Work
+	}
+	for _, a := range ctxs {
+		if a.end < p.FaultEnd || a.end >= end {
+			continue
+		}
+		if at, ok := c.crashAt[a.rep]; ok && a.end >= at {
+			continue
+		}
+		next := end
+		for _, b := range ctxs {
+			switch {
+			case b.start >= a.end && b.start < next:
+				next = b.start
+			case b.rep != a.rep && b.start < a.end && b.end > a.end:
+				next = a.end // another replica already led
+			}
+		}
+		if next-a.end > bound {
+			c.fail(VGap, "r%d's tenure (fence %d) ended at %v (%s) and no leader followed for %v (faults ended at %v, bound %v)",
+				a.rep, a.fence, a.end, a.cause, next-a.end, p.FaultEnd, bound)
+		}
+	}
+}
+
+// liveness: once the faults end, a leader within LiveBound and no gap
+// longer than GapBound.
+func (c *checker) liveness(samples []sample, shutdown map[int]time.Duration) {
+	p := c.p
+	end := c.checkAt
+	for _, t := range shutdown {
+		end = min(end, t)
+	}
+	nAlive := func(t time.Duration) int {
+		n := 0
+		for i := range p.N {
+			if c.alive(i, t) {
+				n++
+			}
+		}
+		return n
+	}
+	byT := map[time.Duration][]sample{}
+	for _, sm := range samples {
+		if sm.at >= p.FaultEnd && sm.at < end {
+			byT[sm.at] = append(byT[sm.at], sm)
+		}
+	}
+	var ts []time.Duration
+	for t, xs := range byT {
+		reps := map[int]bool{}
+		for _, x := range xs {
+			reps[x.rep] = true
+		}
+		if len(reps) == nAlive(t) {
+			ts = append(ts, t)
+		}
+	}
+	slices.Sort(ts)
+	hadLeader, gapFrom, reported := false, time.Duration(-1), false
+	for _, t := range ts {
+		led := false
+		for _, x := range byT[t] {
+			led = led || x.leader
+		}
+		if !led && t >= p.FaultEnd+p.liveBound() && !reported {
+			c.fail(VNoLeader, "no replica led at %v (faults ended at %v, bound %v)", t, p.FaultEnd, p.liveBound())
+			reported = true
+		}
+		switch {
+		case !led && hadLeader && gapFrom < 0:
+			gapFrom = t
+		case led && gapFrom >= 0:
+			if t-gapFrom > p.gapBound() {
+				c.fail(VGap, "no leader from %v to %v (%v) though the faults ended at %v (bound %v)", gapFrom, t, t-gapFrom, p.FaultEnd, p.gapBound())
+			}
+			gapFrom = -1
+		}
+		if led {
+			hadLeader = true
+		}
+	}
+}
+
+// runs judges the job-run items: due slots fired, none left running,
+// missed counts right.
+func (c *checker) runs(admin *dynamodb.Client) {
+	p := c.p
+	lh, err := ddblease.New(admin, table, job)
+	if err != nil {
+		c.fail(VSetup, "%v", err)
+		return
+	}
+	sched := ddblease.Every(p.Interval)
+	start := c.s.w.start
+	window := p.Window
+	if window == 0 {
+		window = ddblease.DefaultCatchUpWindow
+	}
+	from := start.Add(-2*p.Interval - 4*p.Lease) // no slot long before the start is ever claimed
+	to := start.Add(c.checkAt)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	var recs []ddblease.RunRecord
+	for a := from; a.Before(to); {
+		b := a.Add(p.Interval * (ddblease.MaxListSlots - 1))
+		if b.After(to) {
+			b = to
+		}
+		rs, err := lh.ListRuns(ctx, sched, a, b)
+		if err != nil {
+			c.fail(VSetup, "ListRuns: %v", err)
+			return
+		}
+		recs = append(recs, rs...)
+		a = b.Add(time.Nanosecond)
+	}
+	bySlot := map[time.Time]ddblease.RunRecord{}
+	for _, r := range recs {
+		bySlot[r.Slot] = r
+	}
+	// Every slot due after the leader came back fired.
+	end := c.checkAt
+	for _, t := range c.s.h.shutdown {
+		end = min(end, t)
+	}
+	lo := start.Add(p.FaultEnd + p.liveBound() + p.Interval + p.Skew)
+	hi := start.Add(end - p.Interval - 2*p.Skew - 2*p.CallTimeout - p.Work)
+	missing, first := 0, time.Time{}
+	for s := sched.Next(lo); !s.After(hi); s = sched.Next(s) {
+		r, ok := bySlot[s.UTC()]
+		if !ok || (r.Status != ddblease.RunSucceeded && r.Status != ddblease.RunFailed) {
+			if missing == 0 {
+				first = s
+			}
+			missing++
+		}
+	}
+	if missing > 0 {
+		c.fail(VSlotMissed, "%d slots due after %v never fired, the first %v (faults ended at %v)",
+			missing, lo.Sub(start), first.Sub(start), p.FaultEnd)
+	}
+	// No run left running, unless no later tenure fired within the catch-up
+	// window of its slot.
+	for _, r := range recs {
+		if r.Status != ddblease.RunRunning {
+			continue
+		}
+		excused := true
+		for _, o := range recs {
+			if o.Fence > r.Fence && !o.StartedAt.After(r.Slot.Add(window-2*p.Skew)) {
+				excused = false
+			}
+		}
+		if !excused {
+			c.fail(VRunning, "slot %v (fence %d, %s) left running; later tenures fired within its catch-up window",
+				r.Slot.Sub(start), r.Fence, r.Owner)
+		}
+	}
+	// Missed counts, when marked known.
+	if p.stepped() {
+		return
+	}
+	for i, r := range recs {
+		if r.MissedUnknown || r.Claims > 1 || r.Status == ddblease.RunAbandoned {
+			continue
+		}
+		prev := time.Time{}
+		if i > 0 {
+			prev = recs[i-1].Slot
+		}
+		count := func(floor time.Time) int {
+			if floor.Before(prev) {
+				floor = prev
+			}
+			n := 0
+			for s := sched.Next(floor); s.Before(r.Slot); s = sched.Next(s) {
+				n++
+			}
+			return n
+		}
+		tol := 2*p.Skew + p.Lease + p.Interval
+		lo, hi := count(r.StartedAt.Add(-window+tol)), count(r.StartedAt.Add(-window-tol))
+		if r.Missed < lo || r.Missed > hi {
+			c.fail(VMissedCount, "slot %v: Missed=%d marked known, but %d to %d slots before it have no run", r.Slot.Sub(start), r.Missed, lo, hi)
+		}
+	}
+}

@@ -1,0 +1,105 @@
+// Package sim is a deterministic simulation of ddblease: the library's real
+// code (Lease.Run, Lease.RunSchedule, JobRun.Commit, Guard.Put, Update,
+// TransactWrite and Do) runs for several replicas inside one process under
+// testing/synctest, so that minutes of protocol time take milliseconds. The
+// package has no code outside its tests.
+//
+// # The world
+//
+// Each replica has its own *dynamodb.Client whose HTTP transport is an
+// in-memory http.RoundTripper to github.com/truora/minidyn's handler
+// (serialised by a mutex, an httptest.ResponseRecorder per request). A plan
+// drawn from the seed decides the faults applied at that transport: black
+// holes (no answer until the request's context ends), answers lost after the
+// server applied the request (hang or reset), delays before or after the
+// server, 500, 503, throttling and TransactionConflict answers with the
+// bodies DynamoDB sends, and connection resets. It also sets each replica's
+// clock (offset and rate, through Options.Now, within or beyond
+// MaxClockSkew), wall-clock steps that leave the monotonic clock alone,
+// crashes (the replica's clock freezes, its network black-holes new
+// requests while requests already in flight still land, its fn is never
+// told; at the end it is wound down so that the bubble can exit, and it is
+// excluded from the checks from the crash on) and pauses (its clock,
+// requests, answers and fn are held). Users misbehave as real ones do:
+// Resign while Run leads, two Run calls on one handle, a panic in fn
+// recovered by a supervisor that calls Run again, slots whose fn fails.
+// After FaultEnd the plan is quiet; then every live replica is shut down by
+// cancelling its context.
+//
+// # What is checked
+//
+// Every invariant is judged from what the users observed, in virtual time:
+// the leader contexts handed to fn (when fn first saw one and when a
+// goroutine waiting on it saw it end), the fence given with it, IsLeader
+// samples, what Run and RunSchedule returned, fn calls per slot, the writes
+// the server applied (the effects carry the fence the user presented) and
+// the job-run items (ListRuns). In every run, wild clocks included:
+//
+//   - fence-order: fences handed to fn grow from one tenure to the next of a
+//     Run call (and, with clocks within the bound, across all replicas);
+//   - fence-dup: no fence is handed to two leader contexts;
+//   - stale-leader: no leader context stays live more than a lease after
+//     another replica's fn received a higher fence;
+//   - guard-order: no guard accepts a fence lower than one it accepted
+//     (per item for Put and Update, per job for TransactWrite and Commit);
+//   - two-effects: no slot has two committed effects, no idempotency key is
+//     written twice; fn-twice: no slot's fn is called twice under NeverRerun;
+//   - run-returned: Run does not return while its context is live unless fn
+//     panicked or the user's Resign stopped it with an error (nothing
+//     silent); run-shutdown: after a clean shutdown Run returns nil;
+//     run-hang: Run returns after its context ends;
+//   - busy-loop: no replica sends more than 50 requests in 100ms;
+//   - leak: every goroutine ends (synctest reports a bubble that cannot).
+//
+// With clocks within MaxClockSkew and no wall step beyond it:
+//
+//   - overlap: no two live leader contexts at once (pauses excepted);
+//     two-leaders: IsLeader true on two replicas, or on one while another's
+//     leader context is live.
+//
+// With clocks within the bound (wall steps allowed: they are over before the
+// faults end), once the faults end:
+//
+//   - no-leader: a replica leads within LiveBound (LeaseDuration +
+//     2*MaxClockSkew + RetryInterval + 2*CallTimeout + LeaseDuration/20);
+//   - gap: no leaderless gap longer than GapBound (LeaseDuration/10 +
+//     2*MaxClockSkew + RetryInterval + 2*CallTimeout + LeaseDuration/20),
+//     by IsLeader samples, and no tenure that ends after the faults ended
+//     without another leader context following within GapBound (plus a
+//     slot interval under RunSchedule);
+//   - slot-missed: every slot due from then on fired (succeeded or failed);
+//   - run-running: no run is left running when a later tenure fired within
+//     the catch-up window of its slot;
+//   - missed-count: RunRecord.Missed, when marked known, is the number of
+//     slots without a run before the fired one (within the window).
+//
+// # Running it
+//
+//	go test ./internal/sim -run 'TestSim$' -sim.seeds=200   # a quick look
+//	go test ./internal/sim -run 'TestSim$' -sim.seeds=2000 -timeout 60m  # CI
+//	go test ./internal/sim -run 'TestSim$' -sim.long -timeout 24h  # 100,000 seeds
+//	go test ./internal/sim -run 'TestSim$' -sim.seed=1234 -v  # replay one seed
+//
+// Without -sim.seeds, -sim.seed or -sim.long the test skips, saying so, so
+// that go test ./... (which runs it with -race, and against other servers
+// it does not use) stays quick. A failure prints its seed, its plan and a
+// replay command. -sim.first
+// moves the seed range, -sim.workers sets how many seeds run at once,
+// -sim.list prints one line per failing seed, -sim.keepgoing surveys
+// without failing, -sim.plans prints the plans without running them. The plan is a function of the seed alone; the run is
+// not bit for bit: the library draws renewal versions and jitter from
+// math/rand/v2 and the SDK its retry jitter, and goroutines woken at the
+// same virtual instant run in any order, so a replay reproduces the plan
+// exactly and the failure most of the time.
+//
+// Limits of synctest shape two choices. A goroutine waiting on a
+// sync.Mutex is not durably blocked, so a handle's mutex held across a
+// request that waits for virtual time, while another goroutine of the
+// same handle waits for it, would stop virtual time for ever: requests
+// take no virtual time unless the plan delays them, and a handle that the
+// user drives from two goroutines (Resign, two Run calls) gets no faults.
+// A client that retries without waiting would spin at one virtual instant:
+// past 50 requests in 100ms a replica's requests take 10ms, and the
+// busy-loop is reported. A seed that still does not end in real time
+// (-sim.stuck, default 2m) stops the run with its plan.
+package sim

@@ -1,0 +1,463 @@
+package sim
+
+import (
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"strings"
+	"time"
+)
+
+// FaultKind is what the network does to a request.
+type FaultKind int
+
+// The faults applied at a replica's transport.
+const (
+	FNone       FaultKind = iota
+	FBlackHole            // no answer until the request's context ends; not applied
+	FDropHang             // applied, then no answer until the context ends
+	FDropReset            // applied, then the connection is reset
+	FReset                // connection reset before the server saw it
+	FDelay                // held Delay before the server sees it
+	FSlowAnswer           // applied, answer held Delay
+	F500                  // InternalServerError
+	F503                  // ServiceUnavailable
+	FThrottle             // ProvisionedThroughputExceeded / ThrottlingException
+	FConflict             // TransactionConflict (writes only)
+	nKinds
+)
+
+var kindNames = [...]string{"none", "blackhole", "drop-hang", "drop-reset", "reset", "delay", "slow-answer", "500", "503", "throttle", "txn-conflict"}
+
+func (k FaultKind) String() string { return kindNames[k] }
+
+// leader, as a replica, means the replica that leads when the window opens
+// (none if no replica outside Clean leads then).
+const leader = -2
+
+// Fault is one fault window: requests of Rep (-1: every replica) whose
+// operation matches Op ("" for all; "write" for writes) sent in [From, To)
+// get Kind with probability P.
+type Fault struct {
+	Rep      int
+	Op       string
+	Kind     FaultKind
+	P        float64
+	From, To time.Duration
+	Delay    time.Duration
+}
+
+// Clock is a replica's clock: offset at the start and rate.
+type Clock struct {
+	Offset time.Duration
+	Rate   float64
+}
+
+// Step is a wall-clock step of By for Dur from At (monotonic unchanged).
+type Step struct {
+	Rep     int
+	At, Dur time.Duration
+	By      time.Duration
+}
+
+type window struct{ From, To time.Duration }
+
+// Act is a user action or crash at a time.
+type Act struct {
+	Rep int
+	At  time.Duration
+	Dur time.Duration // pauses
+}
+
+// Plan is everything a seed decides.
+type Plan struct {
+	Seed     uint64
+	N        int  // replicas
+	Schedule bool // RunSchedule (else Run)
+
+	Lease, Heartbeat, Retry, Skew, CallTimeout, Drain time.Duration
+	Attempts                                          int // SDK RetryMaxAttempts (0: default)
+
+	Interval time.Duration // Every(Interval)
+	Window   time.Duration // CatchUpWindow, 0: default
+	Rerun    bool
+	Work     time.Duration // fn work per slot, or between effects under Run
+	Effect   string        // "put", "update", "txn", "do" (Run); "commit", "idem", "slotput" (RunSchedule)
+	FnError  float64       // probability a slot's fn returns an error
+
+	Clocks  []Clock
+	Steps   []Step
+	Faults  []Fault
+	Crashes []Act
+	Pauses  []Act
+	Resigns []Act    // Resign called on the handle while it may lead
+	Panics  []Act    // fn panics at its first call after At; a supervisor restarts
+	Double  int      // replica whose handle gets two concurrent Run calls; -1 none
+	Clean   []int    // replicas kept free of faults (see clean)
+	Tags    []string // the scenarios drawn, for the survey
+
+	FaultEnd time.Duration // every fault, action and wall step is over
+	Quiet    time.Duration // fault-free time after FaultEnd before shutdown
+}
+
+func (p *Plan) end() time.Duration { return p.FaultEnd + p.Quiet }
+
+// decide picks the fault for the n-th request of rep, op at d, from a hash
+// of the seed so that it does not depend on other replicas' requests.
+func (p *Plan) decide(rep int, op string, d time.Duration, n uint64, resolve func(fault int) int) Fault {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d/%d/%s/%d", p.Seed, rep, op, n)
+	u := float64(h.Sum64()>>11) / (1 << 53)
+	for i, f := range p.Faults {
+		if f.Rep == leader {
+			f.Rep = resolve(i)
+		}
+		if f.Rep != -1 && f.Rep != rep || d < f.From || d >= f.To {
+			continue
+		}
+		if f.Op == "write" && op != "PutItem" && op != "UpdateItem" && op != "TransactWriteItems" {
+			continue
+		}
+		if f.Op != "" && f.Op != "write" && f.Op != op {
+			continue
+		}
+		if u < f.P {
+			return f
+		}
+		u = (u - f.P) / (1 - f.P + 1e-12)
+	}
+	return Fault{}
+}
+
+// wild reports whether the clocks ever differ by MaxClockSkew or more, or
+// whether a rate is off by more than 2%.
+func (p *Plan) wild() bool {
+	for _, c := range p.Clocks {
+		if c.Rate < 0.98 || c.Rate > 1.02 {
+			return true
+		}
+	}
+	end := p.end() + p.Lease*4
+	for i, a := range p.Clocks {
+		for _, b := range p.Clocks[i+1:] {
+			for _, t := range []time.Duration{0, end} {
+				da := a.Offset + time.Duration(float64(t)*(a.Rate-1))
+				db := b.Offset + time.Duration(float64(t)*(b.Rate-1))
+				if (da - db).Abs() >= p.Skew {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// stepped reports whether a wall step beyond MaxClockSkew happens.
+func (p *Plan) stepped() bool {
+	for _, s := range p.Steps {
+		if s.By.Abs() >= p.Skew {
+			return true
+		}
+	}
+	return false
+}
+
+func pick[T any](r *rand.Rand, xs ...T) T { return xs[r.IntN(len(xs))] }
+
+// newPlan draws a plan from seed.
+func newPlan(seed uint64) *Plan {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	p := &Plan{Seed: seed, Double: -1}
+	p.N = pick(r, 2, 2, 3, 3, 4)
+	p.Schedule = r.Float64() < 0.6
+	p.Lease = pick(r, 1*time.Second, 2*time.Second, 2*time.Second, 5*time.Second, 10*time.Second)
+	p.Heartbeat = time.Duration(float64(p.Lease) * pick(r, 1.0/3, 1.0/3, 0.2, 0.45))
+	p.CallTimeout = time.Duration(float64(p.Heartbeat) * pick(r, 0.5, 0.5, 0.3, 0.95))
+	p.Retry = time.Duration(float64(p.Lease) * pick(r, 0.025, 0.05, 0.1, 0.25))
+	p.Skew = time.Duration(float64(p.Lease) * pick(r, 0.05, 0.1, 0.2))
+	p.Drain = pick(r, time.Duration(0), p.Lease, 3*p.Lease)
+	p.Attempts = pick(r, 0, 0, 1, 5)
+	p.Interval = time.Duration(float64(p.Lease) * pick(r, 0.1, 0.25, 0.5, 1, 3))
+	p.Window = pick(r, time.Duration(0), time.Duration(0), 20*p.Interval, 3*p.Lease+p.Interval)
+	p.Rerun = r.Float64() < 0.3
+	if p.Schedule {
+		p.Work = time.Duration(float64(p.Interval) * pick(r, 0.0, 0.1, 0.4))
+		p.Effect = pick(r, "commit", "commit", "idem", "slotput")
+		if r.Float64() < 0.2 {
+			p.FnError = 0.1
+		}
+	} else {
+		p.Work = time.Duration(float64(p.Lease) * pick(r, 0.02, 0.1, 0.3))
+		p.Effect = pick(r, "put", "update", "txn", "do")
+	}
+	phase := time.Duration(float64(p.Lease) * pick(r, 3.0, 6, 10))
+
+	// Clocks: within the bound (70%), else wild.
+	p.Clocks = make([]Clock, p.N)
+	wildClocks := r.Float64() < 0.3
+	for i := range p.Clocks {
+		if wildClocks {
+			p.Clocks[i] = Clock{
+				Offset: time.Duration((r.Float64()*2 - 1) * float64(pick(r, p.Skew*2, p.Lease, 3*p.Lease))),
+				Rate:   pick(r, 1.0, 1.0, 0.9, 1.1, 0.97, 1.03),
+			}
+		} else {
+			p.Clocks[i] = Clock{
+				Offset: time.Duration((r.Float64()*2 - 1) * float64(p.Skew) * 0.4),
+				Rate:   1 + (r.Float64()*2-1)*pick(r, 0.0, 0.0001, 0.001),
+			}
+		}
+	}
+
+	// Network faults.
+	nf := pick(r, 0, 1, 2, 3, 4, 6, 8)
+	ops := []string{"", "", "write", "UpdateItem", "GetItem", "TransactWriteItems", "BatchGetItem", "PutItem"}
+	for range nf {
+		from := time.Duration(r.Float64() * float64(phase))
+		dur := time.Duration(float64(p.Lease) * pick(r, 0.1, 0.5, 1, 2, 4))
+		f := Fault{
+			Rep:  pick(r, -1, r.IntN(p.N), r.IntN(p.N)),
+			Op:   pick(r, ops...),
+			Kind: FaultKind(1 + r.IntN(int(nKinds)-1)),
+			P:    pick(r, 0.1, 0.3, 0.7, 1.0),
+			From: from, To: min(from+dur, phase),
+		}
+		if f.Kind == FDelay || f.Kind == FSlowAnswer {
+			f.Delay = time.Duration(float64(p.CallTimeout) * pick(r, 0.1, 0.5, 0.9, 1.5))
+		}
+		p.Faults = append(p.Faults, f)
+	}
+	// Targeted shapes an unlucky network produces.
+	if r.Float64() < 0.15 { // the leader's writes and reads hang (keeper blocked)
+		from := time.Duration(r.Float64() * float64(phase) * 0.7)
+		to := from + time.Duration(float64(p.Lease)*pick(r, 1.0, 2, 3))
+		rep := pick(r, leader, leader, r.IntN(p.N))
+		if r.Float64() < 0.5 {
+			p.Faults = append(p.Faults, Fault{Rep: rep, Op: "UpdateItem", Kind: F500, P: 1, From: from, To: from + p.Heartbeat})
+			from += p.Heartbeat
+		}
+		p.Tags = append(p.Tags, "hang")
+		p.Faults = append(p.Faults, Fault{Rep: rep, Op: "UpdateItem", Kind: FBlackHole, P: 1, From: from, To: to},
+			Fault{Rep: rep, Op: "GetItem", Kind: FBlackHole, P: 1, From: from, To: to})
+	}
+	if r.Float64() < 0.15 { // heartbeats land unanswered, read-backs slow
+		from := time.Duration(r.Float64() * float64(phase) * 0.7)
+		to := from + time.Duration(float64(p.Lease)*pick(r, 1.0, 2, 3))
+		rep := pick(r, leader, leader, r.IntN(p.N))
+		p.Tags = append(p.Tags, "lost-answers")
+		p.Faults = append(p.Faults, Fault{Rep: rep, Op: "UpdateItem", Kind: pick(r, FDropHang, FDropReset), P: pick(r, 0.5, 1.0), From: from, To: to},
+			Fault{Rep: rep, Op: "GetItem", Kind: FSlowAnswer, P: pick(r, 0.5, 1.0), From: from, To: to,
+				Delay: time.Duration(float64(p.CallTimeout) * pick(r, 0.5, 0.9))})
+	}
+	if r.Float64() < 0.1 { // the leader's heartbeats throttled, frequent and fast, until the faults end
+		p.Retry = p.Lease / 200
+		p.Heartbeat = p.Lease / 100
+		p.CallTimeout = p.Heartbeat / 2
+		p.Attempts = 1
+		p.Tags = append(p.Tags, "throttle")
+		to := phase
+		p.Faults = append(p.Faults, Fault{Rep: pick(r, leader, leader, r.IntN(p.N)), Op: "UpdateItem", Kind: FThrottle, P: 1,
+			From: to - time.Duration(float64(p.Lease)*pick(r, 0.4, 0.5, 0.6)), To: to})
+	}
+	if p.Schedule && r.Float64() < 0.1 { // an outage over more than 100 slots
+		from := time.Duration(r.Float64() * float64(phase) * 0.4)
+		p.Interval = p.Lease / 50
+		p.Tags = append(p.Tags, "outage")
+		p.Work = min(p.Work, p.Interval/2)
+		d := max(time.Duration(pick(r, 110, 150, 250))*p.Interval, 2*p.Lease)
+		p.Faults = append(p.Faults, Fault{Rep: -1, Kind: FBlackHole, P: 1, From: from, To: from + d})
+		if r.Float64() < 0.7 {
+			p.Crashes = append(p.Crashes, Act{Rep: -1, At: max(from-time.Duration(r.Float64()*float64(p.Interval)), 0)})
+		}
+		phase = max(phase, from+d+p.Lease)
+	}
+
+	// Crashes (never all replicas), pauses.
+	if r.Float64() < 0.25 {
+		p.Crashes = append(p.Crashes, Act{Rep: r.IntN(p.N), At: time.Duration(r.Float64() * float64(phase))})
+	}
+	if len(p.Crashes) > 0 && len(p.Crashes) >= p.N {
+		p.Crashes = p.Crashes[:p.N-1]
+	}
+	for range pick(r, 0, 0, 1, 2) {
+		p.Pauses = append(p.Pauses, Act{Rep: r.IntN(p.N), At: time.Duration(r.Float64() * float64(phase)),
+			Dur: time.Duration(float64(p.Lease) * pick(r, 0.2, 0.8, 1.5, 3))})
+	}
+	// Wall-clock steps.
+	if r.Float64() < 0.12 {
+		// Late in the faulty phase, so that what the step leaves behind
+		// is still there when the faults end.
+		dur := time.Duration(float64(p.Lease) * pick(r, 0.15, 0.5, 1))
+		if p.Schedule {
+			dur = max(dur, 2*p.Interval) // long enough for the runner to wake inside it
+		}
+		p.Steps = append(p.Steps, Step{Rep: pick(r, leader, leader, r.IntN(p.N)), At: max(phase-dur-time.Duration(r.Float64()*float64(p.Lease)), 0),
+			Dur: dur, By: pick(r, 5*time.Second, 3*p.Lease, time.Hour, -3*p.Lease)})
+	}
+	// Adversarial users.
+	if r.Float64() < 0.1 {
+		rep := r.IntN(p.N)
+		for range 3 {
+			p.Resigns = append(p.Resigns, Act{Rep: rep, At: time.Duration(r.Float64() * float64(phase))})
+		}
+	}
+	if r.Float64() < 0.1 {
+		p.Panics = append(p.Panics, Act{Rep: r.IntN(p.N), At: time.Duration(r.Float64() * float64(phase))})
+	}
+	if r.Float64() < 0.08 {
+		p.Double = r.IntN(p.N)
+	}
+
+	// A handle used by two goroutines of the user (Resign, two Run calls)
+	// gets no faults: under synctest a goroutine waiting on the handle's
+	// mutex, held across a request that waits for virtual time, would stop
+	// virtual time for ever.
+	for _, a := range p.Resigns {
+		p.clean(a.Rep)
+	}
+	if p.Double >= 0 {
+		p.clean(p.Double)
+	}
+
+	if len(p.Steps) > 0 {
+		p.Tags = append(p.Tags, "step")
+	}
+	if len(p.Resigns) > 0 {
+		p.Tags = append(p.Tags, "resign")
+	}
+	if len(p.Panics) > 0 {
+		p.Tags = append(p.Tags, "panic")
+	}
+	if p.Double >= 0 {
+		p.Tags = append(p.Tags, "double-run")
+	}
+	if len(p.Crashes) > 0 {
+		p.Tags = append(p.Tags, "crash")
+	}
+	if len(p.Pauses) > 0 {
+		p.Tags = append(p.Tags, "pause")
+	}
+	if p.wild() {
+		p.Tags = append(p.Tags, "wild")
+	}
+	p.FaultEnd = phase
+	for _, f := range p.Faults {
+		p.FaultEnd = max(p.FaultEnd, f.To+f.Delay)
+	}
+	for _, a := range p.Pauses {
+		p.FaultEnd = max(p.FaultEnd, a.At+a.Dur)
+	}
+	for _, s := range p.Steps {
+		p.FaultEnd = max(p.FaultEnd, s.At+s.Dur)
+	}
+	p.Quiet = p.liveBound() + 2*p.Lease + 4*max(p.Interval, p.Heartbeat)
+	return p
+}
+
+// clean takes rep out of every fault, pause, crash and wall step.
+func (p *Plan) clean(rep int) {
+	p.Clean = append(p.Clean, rep)
+	var fs []Fault
+	for _, f := range p.Faults {
+		switch f.Rep {
+		case rep:
+		case -1:
+			for i := range p.N {
+				if i != rep {
+					g := f
+					g.Rep = i
+					fs = append(fs, g)
+				}
+			}
+		default:
+			fs = append(fs, f)
+		}
+	}
+	p.Faults = fs
+	drop := func(xs []Act) []Act {
+		var out []Act
+		for _, a := range xs {
+			if a.Rep != rep {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+	p.Pauses, p.Crashes = drop(p.Pauses), drop(p.Crashes)
+	var st []Step
+	for _, s := range p.Steps {
+		if s.Rep != rep {
+			st = append(st, s)
+		}
+	}
+	p.Steps = st
+}
+
+// liveBound is how long after the faults end a leader must be leading:
+// the lease lapses (LeaseDuration after the last write, which was sent before
+// the faults ended), a standby sees it MaxClockSkew old on a clock up to
+// MaxClockSkew off, polls within RetryInterval, and its write and read take a
+// round trip each (bounded by CallTimeout).
+func (p *Plan) liveBound() time.Duration {
+	return p.Lease + 2*p.Skew + p.Retry + 2*p.CallTimeout + p.Lease/20
+}
+
+// gapBound bounds a leaderless gap that begins after the faults ended: a
+// tenure that could not be renewed in time ends at its deadline, a margin
+// before its expiry, and a standby takes over as in liveBound.
+func (p *Plan) gapBound() time.Duration {
+	return p.Lease/10 + 2*p.Skew + p.Retry + 2*p.CallTimeout + p.Lease/20
+}
+
+func (p *Plan) String() string {
+	var b strings.Builder
+	mode := "Run"
+	if p.Schedule {
+		mode = fmt.Sprintf("RunSchedule(Every(%v), window=%v, rerun=%v, fnError=%v)", p.Interval, p.Window, p.Rerun, p.FnError)
+	}
+	fmt.Fprintf(&b, "seed %d: %d replicas, %s, effect=%s work=%v %v\n", p.Seed, p.N, mode, p.Effect, p.Work, p.Tags)
+	fmt.Fprintf(&b, "  lease=%v heartbeat=%v retry=%v skew=%v callTimeout=%v drain=%v sdkAttempts=%d\n",
+		p.Lease, p.Heartbeat, p.Retry, p.Skew, p.CallTimeout, p.Drain, p.Attempts)
+	fmt.Fprintf(&b, "  clocks (wild=%v, stepped=%v):", p.wild(), p.stepped())
+	for i, c := range p.Clocks {
+		fmt.Fprintf(&b, " r%d{%v x%.4f}", i, c.Offset, c.Rate)
+	}
+	b.WriteString("\n")
+	for _, s := range p.Steps {
+		fmt.Fprintf(&b, "  wall step %s at %v for %v by %v\n", repName(s.Rep), s.At, s.Dur, s.By)
+	}
+	for _, f := range p.Faults {
+		fmt.Fprintf(&b, "  fault %s op=%q %s p=%.1f [%v, %v) delay=%v\n", repName(f.Rep), f.Op, f.Kind, f.P, f.From, f.To, f.Delay)
+	}
+	for _, a := range p.Crashes {
+		if a.Rep < 0 {
+			fmt.Fprintf(&b, "  crash the leader at %v\n", a.At)
+		} else {
+			fmt.Fprintf(&b, "  crash r%d at %v\n", a.Rep, a.At)
+		}
+	}
+	for _, a := range p.Pauses {
+		fmt.Fprintf(&b, "  pause r%d at %v for %v\n", a.Rep, a.At, a.Dur)
+	}
+	for _, a := range p.Resigns {
+		fmt.Fprintf(&b, "  Resign on r%d at %v\n", a.Rep, a.At)
+	}
+	for _, a := range p.Panics {
+		fmt.Fprintf(&b, "  fn panics on r%d after %v (supervisor restarts)\n", a.Rep, a.At)
+	}
+	if p.Double >= 0 {
+		fmt.Fprintf(&b, "  two Run calls on r%d's handle\n", p.Double)
+	}
+	fmt.Fprintf(&b, "  faults end %v, quiet until %v (live bound %v, gap bound %v)", p.FaultEnd, p.end(), p.liveBound(), p.gapBound())
+	return b.String()
+}
+
+func repName(rep int) string {
+	switch rep {
+	case -1:
+		return "all"
+	case leader:
+		return "leader"
+	}
+	return fmt.Sprintf("r%d", rep)
+}

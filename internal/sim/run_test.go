@@ -1,0 +1,515 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/ddblease/ddblease"
+)
+
+const (
+	table = "sim-table" // the lease and its job runs
+	sink  = "sim-sink"  // the users' effects
+	job   = "job"
+)
+
+// ctxRec is one leader context as a user saw it: from the first call of fn
+// with it to the moment a goroutine waiting on it saw it end.
+type ctxRec struct {
+	rep, call int
+	fence     int64
+	start     time.Duration
+	end       time.Duration // -1 while live
+	cause     string
+}
+
+type sample struct {
+	at     time.Duration
+	rep    int
+	leader bool
+}
+
+type fnCall struct {
+	rep, call int
+	slot      string
+	fence     int64
+	at        time.Duration
+}
+
+type runReturn struct {
+	rep, call int
+	at        time.Duration
+	err       error
+	panicked  bool
+}
+
+// history is what the simulated users observed, in virtual time since
+// the start of the run.
+type history struct {
+	mu       sync.Mutex
+	ctxs     []*ctxRec
+	samples  []sample
+	calls    []fnCall
+	returns  []runReturn
+	resigns  map[int]time.Duration // replica -> first Resign call
+	shutdown map[int]time.Duration // replica -> when its contexts were cancelled
+	crashAt  map[int]time.Duration
+	notes    []string
+}
+
+// sim is one run of a plan inside a synctest bubble.
+type sim struct {
+	p    *Plan
+	w    *world
+	h    history
+	reps []*replicaState
+	ls   []*ddblease.Lease
+	gs   []*ddblease.Guard
+	ctxs []context.Context
+	stop []context.CancelFunc
+
+	mu       sync.Mutex
+	seen     map[context.Context]*ctxRec // leader contexts already recorded
+	panicked map[int]bool
+	nEffect  int
+	running  sync.WaitGroup // Run calls of live replicas
+	crashed  sync.WaitGroup // Run calls of crashed replicas
+	callDone map[[2]int]chan struct{}
+}
+
+func (s *sim) now() time.Duration { return s.w.since() }
+
+func (s *sim) note(format string, args ...any) {
+	s.h.mu.Lock()
+	s.h.notes = append(s.h.notes, fmt.Sprintf("%v ", s.now())+fmt.Sprintf(format, args...))
+	s.h.mu.Unlock()
+}
+
+// enter records fn being handed ctx and fence.
+func (s *sim) enter(rep, call int, ctx context.Context, fence int64) {
+	s.mu.Lock()
+	if _, ok := s.seen[ctx]; ok {
+		s.mu.Unlock()
+		return
+	}
+	rec := &ctxRec{rep: rep, call: call, fence: fence, start: s.now(), end: -1}
+	s.seen[ctx] = rec
+	s.mu.Unlock()
+	s.h.mu.Lock()
+	s.h.ctxs = append(s.h.ctxs, rec)
+	s.h.mu.Unlock()
+	context.AfterFunc(ctx, func() {
+		s.h.mu.Lock()
+		rec.end = s.now()
+		rec.cause = fmt.Sprint(context.Cause(ctx))
+		s.h.mu.Unlock()
+	})
+}
+
+func (s *sim) sample(rep int) {
+	l := s.ls[rep].IsLeader()
+	s.h.mu.Lock()
+	s.h.samples = append(s.h.samples, sample{at: s.now(), rep: rep, leader: l})
+	s.h.mu.Unlock()
+}
+
+// maybePanic panics in fn once, at its first call after the plan says.
+func (s *sim) maybePanic(rep int) {
+	for _, a := range s.p.Panics {
+		if a.Rep == rep && s.now() >= a.At {
+			s.mu.Lock()
+			done := s.panicked[rep]
+			s.panicked[rep] = true
+			s.mu.Unlock()
+			if !done {
+				s.note("r%d: fn panics", rep)
+				panic("simulated panic in fn")
+			}
+		}
+	}
+}
+
+func av(n int64) types.AttributeValue {
+	return &types.AttributeValueMemberN{Value: strconv.FormatInt(n, 10)}
+}
+func as(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
+
+// effect is one guarded side effect of a Run leader.
+func (s *sim) effect(ctx context.Context, rep int, fence int64) {
+	g := s.gs[rep]
+	s.mu.Lock()
+	s.nEffect++
+	n := s.nEffect
+	s.mu.Unlock()
+	switch s.p.Effect {
+	case "put":
+		_, _ = g.Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(sink),
+			Item: map[string]types.AttributeValue{"pk": as("sink#put"), "wf": av(fence), "n": av(int64(n))}})
+	case "update":
+		_, _ = g.Update(ctx, fence, &dynamodb.UpdateItemInput{TableName: aws.String(sink),
+			Key:                       map[string]types.AttributeValue{"pk": as("sink#upd")},
+			UpdateExpression:          aws.String("SET wf = :wf, n = :n"),
+			ExpressionAttributeValues: map[string]types.AttributeValue{":wf": av(fence), ":n": av(int64(n))}})
+	case "txn":
+		_ = g.TransactWrite(ctx, fence, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(sink),
+			Item: map[string]types.AttributeValue{"pk": as(fmt.Sprintf("sink#txn#%d#%d", rep, n)), "wf": av(fence)}}}})
+	case "do":
+		_ = g.Do(ctx, fence, func(context.Context, int64) error { return nil })
+	}
+}
+
+func (s *sim) fnRun(rep, call int) func(context.Context, int64) error {
+	r := s.reps[rep]
+	return func(ctx context.Context, fence int64) error {
+		s.enter(rep, call, ctx, fence)
+		for {
+			r.hold(nil)
+			s.maybePanic(rep)
+			s.sample(rep)
+			s.effect(ctx, rep, fence)
+			if !sleepCtx(ctx, s.p.Work) {
+				r.hold(nil)
+				return ctx.Err()
+			}
+		}
+	}
+}
+
+func (s *sim) fnSchedule(rep, call int) func(context.Context, *ddblease.JobRun) error {
+	r := s.reps[rep]
+	return func(ctx context.Context, run *ddblease.JobRun) error {
+		fence := run.Fence()
+		s.enter(rep, call, ctx, fence)
+		slot := run.Slot().UTC().Format(time.RFC3339Nano)
+		s.h.mu.Lock()
+		s.h.calls = append(s.h.calls, fnCall{rep: rep, call: call, slot: slot, fence: fence, at: s.now()})
+		s.h.mu.Unlock()
+		r.hold(nil)
+		s.maybePanic(rep)
+		s.sample(rep)
+		if s.p.Work > 0 && !sleepCtx(ctx, s.p.Work) {
+			r.hold(nil)
+			return ctx.Err()
+		}
+		r.hold(nil)
+		s.mu.Lock()
+		s.nEffect++
+		n := s.nEffect
+		s.mu.Unlock()
+		var err error
+		switch s.p.Effect {
+		case "commit":
+			err = run.Commit(ctx, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(sink),
+				Item: map[string]types.AttributeValue{"pk": as(fmt.Sprintf("eff#%s|%d|%d|%d", slot, fence, rep, n)), "wf": av(fence)}}}})
+		case "idem":
+			_, err = s.gs[rep].Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(sink),
+				Item:                map[string]types.AttributeValue{"pk": as("idem#" + run.IdempotencyKey()), "wf": av(fence)},
+				ConditionExpression: aws.String("attribute_not_exists(pk)")})
+		case "slotput":
+			_, err = s.gs[rep].Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(sink),
+				Item: map[string]types.AttributeValue{"pk": as("slotsink#" + slot), "wf": av(fence)}})
+		}
+		if err != nil {
+			return err
+		}
+		if s.p.FnError > 0 && n%10 == 0 {
+			return errors.New("simulated job failure")
+		}
+		return nil
+	}
+}
+
+// supervise is the user's main loop for one Run call: it restarts Run or
+// RunSchedule after a panic or an error, as a supervisor would.
+func (s *sim) supervise(rep, call int, wg *sync.WaitGroup, done chan struct{}) {
+	defer wg.Done()
+	defer close(done)
+	ctx := s.ctxs[rep]
+	l := s.ls[rep]
+	for {
+		var err error
+		panicked := false
+		func() {
+			defer func() {
+				if v := recover(); v != nil {
+					panicked = true
+					err = fmt.Errorf("panic: %v", v)
+				}
+			}()
+			if s.p.Schedule {
+				err = l.RunSchedule(ctx, ddblease.Every(s.p.Interval), s.fnSchedule(rep, call), func(o *ddblease.JobOptions) {
+					o.CatchUpWindow = s.p.Window
+					if s.p.Rerun {
+						o.Rerun = ddblease.Rerun
+					}
+				})
+			} else {
+				err = l.Run(ctx, s.fnRun(rep, call))
+			}
+		}()
+		s.h.mu.Lock()
+		s.h.returns = append(s.h.returns, runReturn{rep: rep, call: call, at: s.now(), err: err, panicked: panicked})
+		s.h.mu.Unlock()
+		if ctx.Err() != nil || err == nil {
+			return
+		}
+		if !sleepCtx(ctx, s.p.Retry) {
+			return
+		}
+	}
+}
+
+// sampler samples IsLeader on one replica at instants shared by all.
+func (s *sim) sampler(rep int, period time.Duration, done <-chan struct{}) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+			s.sample(rep)
+		}
+	}
+}
+
+// execute runs the plan and returns the violations found. It must be
+// called inside a synctest bubble.
+func execute(p *Plan) (violations []string, h *history) {
+	w := newWorld(p)
+	s := &sim{p: p, w: w, seen: map[context.Context]*ctxRec{}, panicked: map[int]bool{}, callDone: map[[2]int]chan struct{}{}}
+	s.h.resigns, s.h.shutdown, s.h.crashAt = map[int]time.Duration{}, map[int]time.Duration{}, map[int]time.Duration{}
+	setup, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin := client(direct{w}, 0)
+	for _, name := range []string{table, sink} {
+		if err := ddblease.CreateTable(setup, admin, name); err != nil {
+			return []string{"setup: " + err.Error()}, &s.h
+		}
+	}
+	logger := slog.New(slog.DiscardHandler)
+	for i := range p.N {
+		r := &replicaState{id: i, w: w, dead: make(chan struct{}), clock: p.Clocks[i]}
+		for _, a := range p.Pauses {
+			if a.Rep == i {
+				r.pauses = append(r.pauses, window{a.At, a.At + a.Dur})
+			}
+		}
+		for _, st := range p.Steps {
+			if st.Rep == i && st.Rep != leader {
+				r.steps = append(r.steps, st)
+			}
+		}
+		s.reps = append(s.reps, r)
+		db := client(transport{r}, p.Attempts)
+		l, err := ddblease.New(db, table, job, func(o *ddblease.Options) {
+			o.Owner = fmt.Sprintf("r%d", i)
+			o.LeaseDuration, o.HeartbeatInterval, o.RetryInterval = p.Lease, p.Heartbeat, p.Retry
+			o.MaxClockSkew, o.CallTimeout, o.DrainTimeout = p.Skew, p.CallTimeout, p.Drain
+			o.Logger = logger
+			o.Now = r.now
+		})
+		if err != nil {
+			return []string{"setup: " + err.Error()}, &s.h
+		}
+		g, err := ddblease.NewGuard(db, table, job, func(o *ddblease.GuardOptions) { o.CallTimeout = p.CallTimeout })
+		if err != nil {
+			return []string{"setup: " + err.Error()}, &s.h
+		}
+		s.ls, s.gs = append(s.ls, l), append(s.gs, g)
+		ctx, stop := context.WithCancel(context.Background())
+		s.ctxs, s.stop = append(s.ctxs, ctx), append(s.stop, stop)
+	}
+	var wgs = make([]*sync.WaitGroup, p.N)
+	for i := range p.N {
+		wgs[i] = &sync.WaitGroup{}
+		calls := 1
+		if p.Double == i {
+			calls = 2
+		}
+		for c := range calls {
+			done := make(chan struct{})
+			s.callDone[[2]int{i, c}] = done
+			wgs[i].Add(1)
+			go s.supervise(i, c, wgs[i], done)
+		}
+	}
+	samplersDone := make(chan struct{})
+	if debugReq {
+		go func() {
+			real0 := realNow()
+			for {
+				select {
+				case <-samplersDone:
+					return
+				case <-time.After(5 * time.Second):
+					fmt.Fprintf(os.Stderr, "virtual %v real %v\n", s.now(), realNow().Sub(real0))
+				}
+			}
+		}()
+	}
+	period := max(p.Lease/20, time.Millisecond)
+	var samplers sync.WaitGroup
+	for i := range p.N {
+		samplers.Go(func() { s.sampler(i, period, samplersDone) })
+	}
+	// Users' actions and crashes, in time order.
+	type action struct {
+		at time.Duration
+		do func()
+	}
+	var acts []action
+	for _, a := range p.Resigns {
+		acts = append(acts, action{a.At, func() {
+			go func() {
+				s.reps[a.Rep].hold(nil)
+				ctx, cancel := context.WithTimeout(s.ctxs[a.Rep], 3*p.CallTimeout)
+				defer cancel()
+				err := s.ls[a.Rep].Resign(ctx)
+				s.note("r%d: Resign -> %v", a.Rep, err)
+				s.h.mu.Lock()
+				if _, ok := s.h.resigns[a.Rep]; !ok {
+					s.h.resigns[a.Rep] = s.now()
+				}
+				s.h.mu.Unlock()
+			}()
+		}})
+	}
+	crashed := map[int]bool{}
+	// The replica that leads now, outside Clean and the crashed; -3 if none.
+	leading := func() int {
+		for i, l := range s.ls {
+			if !crashed[i] && !slices.Contains(p.Clean, i) && l.IsLeader() {
+				return i
+			}
+		}
+		return -3
+	}
+	for i, f := range p.Faults {
+		if f.Rep == leader {
+			acts = append(acts, action{f.From, func() {
+				rep := leading()
+				w.resolved.Store(i, rep)
+				s.note("fault %d (%s on %s) aimed at the leader hits r%d", i, f.Kind, f.Op, rep)
+			}})
+		}
+	}
+	for _, st := range p.Steps {
+		if st.Rep == leader {
+			acts = append(acts, action{st.At, func() {
+				rep := leading()
+				if rep < 0 {
+					return
+				}
+				r := s.reps[rep]
+				r.mu.Lock()
+				r.steps = append(slices.Clone(r.steps), st)
+				r.mu.Unlock()
+				s.note("wall step by %v aimed at the leader hits r%d", st.By, rep)
+			}})
+		}
+	}
+	for _, a := range p.Crashes {
+		acts = append(acts, action{max(a.At, 0), func() {
+			rep := a.Rep
+			if rep < 0 { // the leader, if any
+				rep = leading()
+			}
+			if rep < 0 || crashed[rep] || len(crashed) == p.N-1 {
+				return
+			}
+			crashed[rep] = true
+			s.h.mu.Lock()
+			s.h.crashAt[rep] = s.now()
+			s.h.mu.Unlock()
+			s.reps[rep].crashed.Store(true)
+			s.note("r%d crashed", rep)
+		}})
+	}
+	sortActs(acts, func(a action) time.Duration { return a.at })
+	for _, a := range acts {
+		if d := a.at - s.now(); d > 0 {
+			time.Sleep(d)
+		}
+		a.do()
+	}
+	if d := p.end() - s.now(); d > 0 {
+		time.Sleep(d)
+	}
+	// Clean shutdown of the live replicas.
+	wait := p.Drain + 3*p.Lease + 10*p.CallTimeout + 10*p.Retry + p.Work + time.Second
+	for i := range p.N {
+		if !crashed[i] {
+			s.h.mu.Lock()
+			s.h.shutdown[i] = s.now()
+			s.h.mu.Unlock()
+			s.stop[i]()
+		}
+	}
+	var hung []string
+	for i := range p.N {
+		if crashed[i] {
+			continue
+		}
+		if !waitFor(wgs[i], wait) {
+			for key, ch := range s.callDone {
+				select {
+				case <-ch:
+				default:
+					if key[0] == i {
+						hung = append(hung, fmt.Sprintf("run-hang: r%d call %d: Run did not return within %v after its context ended", i, key[1], wait))
+					}
+				}
+			}
+		}
+	}
+	checkAt := s.now()
+	close(samplersDone)
+	violations = append(hung, check(s, admin, checkAt)...)
+	// Wind the crashed replicas down, and anything still hung: black-hole
+	// their networks, unfreeze them and end their contexts.
+	for i := range p.N {
+		if crashed[i] {
+			close(s.reps[i].dead)
+			s.stop[i]()
+		}
+	}
+	for i := range p.N {
+		if crashed[i] && !waitFor(wgs[i], wait) {
+			violations = append(violations, fmt.Sprintf("run-hang: crashed r%d: Run did not return within %v after its context ended", i, wait))
+		}
+	}
+	samplers.Wait()
+	return violations, &s.h
+}
+
+func waitFor(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+func sortActs[T any](xs []T, key func(T) time.Duration) {
+	for i := 1; i < len(xs); i++ {
+		for j := i; j > 0 && key(xs[j]) < key(xs[j-1]); j-- {
+			xs[j], xs[j-1] = xs[j-1], xs[j]
+		}
+	}
+}

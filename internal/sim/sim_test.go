@@ -1,0 +1,220 @@
+package sim
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+var (
+	flagSeed    = flag.Uint64("sim.seed", 0, "replay this seed alone, verbosely")
+	flagSeeds   = flag.Int("sim.seeds", 0, "number of seeds to run (CI: 2000); without it or -sim.seed or -sim.long the test skips")
+	flagFirst   = flag.Uint64("sim.first", 1, "first seed")
+	flagLong    = flag.Bool("sim.long", false, "long mode: 100,000 seeds unless -sim.seeds says more")
+	flagWorkers = flag.Int("sim.workers", 0, "seeds run at once (default GOMAXPROCS)")
+	flagShow    = flag.Int("sim.show", 5, "failing seeds printed in full")
+	flagStuck   = flag.Duration("sim.stuck", 2*time.Minute, "real time after which a seed counts as stuck (the run stops)")
+	flagPlans   = flag.Bool("sim.plans", false, "print the plans of the seeds without running them")
+	flagList    = flag.Bool("sim.list", false, "print one line per failing seed: its violation kinds and scenario tags")
+	flagKeepOn  = flag.Bool("sim.keepgoing", false, "report violations without failing the test (to survey a code base)")
+)
+
+// result is one seed's outcome.
+type result struct {
+	seed       uint64
+	violations []string
+	plan       string
+	notes      []string
+	virtual    time.Duration
+}
+
+// runSeed runs one seed in its own bubble. A bubble that cannot end
+// (a goroutine left blocked) is reported as a leak.
+func runSeed(t *testing.T, seed uint64) (res result) {
+	p := newPlan(seed)
+	res = result{seed: seed, plan: p.String()}
+	defer func() {
+		if v := recover(); v != nil {
+			res.violations = append(res.violations, fmt.Sprintf("%s: the run's goroutines did not all end: %v", VLeak, v))
+		}
+	}()
+	synctest.Test(t, func(*testing.T) {
+		start := time.Now()
+		v, h := execute(p)
+		res.violations = append(res.violations, v...)
+		h.mu.Lock()
+		res.notes = slices.Clone(h.notes)
+		h.mu.Unlock()
+		res.virtual = time.Since(start)
+	})
+	return res
+}
+
+func kindOf(v string) string { k, _, _ := strings.Cut(v, ":"); return k }
+
+// TestSim runs the seeded simulations. See doc.go.
+func TestSim(t *testing.T) {
+	if *flagSeed != 0 {
+		t.Logf("plan:\n%s", newPlan(*flagSeed))
+		res := runSeed(t, *flagSeed)
+		for _, n := range res.notes {
+			t.Logf("  %s", n)
+		}
+		t.Logf("virtual time %v", res.virtual)
+		for _, v := range res.violations {
+			t.Errorf("VIOLATION %s", v)
+		}
+		return
+	}
+	n := *flagSeeds
+	if *flagLong && n < 100_000 {
+		n = 100_000
+	}
+	if *flagPlans {
+		for seed := *flagFirst; seed < *flagFirst+uint64(n); seed++ {
+			fmt.Println(newPlan(seed))
+		}
+		return
+	}
+	if n <= 0 {
+		t.Skip("the simulation runs in its own step: go test ./internal/sim -run 'TestSim$' -sim.seeds=2000 (see doc.go)")
+	}
+	workers := *flagWorkers
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	var (
+		next     atomic.Uint64
+		mu       sync.Mutex
+		failed   []result
+		virtual  time.Duration
+		firstBy  = map[string]uint64{}
+		countBy  = map[string]int{}
+		seedsBy  = map[string]int{}
+		wallFrom = time.Now()
+	)
+	next.Store(*flagFirst)
+	// A seed that does not end in real time has stopped virtual time: a
+	// goroutine blocked where synctest cannot see a durable block.
+	var running sync.Map // seed -> real start
+	stopWatch := make(chan struct{})
+	defer close(stopWatch)
+	go func() {
+		for {
+			select {
+			case <-stopWatch:
+				return
+			case <-time.After(5 * time.Second):
+			}
+			running.Range(func(k, v any) bool {
+				if time.Since(v.(time.Time)) > *flagStuck {
+					fmt.Fprintf(os.Stderr, "seed %d has run for %v of real time: virtual time is stuck. Plan:\n%s\n", k, *flagStuck, newPlan(k.(uint64)))
+					os.Exit(2)
+				}
+				return true
+			})
+		}
+	}()
+	last := *flagFirst + uint64(n)
+	t.Run("seeds", func(t *testing.T) {
+		for w := range workers {
+			t.Run(fmt.Sprintf("w%d", w), func(t *testing.T) {
+				t.Parallel()
+				for {
+					seed := next.Add(1) - 1
+					if seed >= last {
+						return
+					}
+					running.Store(seed, time.Now())
+					res := runSeed(t, seed)
+					running.Delete(seed)
+					mu.Lock()
+					virtual += res.virtual
+					kinds := map[string]bool{}
+					for _, v := range res.violations {
+						k := kindOf(v)
+						countBy[k]++
+						kinds[k] = true
+					}
+					for k := range kinds {
+						seedsBy[k]++
+						if f, ok := firstBy[k]; !ok || seed < f {
+							firstBy[k] = seed
+						}
+					}
+					if len(res.violations) > 0 {
+						failed = append(failed, res)
+					}
+					mu.Unlock()
+				}
+			})
+		}
+	})
+	wall := time.Since(wallFrom)
+	sort.Slice(failed, func(i, j int) bool { return failed[i].seed < failed[j].seed })
+	t.Logf("%d seeds in %v (%.1f seeds/s), %v of virtual time (%.0fx), %d failing",
+		n, wall.Round(time.Millisecond), float64(n)/wall.Seconds(), virtual.Round(time.Second), virtual.Seconds()/wall.Seconds(), len(failed))
+	var kinds []string
+	for k := range firstBy {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	for _, k := range kinds {
+		t.Logf("  %-13s in %5d seeds (%d violations), first at seed %d", k, seedsBy[k], countBy[k], firstBy[k])
+	}
+	if *flagList {
+		for _, res := range failed {
+			kinds := map[string]bool{}
+			for _, v := range res.violations {
+				kinds[kindOf(v)] = true
+			}
+			var ks []string
+			for k := range kinds {
+				ks = append(ks, k)
+			}
+			sort.Strings(ks)
+			fmt.Printf("FAILED seed=%d kinds=%s tags=%v\n", res.seed, strings.Join(ks, ","), newPlan(res.seed).Tags)
+		}
+	}
+	for i, res := range failed {
+		if i >= *flagShow {
+			break
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "seed %d failed; replay with: go test ./internal/sim -run 'TestSim$' -sim.seed=%d -v\n%s\n", res.seed, res.seed, res.plan)
+		for j, v := range res.violations {
+			if j == 8 {
+				fmt.Fprintf(&b, "  ... %d more\n", len(res.violations)-j)
+				break
+			}
+			fmt.Fprintf(&b, "  VIOLATION %s\n", v)
+		}
+		if *flagKeepOn {
+			t.Log(b.String())
+		} else {
+			t.Error(b.String())
+		}
+	}
+	if len(failed) > *flagShow {
+		var seeds []string
+		for _, r := range failed[*flagShow:] {
+			seeds = append(seeds, fmt.Sprint(r.seed))
+			if len(seeds) == 50 {
+				break
+			}
+		}
+		t.Logf("more failing seeds: %s", strings.Join(seeds, " "))
+		if !*flagKeepOn {
+			t.Fail()
+		}
+	}
+}

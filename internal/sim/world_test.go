@@ -1,0 +1,441 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/truora/minidyn/server"
+)
+
+// world is one simulated run: the in-memory server, the replicas'
+// transports and clocks, and the log of the writes the server applied.
+type world struct {
+	plan  *Plan
+	start time.Time // virtual time at which the run began
+
+	mu      sync.Mutex // serialises the server; guards applied
+	h       http.Handler
+	applied []appliedWrite
+	nreq    int
+
+	resolved sync.Map // fault index -> replica, for faults aimed at the leader
+}
+
+// resolve returns the replica a fault aimed at the leader hits, or -3
+// (none) before its window opens or when no replica led then.
+func (w *world) resolve(fault int) int {
+	if v, ok := w.resolved.Load(fault); ok {
+		return v.(int)
+	}
+	return -3
+}
+
+var debugReq = os.Getenv("SIM_DEBUG") != ""
+
+// appliedWrite is a write the server accepted (HTTP 200), with the
+// attributes the simulated users tag their effects with.
+type appliedWrite struct {
+	at    time.Duration // since start
+	rep   int           // -1: the harness's own client
+	op    string
+	pk    string
+	wf    int64 // fence the user presented (attribute or :wf value); 0 if none
+	txn   bool
+	slot  string // effect items: the slot they were written for
+	guard bool   // the request carried a guard's fence check
+}
+
+func newWorld(p *Plan) *world {
+	return &world{plan: p, start: time.Now(), h: server.NewServer()}
+}
+
+func (w *world) since() time.Duration { return time.Since(w.start) }
+
+// apply hands one request to the server and records what it applied.
+func (w *world) apply(rep int, target string, hdr http.Header, body []byte) *http.Response {
+	req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	rec := httptest.NewRecorder()
+	w.mu.Lock()
+	w.nreq++
+	if debugReq && w.nreq%20000 == 0 {
+		fmt.Fprintf(os.Stderr, "req %d at %v rep %d %s\n", w.nreq, w.since(), rep, target)
+	}
+	w.h.ServeHTTP(rec, req)
+	if rec.Code == http.StatusOK {
+		w.record(rep, target, body)
+	}
+	w.mu.Unlock()
+	return rec.Result()
+}
+
+type wireAV map[string]json.RawMessage
+
+func (a wireAV) str(k string) string {
+	var s string
+	_ = json.Unmarshal(a[k], &s)
+	return s
+}
+
+type wireWrite struct {
+	TableName                 string
+	Item                      map[string]wireAV
+	Key                       map[string]wireAV
+	ExpressionAttributeValues map[string]wireAV
+	ConditionExpression       string
+}
+
+type wireReq struct {
+	wireWrite
+	TransactItems []struct {
+		Put            *wireWrite
+		Update         *wireWrite
+		ConditionCheck *wireWrite
+	}
+}
+
+func (w *world) record(rep int, target string, body []byte) {
+	op := strings.TrimPrefix(target, "DynamoDB_20120810.")
+	if op != "PutItem" && op != "UpdateItem" && op != "TransactWriteItems" || !bytes.Contains(body, []byte(`wf"`)) {
+		return
+	}
+	var r wireReq
+	if json.Unmarshal(body, &r) != nil {
+		return
+	}
+	at := w.since()
+	one := func(ww *wireWrite, txn, guard bool) {
+		if ww == nil {
+			return
+		}
+		var pk, wf string
+		if ww.Item != nil {
+			pk = ww.Item["pk"].str("S")
+			wf = ww.Item["wf"].str("N")
+		} else if ww.Key != nil {
+			pk = ww.Key["pk"].str("S")
+			wf = ww.ExpressionAttributeValues[":wf"].str("N")
+		}
+		if wf == "" {
+			return
+		}
+		f, _ := strconv.ParseInt(wf, 10, 64)
+		a := appliedWrite{at: at, rep: rep, op: op, pk: pk, wf: f, txn: txn, guard: guard}
+		if rest, ok := strings.CutPrefix(pk, "eff#"); ok {
+			a.slot, _, _ = strings.Cut(rest, "|")
+		}
+		w.applied = append(w.applied, a)
+	}
+	if op != "TransactWriteItems" {
+		one(&r.wireWrite, false, strings.Contains(r.ConditionExpression, "ddbleaseFence"))
+		return
+	}
+	guard := false
+	for _, it := range r.TransactItems {
+		if it.ConditionCheck != nil && strings.HasPrefix(it.ConditionCheck.Key["pk"].str("S"), "lease#") {
+			guard = true
+		}
+	}
+	for _, it := range r.TransactItems {
+		one(it.Put, true, guard)
+		one(it.Update, true, guard)
+	}
+}
+
+// Error bodies the SDK parses as DynamoDB's own.
+const (
+	bodyInternal   = `{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"simulated internal error"}`
+	bodyUnavail    = `{"__type":"com.amazonaws.dynamodb.v20120810#ServiceUnavailableException","message":"simulated unavailability"}`
+	bodyThrottle   = `{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"simulated throttling"}`
+	bodyThrottle2  = `{"__type":"com.amazon.coral.availability#ThrottlingException","message":"simulated throttling"}`
+	bodyConflict   = `{"__type":"com.amazonaws.dynamodb.v20120810#TransactionConflictException","message":"Transaction is ongoing for the item"}`
+	bodyTxCanceled = `{"__type":"com.amazonaws.dynamodb.v20120810#TransactionCanceledException","message":"Transaction cancelled, please refer cancellation reasons for specific reasons [%s]","CancellationReasons":[%s]}`
+)
+
+var errReset = errors.New("read tcp 10.0.0.1:54321->10.0.0.2:443: read: connection reset by peer")
+
+func errorResponse(code int, body string) *http.Response {
+	h := http.Header{}
+	h.Set("Content-Type", "application/x-amz-json-1.0")
+	return &http.Response{
+		StatusCode: code, Status: strconv.Itoa(code) + " " + http.StatusText(code),
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: h, Body: io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body)),
+	}
+}
+
+func conflictResponse(op string, body []byte) *http.Response {
+	if op != "TransactWriteItems" {
+		return errorResponse(http.StatusBadRequest, bodyConflict)
+	}
+	var r wireReq
+	_ = json.Unmarshal(body, &r)
+	n := max(len(r.TransactItems), 1)
+	codes, reasons := make([]string, n), make([]string, n)
+	for i := range n {
+		codes[i], reasons[i] = "None", `{"Code":"None"}`
+	}
+	k := int(fnv32(string(body))) % n
+	codes[k], reasons[k] = "TransactionConflict", `{"Code":"TransactionConflict","Message":"Transaction is ongoing for the item"}`
+	return errorResponse(http.StatusBadRequest, strings.Replace(strings.Replace(bodyTxCanceled, "%s", strings.Join(codes, ", "), 1),
+		"%s", strings.Join(reasons, ","), 1))
+}
+
+func fnv32(s string) uint32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(s))
+	return h.Sum32()
+}
+
+// replicaState is what the fault plan does to one replica while it runs.
+type replicaState struct {
+	id      int
+	w       *world
+	crashed atomic.Bool   // crashed and not yet wound down: requests black-holed, clock frozen
+	dead    chan struct{} // closed at wind-down: the crash's freeze ends
+	nreq    atomic.Uint64
+
+	mu       sync.Mutex
+	bucket   time.Duration
+	inBucket int
+	busy     string   // the first busy loop seen
+	pauses   []window // sorted
+	clock    Clock
+	steps    []Step
+}
+
+// latency is the network's round trip for one request: none (so that a
+// request in flight never makes another goroutine of the handle wait on
+// the handle's mutex while virtual time cannot advance), or 10ms while the
+// replica sends requests in a busy loop (more than 50 in 100ms of virtual
+// time), which is reported as a violation. Without it a client that
+// retries at once would spin for ever at one instant of virtual time.
+func (r *replicaState) latency(op string) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.w.since() / (100 * time.Millisecond)
+	if b != r.bucket {
+		r.bucket, r.inBucket = b, 0
+	}
+	r.inBucket++
+	if r.inBucket <= 50 {
+		return 0
+	}
+	if r.busy == "" {
+		r.busy = fmt.Sprintf("r%d sent more than 50 requests within 100ms at %v (%s): a retry loop without a wait", r.id, r.w.since(), op)
+	}
+	return 10 * time.Millisecond
+}
+
+// pausedUntil returns the end of the pause in force at d, or 0.
+func (r *replicaState) pausedUntil(d time.Duration) time.Duration {
+	for _, p := range r.pauses {
+		if d >= p.From && d < p.To {
+			return p.To
+		}
+	}
+	return 0
+}
+
+// hold blocks while the replica is paused or crashed: its process is not
+// running. It returns early when ctx ends (ctx may be nil).
+func (r *replicaState) hold(ctx context.Context) {
+	for {
+		if r.crashed.Load() {
+			if ctx == nil {
+				<-r.dead
+				return
+			}
+			select {
+			case <-r.dead:
+			case <-ctx.Done():
+			}
+			return
+		}
+		until := r.pausedUntil(r.w.since())
+		if until == 0 {
+			return
+		}
+		t := time.NewTimer(until - r.w.since())
+		if ctx == nil {
+			<-t.C
+		} else {
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+		}
+	}
+}
+
+// now is the replica's Options.Now: its clock's offset and rate, wall
+// steps, frozen while it is paused or crashed.
+func (r *replicaState) now() time.Time {
+	r.hold(nil)
+	t := time.Now()
+	el := t.Sub(r.w.start)
+	off := r.clock.Offset + time.Duration(float64(el)*(r.clock.Rate-1))
+	t = t.Add(off)
+	r.mu.Lock()
+	steps := r.steps
+	r.mu.Unlock()
+	for _, s := range steps {
+		if el >= s.At && el < s.At+s.Dur {
+			t = wallShift(t, s.By)
+		}
+	}
+	return t
+}
+
+// timeRepr mirrors time.Time's layout so that a wall clock step can leave
+// the monotonic reading alone, as an NTP step does.
+type timeRepr struct {
+	wall uint64
+	ext  int64
+	loc  *time.Location
+}
+
+// wallShift returns t with its wall clock moved by d and its monotonic
+// reading unchanged.
+func wallShift(t time.Time, d time.Duration) time.Time {
+	u := t.Add(d)
+	(*timeRepr)(unsafe.Pointer(&u)).ext = (*timeRepr)(unsafe.Pointer(&t)).ext
+	return u
+}
+
+// transport is one replica's network: an http.RoundTripper to the
+// in-memory server with the replica's faults applied.
+type transport struct{ r *replicaState }
+
+func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	body, err := io.ReadAll(req.Body)
+	_ = req.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	ctx := req.Context()
+	r := t.r
+	target := req.Header.Get("X-Amz-Target")
+	op := strings.TrimPrefix(target, "DynamoDB_20120810.")
+	if r.crashed.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	r.hold(ctx)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	n := r.nreq.Add(1)
+	if d := r.latency(op); d > 0 && !sleepCtx(ctx, d) {
+		return nil, ctx.Err()
+	}
+	f := r.w.plan.decide(r.id, op, r.w.since(), n, r.w.resolve)
+	switch f.Kind {
+	case FBlackHole:
+		<-ctx.Done()
+		return nil, ctx.Err()
+	case FReset:
+		return nil, errReset
+	case F500:
+		return errorResponse(500, bodyInternal), nil
+	case F503:
+		return errorResponse(503, bodyUnavail), nil
+	case FThrottle:
+		if n%2 == 0 {
+			return errorResponse(400, bodyThrottle2), nil
+		}
+		return errorResponse(400, bodyThrottle), nil
+	case FConflict:
+		if op == "TransactWriteItems" || op == "PutItem" || op == "UpdateItem" {
+			return conflictResponse(op, body), nil
+		}
+	case FDelay:
+		if !sleepCtx(ctx, f.Delay) {
+			return nil, ctx.Err()
+		}
+	}
+	resp := r.w.apply(r.id, target, req.Header, body)
+	switch f.Kind {
+	case FDropHang:
+		<-ctx.Done()
+		return nil, ctx.Err()
+	case FDropReset:
+		return nil, errReset
+	case FSlowAnswer:
+		if !sleepCtx(ctx, f.Delay) {
+			return nil, ctx.Err()
+		}
+	}
+	if r.crashed.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	r.hold(ctx)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// client returns an SDK client whose requests go through rt.
+func client(rt http.RoundTripper, attempts int) *dynamodb.Client {
+	return dynamodb.New(dynamodb.Options{
+		Region:           "us-east-1",
+		BaseEndpoint:     aws.String("http://ddb.sim"),
+		Credentials:      aws.AnonymousCredentials{}, // unsigned: the in-memory server does not check
+		HTTPClient:       &http.Client{Transport: rt},
+		RetryMaxAttempts: attempts,
+	})
+}
+
+// direct is the harness's own fault-free transport.
+type direct struct{ w *world }
+
+func (d direct) RoundTrip(req *http.Request) (*http.Response, error) {
+	body, err := io.ReadAll(req.Body)
+	_ = req.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	return d.w.apply(-1, req.Header.Get("X-Amz-Target"), req.Header, body), nil
+}
+
+// realNow is the wall clock outside the bubble (for debugging output only).
+func realNow() time.Time {
+	var t time.Time
+	done := make(chan struct{})
+	go func() { t = time.Now(); close(done) }()
+	<-done
+	return t
+}
