@@ -25,15 +25,14 @@ func (l *Lease) Acquire(ctx context.Context) (int64, error) {
 func (l *Lease) acquire(ctx context.Context) (fence int64, failing bool, err error) {
 	var lastErr error
 	succeeded := false
+	// Failed attempts back off, so that a standby facing an outage of fast
+	// errors does not hammer the table even when the lease looks takeable.
+	bo := &backoff{base: l.opts.RetryInterval / 10, max: l.opts.RetryInterval}
 	for {
 		if ctx.Err() != nil {
 			return 0, !succeeded && lastErr != nil, errors.Join(fmt.Errorf("ddblease: acquire %q: %w", l.job, ended(ctx)), lastErr)
 		}
 		var err error
-		wait := l.pollInterval()
-		if y := l.yielding(); y > 0 {
-			wait = min(wait, y)
-		}
 		if l.takeable() && l.yielding() <= 0 {
 			if fence, err = l.TryAcquire(ctx); err == nil {
 				return fence, false, nil
@@ -41,15 +40,23 @@ func (l *Lease) acquire(ctx context.Context) (fence int64, failing bool, err err
 		} else if err = l.poll(ctx); err == nil && l.takeable() && l.yielding() <= 0 {
 			continue
 		}
+		wait := l.pollInterval()
+		if y := l.yielding(); y > 0 {
+			// Leaving a free lease to the standbys: look again soon, to see
+			// whether one took it, but not at once.
+			wait = min(max(wait, jitter(l.opts.RetryInterval/10)), y)
+		}
 		switch {
 		case err == nil, errors.Is(err, ErrHeld), errors.Is(err, ErrLost):
 			lastErr, succeeded = nil, true
+			bo.reset()
 		case ctx.Err() != nil:
 			continue
 		case !retryable(err):
 			return 0, true, err
 		default:
 			lastErr = err
+			wait = max(wait, bo.next())
 			l.notify.emit(l.event(EventRetry, Event{Op: "acquire", Err: err}))
 		}
 		if sleep(ctx, wait) != nil {
