@@ -33,7 +33,8 @@ func (l *Lease) heartbeatLocked(ctx context.Context) error {
 		}
 		return fmt.Errorf("%w: heartbeat %q", ErrNotLeader, l.job)
 	}
-	now := l.opts.Now()
+	snt := l.sendNow()
+	now := snt.at
 	if !now.Before(t.deadline) {
 		err := fmt.Errorf("%w: %q fence %d: local deadline passed without a confirmed heartbeat", ErrLost, l.job, t.fence)
 		l.end(t.fence, err, LossDeadline)
@@ -59,7 +60,7 @@ func (l *Lease) heartbeatLocked(ctx context.Context) error {
 	if err := l.fencedWrite(ctx, l.opts.CallTimeout, t.deadline, t, update, names, values, rv); err != nil {
 		return err
 	}
-	if !l.renewed(t.fence, rv, now, l.opts.Now().Sub(now)) {
+	if !l.renewed(t.fence, rv, snt, l.opts.Now().Sub(now)) {
 		return fmt.Errorf("%w: %q fence %d: the heartbeat was confirmed only after the local deadline", ErrLost, l.job, t.fence)
 	}
 	return nil

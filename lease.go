@@ -202,7 +202,8 @@ func (l *Lease) TryAcquire(ctx context.Context) (int64, error) {
 }
 
 func (l *Lease) acquireLocked(ctx context.Context) (int64, error) {
-	now := l.opts.Now()
+	snt := l.sendNow()
+	now := snt.at
 	rv := randomID(8)
 	names := map[string]string{
 		"#pk": attrPK, "#owner": attrOwner, "#fence": attrFence, "#exp": attrExpires,
@@ -234,7 +235,7 @@ func (l *Lease) acquireLocked(ctx context.Context) (int64, error) {
 	deadline := now.Add(l.opts.LeaseDuration - l.opts.margin())
 	rec, ours, err := l.write(ctx, l.opts.CallTimeout, deadline, in, rv)
 	switch {
-	case ours && !l.begin(ctx, rec, now, l.opts.Now().Sub(now)):
+	case ours && !l.begin(ctx, rec, snt, l.opts.Now().Sub(now)):
 		// The write landed, but we learned it only after the tenure's
 		// local deadline: it is over before it began.
 		return 0, fmt.Errorf("%w: %q fence %d: the acquisition was confirmed only after its local deadline", ErrLost, l.job, rec.Fence)

@@ -14,19 +14,35 @@ import (
 //
 // A term's fields are guarded by Lease.mu.
 type term struct {
-	fence      int64
-	version    string    // renewal version of the last write confirmed in this term
-	sentAt     time.Time // when that write was sent (Options.Now, monotonic)
-	deadline   time.Time // sentAt + LeaseDuration - margin
-	acquiredAt time.Time
-	renewedAt  time.Time
-	draining   bool
-	over       bool
-	lost       error // why the term ended, if it was lost rather than given up
+	fence    int64
+	version  string    // renewal version of the last write confirmed in this term
+	sentAt   time.Time // when that write was sent (Options.Now, monotonic)
+	deadline time.Time // sentAt + LeaseDuration - margin
+	// realDeadline is the same instant by the runtime's own monotonic
+	// clock (time.Now), from when that write was sent: the tenure ends at
+	// whichever comes first, so that a slow Options.Now cannot stretch it.
+	realDeadline time.Time
+	acquiredAt   time.Time
+	renewedAt    time.Time
+	draining     bool
+	over         bool
+	lost         error // why the term ended, if it was lost rather than given up
 
 	ctx    context.Context // ends when the term ends; its cause wraps ErrLost
 	cancel context.CancelCauseFunc
 	timer  *time.Timer // ends the term at its deadline
+	armed  int         // counts the timer's armings; a stale firing is ignored
+}
+
+// arm (re)starts t's timer to end it in d, by the monotonic clock of the
+// runtime. Called with Lease.mu held.
+func (l *Lease) arm(t *term, d time.Duration) {
+	if t.timer != nil {
+		t.timer.Stop()
+	}
+	t.armed++
+	armed := t.armed
+	t.timer = time.AfterFunc(d, func() { l.expire(t, armed) })
 }
 
 // tenure is a snapshot of the current term, for code that reads it without
@@ -51,48 +67,62 @@ func (l *Lease) current() tenure {
 	return tenure{held: !t.over, fence: t.fence, version: t.version, sentAt: t.sentAt, deadline: t.deadline, draining: t.draining}
 }
 
-// begin opens a term for the item our acquisition produced, sent at
-// sentAt. base supplies the values of the leader context. It returns false,
-// and opens nothing, when the deadline had already passed.
-func (l *Lease) begin(base context.Context, rec Record, sentAt time.Time, latency time.Duration) bool {
-	now := l.opts.Now()
+// sent is when a write was sent, by Options.Now and by the runtime's
+// monotonic clock.
+type sent struct{ at, real time.Time }
+
+// sendNow returns the time of a write being sent now.
+func (l *Lease) sendNow() sent { return sent{at: l.opts.Now(), real: time.Now()} }
+
+// left returns how long a term with these deadlines (by Options.Now and by
+// the runtime's clock) may last from now: until the earlier of them.
+func (l *Lease) left(deadline, realDeadline time.Time) time.Duration {
+	return min(deadline.Sub(l.opts.Now()), time.Until(realDeadline))
+}
+
+// begin opens a term for the item our acquisition produced, sent at s.
+// base supplies the values of the leader context. It returns false, and
+// opens nothing, when the deadline had already passed.
+func (l *Lease) begin(base context.Context, rec Record, s sent, latency time.Duration) bool {
+	sentAt := s.at
 	deadline := sentAt.Add(l.opts.LeaseDuration - l.opts.margin())
-	if !now.Before(deadline) {
+	realDeadline := s.real.Add(l.opts.LeaseDuration - l.opts.margin())
+	if l.left(deadline, realDeadline) <= 0 {
 		return false
 	}
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(base))
 	t := &term{
-		fence:      rec.Fence,
-		version:    rec.version,
-		sentAt:     sentAt,
-		deadline:   deadline,
-		acquiredAt: sentAt.Round(0),
-		renewedAt:  sentAt.Round(0),
-		ctx:        ctx,
-		cancel:     cancel,
+		fence:        rec.Fence,
+		version:      rec.version,
+		sentAt:       sentAt,
+		deadline:     deadline,
+		realDeadline: realDeadline,
+		acquiredAt:   sentAt.Round(0),
+		renewedAt:    sentAt.Round(0),
+		ctx:          ctx,
+		cancel:       cancel,
 	}
 	l.mu.Lock()
 	if old := l.ten; old != nil && !old.over {
 		l.closeLocked(old, fmt.Errorf("%w: %q fence %d: fence %d was acquired", ErrLost, l.job, old.fence, rec.Fence), LossDeposed)
 	}
 	l.ten = t
-	t.timer = time.AfterFunc(deadline.Sub(now), func() { l.expire(t) })
+	l.arm(t, l.left(deadline, realDeadline))
 	l.notify.push(l.event(EventAcquired, Event{Fence: rec.Fence, Latency: latency}))
 	l.mu.Unlock()
 	l.notify.flush()
 	return true
 }
 
-// expire is the deadline timer's function: it ends t if its deadline has
-// passed by the lease's clock, and otherwise waits again.
-func (l *Lease) expire(t *term) {
+// expire is the deadline timer's function: it ends t, unless t was renewed
+// (or ended) since this arming. The timer was armed for the earlier of the
+// two deadlines, so a tenure ends after at most LeaseDuration - margin of
+// real time from its last confirmed write's sending, even when
+// Options.Now runs slow; IsLeader turns false when Options.Now passes the
+// deadline, and with the timer otherwise.
+func (l *Lease) expire(t *term, armed int) {
 	l.mu.Lock()
-	if t.over {
-		l.mu.Unlock()
-		return
-	}
-	if left := t.deadline.Sub(l.opts.Now()); left > 0 {
-		t.timer.Reset(left)
+	if t.over || t.armed != armed {
 		l.mu.Unlock()
 		return
 	}
@@ -101,11 +131,11 @@ func (l *Lease) expire(t *term) {
 	l.notify.flush()
 }
 
-// renewed records a write of this term's fence, sent at sentAt, as
-// confirmed now. It reports false when the term is over, or when the
-// confirmation came at or after the deadline: the term then ends, and the
-// write only keeps the item ours until it expires.
-func (l *Lease) renewed(fence int64, version string, sentAt time.Time, latency time.Duration) bool {
+// renewed records a write of this term's fence, sent at s, as confirmed
+// now. It reports false when the term is over, or when the confirmation
+// came at or after the deadline: the term then ends, and the write only
+// keeps the item ours until it expires.
+func (l *Lease) renewed(fence int64, version string, s sent, latency time.Duration) bool {
 	now := l.opts.Now()
 	l.mu.Lock()
 	t := l.ten
@@ -113,7 +143,7 @@ func (l *Lease) renewed(fence int64, version string, sentAt time.Time, latency t
 		l.mu.Unlock()
 		return false
 	}
-	if !now.Before(t.deadline) {
+	if l.left(t.deadline, t.realDeadline) <= 0 {
 		l.closeLocked(t, fmt.Errorf("%w: %q fence %d: the heartbeat was confirmed only after the local deadline", ErrLost, l.job, fence), LossDeadline)
 		l.mu.Unlock()
 		l.notify.flush()
@@ -121,10 +151,11 @@ func (l *Lease) renewed(fence int64, version string, sentAt time.Time, latency t
 	}
 	margin := t.deadline.Sub(now)
 	t.version = version
-	t.sentAt = sentAt
-	t.deadline = sentAt.Add(l.opts.LeaseDuration - l.opts.margin())
-	t.renewedAt = sentAt.Round(0)
-	t.timer.Reset(t.deadline.Sub(now))
+	t.sentAt = s.at
+	t.deadline = s.at.Add(l.opts.LeaseDuration - l.opts.margin())
+	t.realDeadline = s.real.Add(l.opts.LeaseDuration - l.opts.margin())
+	t.renewedAt = s.at.Round(0)
+	l.arm(t, l.left(t.deadline, t.realDeadline))
 	l.notify.push(l.event(EventRenewed, Event{Fence: fence, Latency: latency, Margin: margin}))
 	l.mu.Unlock()
 	l.notify.flush()
