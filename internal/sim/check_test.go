@@ -498,7 +498,7 @@ func (c *checker) runs(admin *dynamodb.Client) {
 		}
 		tol := 2*p.Skew + p.Lease + p.Interval
 		loFloor, hiFloor := r.StartedAt.Add(-window+tol), r.StartedAt.Add(-window-tol)
-		if r.Fence == 1 {
+		if r.Fence == 1 && (i == 0 || recs[i-1].Fence != 1) {
 			// The job's first tenure counts no slot before its acquisition
 			// (sent between tol before its first run's claim and that claim).
 			loFloor, hiFloor = later(loFloor, r.StartedAt), later(hiFloor, r.StartedAt.Add(-tol))
