@@ -295,8 +295,10 @@ func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed i
 	if fnErr != nil {
 		l.log.Warn("ddblease: job run failed", "slot", run.id, "fence", fence, "err", fnErr)
 	}
-	r.finish(ctx, fence, run, fnErr)
-	return true, nil
+	// A run whose outcome could not be recorded is not handled: the slot
+	// stays due, so that a newer tenure's catch-up finds the run left
+	// running and marks it abandoned.
+	return r.finish(ctx, fence, run, fnErr), nil
 }
 
 // call calls fn for run. If fn panics, the run is recorded as failed with
@@ -314,22 +316,23 @@ func (r *runner) call(ctx context.Context, fence int64, run *JobRun) error {
 }
 
 // finish records the run's outcome, retrying transient errors while the
-// tenure lasts, even when ctx has ended (the firing is draining).
-func (r *runner) finish(ctx context.Context, fence int64, run *JobRun, fnErr error) {
+// tenure lasts, even when ctx has ended (the firing is draining). It
+// reports whether the outcome is recorded.
+func (r *runner) finish(ctx context.Context, fence int64, run *JobRun, fnErr error) bool {
 	l := r.l
 	if run.isFinished() {
-		return
+		return true
 	}
 	fctx := context.WithoutCancel(ctx)
 	bo := fixed(l.opts.RetryInterval)
 	for {
 		err := run.Finish(fctx, fnErr)
 		if err == nil {
-			return
+			return true
 		}
 		if errors.Is(err, ErrStaleFence) || !retryable(err) || !l.leads(fence) {
 			l.log.Warn("ddblease: could not record the run's outcome", "slot", run.id, "fence", fence, "err", err)
-			return
+			return errors.Is(err, ErrStaleFence) // a newer tenure settled it
 		}
 		l.notify.emit(l.event(EventRetry, Event{Op: "finish", Fence: fence, Slot: run.slot, Err: err}))
 		_ = bo.wait(fctx)
