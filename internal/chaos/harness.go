@@ -178,9 +178,7 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 			p.proxy.Set(Faults{})
 			endNet(p)
 			if p.paused {
-				_ = p.cmd.Process.Signal(syscall.SIGCONT)
-				p.paused = false
-				p.pauses[len(p.pauses)-1].To = time.Now()
+				resume(p)
 			}
 		}
 		for len(running()) < 2 {
@@ -260,6 +258,33 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 // Interval is a span of real time; a zero To means it lasted to the end.
 type Interval struct{ From, To time.Time }
 
+// resume sends SIGCONT to a stopped p; the stop ends when the signal is
+// about to be sent, as the process may run at once.
+func resume(p *proc) {
+	p.pauses[len(p.pauses)-1].To = time.Now()
+	_ = p.cmd.Process.Signal(syscall.SIGCONT)
+	p.paused = false
+}
+
+// stoppedAt waits (up to a second) until the process is stopped, as
+// /proc reports it, and returns the time it was seen so (or gone); if it
+// is not seen stopped, the time after a second.
+func stoppedAt(pid int) time.Time {
+	path := fmt.Sprintf("/proc/%d/stat", pid)
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return time.Now() // gone: it runs no more
+		}
+		// The state follows the command name, which is in parentheses.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't') {
+			return time.Now()
+		}
+	}
+	time.Sleep(time.Second)
+	return time.Now()
+}
+
 // endNet closes p's open network-fault interval, if any.
 func endNet(p *proc) {
 	if n := len(p.netFaults); n > 0 && p.netFaults[n-1].To.IsZero() {
@@ -313,15 +338,15 @@ func (h *Harness) stepFunc(s Step, pick func(int) (*proc, int), start func() (*p
 			if live < 2 {
 				return
 			}
-			p.pauses = append(p.pauses, Interval{From: time.Now()})
 			_ = p.cmd.Process.Signal(syscall.SIGSTOP)
 			p.paused = true
+			// The stop counts from when the process is seen stopped: it
+			// may run a little after the signal is sent.
+			p.pauses = append(p.pauses, Interval{From: stoppedAt(p.cmd.Process.Pid)})
 			res.Faults["sigstop"]++
 			*queue = append(*queue, pending{at: time.Now().Add(s.Dur), do: func() {
 				if p.paused {
-					_ = p.cmd.Process.Signal(syscall.SIGCONT)
-					p.paused = false
-					p.pauses[len(p.pauses)-1].To = time.Now()
+					resume(p)
 				}
 			}})
 		case ActNet:
