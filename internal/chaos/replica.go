@@ -371,8 +371,58 @@ func (s sink) update(form string, fence int64, slot time.Time, hw bool) (expr, c
 }
 
 // write makes the tick's effect with form. checked reports that a
-// non-atomic form's Check accepted the fence.
+// non-atomic form's Check accepted the fence. An error that is not a
+// refusal for a stale fence may hide a write that landed (its answer lost
+// or late, and a retry refused by the slot's condition): the sink item is
+// then read, and the effect counts as made if the entry is there, as a
+// user deduplicating by slot would do.
 func (s sink) write(ctx context.Context, form string, run *ddblease.JobRun) (checked bool, err error) {
+	checked, err = s.write1(ctx, form, run)
+	var stale *ddblease.StaleFenceError
+	if err == nil || errors.As(err, &stale) {
+		return checked, err
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*s.cfg.Call)
+	defer cancel()
+	out, rerr := s.db.GetItem(rctx, &dynamodb.GetItemInput{TableName: aws.String(s.cfg.Sink), Key: SinkKey(s.cfg.Job), ConsistentRead: aws.Bool(true)})
+	if rerr == nil && hasEntry(out.Item, s.entry(form, run.Fence(), run.Slot())) {
+		return checked, nil
+	}
+	return checked, err
+}
+
+// hasEntry reports whether the sink item's log holds entry.
+func hasEntry(item map[string]types.AttributeValue, entry *types.AttributeValueMemberM) bool {
+	l, ok := item["log"].(*types.AttributeValueMemberL)
+	if !ok {
+		return false
+	}
+	str := func(m map[string]types.AttributeValue, k string) string {
+		switch v := m[k].(type) {
+		case *types.AttributeValueMemberS:
+			return v.Value
+		case *types.AttributeValueMemberN:
+			return v.Value
+		}
+		return ""
+	}
+	for _, v := range l.Value {
+		m, ok := v.(*types.AttributeValueMemberM)
+		if !ok {
+			continue
+		}
+		same := true
+		for _, k := range []string{"fence", "slot", "replica", "form"} {
+			same = same && str(m.Value, k) == str(entry.Value, k)
+		}
+		if same {
+			return true
+		}
+	}
+	return false
+}
+
+func (s sink) write1(ctx context.Context, form string, run *ddblease.JobRun) (checked bool, err error) {
 	fence, slot := run.Fence(), run.Slot()
 	table, key := aws.String(s.cfg.Sink), SinkKey(s.cfg.Job)
 	switch form {
@@ -427,6 +477,9 @@ func (s sink) put(ctx context.Context, fence int64, slot time.Time) error {
 			item[k] = v
 		}
 		if _, dup := item[slotAttr(slot)]; dup {
+			if hasEntry(item, s.entry(FormPut, fence, slot)) {
+				return nil // an earlier attempt landed
+			}
 			return errors.New("the slot already has an effect")
 		}
 		item["pk"] = key["pk"]
