@@ -18,8 +18,10 @@
 //
 // Fences. Every acquisition increments the job's fence with one conditional
 // write; fences never decrease and the lease item is never deleted. A write
-// guarded by the fence (see Guard) is refused once a newer fence has been
-// issued. This holds whatever the clocks, pauses, partitions or lost
+// through Guard.TransactWrite or JobRun.Commit is refused once a newer fence
+// has been issued; a write through Guard.Put or Guard.Update is refused once
+// a higher fence has written the same item, and not before (see Guarding
+// side effects). This holds whatever the clocks, pauses, partitions or lost
 // responses do: it rests only on DynamoDB's conditional writes.
 //
 // Mutual exclusion (timed). At any real instant at most one replica believes
@@ -61,14 +63,34 @@
 // it together with the run's completion (JobRun.Commit), or key it by
 // JobRun.IdempotencyKey in a sink that refuses a key twice.
 //
+// # Operating jobs
+//
+// Admin is the operator's handle on a table: it lists jobs and runs, and
+// acts through the lease item, which the replicas read. RequestResign asks
+// the current tenure to hand over (Run honours it at its next heartbeat,
+// like a SIGTERM, and lets another replica lead); ForceRelease raises the
+// fence in one write, so the holder is refused at once; Pause and Resume
+// stop and restart RunSchedule's firing (slots due meanwhile are recorded
+// as RunSkippedByPause); Trigger asks the leader for an extra run of the
+// job, claimed and fenced like a slot. The ddblease command
+// (cmd/ddblease) calls them.
+//
 // # Guarding side effects
 //
 // A Guard, which may live in another service, refuses writes that carry a
-// stale fence. Its atomic forms check the fence in the same request as the
-// write: TransactWrite (a ConditionCheck on the lease item) and Put and
-// Update (a fence high-water mark kept in the written item). Check and Do
-// are for sinks outside DynamoDB and are not atomic. Every form fails
-// closed.
+// stale fence; its forms differ in what they refuse. TransactWrite (and
+// JobRun.Commit) checks the lease item's fence in the same transaction as
+// the writes, and refuses any fence but the current one. Put and Update
+// keep a fence high-water mark in the item they write, and refuse only a
+// fence lower than the highest that wrote that item: a stale leader may
+// still write an item no newer tenure has written (under NeverRerun, the
+// item of a slot the newer tenure abandoned). Check and Do refuse any fence
+// but the current one at the instant of their read, and are not atomic:
+// they are for sinks outside DynamoDB. Every form fails closed, a context
+// that has ended included. Put and Update store a write token on the item
+// (GuardOptions.TokenAttribute), so that a write whose answer was lost is
+// reported as applied; transactions carry a ClientRequestToken, and are
+// retried while conflicting writes cancel them.
 //
 // # Observing
 //
@@ -80,7 +102,8 @@
 //
 // ErrHeld, ErrLost, ErrNotLeader, ErrSlotTaken, ErrStaleFence,
 // ErrTransactionsUnsupported, ErrMalformedItem, ErrDrainTimeout,
-// ErrNotResigned, ErrTableSchema and ErrInvalid are sentinels to test with
+// ErrNotResigned, ErrTableSchema, ErrUnknownJob, ErrNotHeld,
+// ErrResignRequested and ErrInvalid are sentinels to test with
 // errors.Is; HeldError,
 // SlotTakenError and StaleFenceError carry the details. Run panics with a
 // *PanicError, after ending the tenure and resigning, when its function

@@ -133,15 +133,37 @@ var throttleCodes = map[string]bool{
 	"LimitExceededException":                 true,
 }
 
-// transient reports whether err is worth retrying: throttling, conflicts
-// with a transaction, server-side faults, timeouts and network errors.
-// Errors the server blames on the request (a missing table, a validation
-// error, denied access, bad credentials) and malformed items are not.
-func transient(err error) bool {
-	if err == nil || errors.Is(err, ErrMalformedItem) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrTableSchema) {
+// The classification of errors: every decision to retry, or to resolve
+// an unknown outcome, goes through the functions below.
+
+// retryable reports whether err is worth retrying: throttling, conflicts
+// with a transaction, server-side faults, timeouts and network errors, and
+// a transaction cancelled only by conflicts or throttling. Errors the
+// server blames on the request (a missing table, a validation error,
+// denied access, bad credentials), malformed items, invalid input and this
+// package's verdicts (a lost tenure, a taken slot, a stale fence) are not.
+func retryable(err error) bool {
+	if err == nil {
 		return false
 	}
+	for _, final := range []error{ErrLost, ErrNotLeader, ErrSlotTaken, ErrStaleFence, ErrTransactionsUnsupported,
+		ErrMalformedItem, ErrInvalid, ErrTableSchema} {
+		if errors.Is(err, final) {
+			return false
+		}
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var tce *types.TransactionCanceledException
+	if errors.As(err, &tce) {
+		for _, r := range tce.CancellationReasons {
+			switch aws.ToString(r.Code) {
+			case "", "None", "TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded", "RequestLimitExceeded":
+			default:
+				return false
+			}
+		}
 		return true
 	}
 	var api smithy.APIError
@@ -156,6 +178,51 @@ func transient(err error) bool {
 		return api.ErrorFault() != smithy.FaultClient
 	}
 	return true
+}
+
+// refusedOutright reports whether err is an answer that refuses the request
+// as such (malformed, unauthorised, or naming a missing table): no attempt
+// of it can have been applied.
+func refusedOutright(err error) bool {
+	var api smithy.APIError
+	return errors.As(err, &api) && permanentCodes[api.ErrorCode()]
+}
+
+// conflicted reports whether err certainly did not apply and is worth
+// sending again at once: a transaction cancelled only by conflicts with
+// other writes or by throttling, a plain write refused because a
+// transaction is using its item, or a transaction with the same token
+// still in progress.
+func conflicted(err error) bool {
+	var tce *types.TransactionCanceledException
+	if errors.As(err, &tce) {
+		found := false
+		for _, r := range tce.CancellationReasons {
+			switch aws.ToString(r.Code) {
+			case "", "None":
+			case "TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded", "RequestLimitExceeded":
+				found = true
+			default:
+				return false
+			}
+		}
+		return found
+	}
+	var api smithy.APIError
+	if errors.As(err, &api) {
+		switch api.ErrorCode() {
+		case "TransactionConflictException", "TransactionInProgressException":
+			return true
+		}
+	}
+	return false
+}
+
+// mismatch reports whether err is DynamoDB's answer to a client request
+// token reused with other parameters within its idempotency window.
+func mismatch(err error) bool {
+	var api smithy.APIError
+	return errors.As(err, &api) && api.ErrorCode() == "IdempotentParameterMismatchException"
 }
 
 // mayHaveApplied reports whether a write that failed with err may have

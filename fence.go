@@ -34,6 +34,8 @@ type Record struct {
 	AcquiredAt time.Time
 	RenewedAt  time.Time
 	Draining   bool // the holder announced it is about to resign
+	// Control is the operator state kept in the item (see Admin).
+	Control Control
 
 	version string
 }
@@ -89,6 +91,9 @@ func decodeLease(item map[string]types.AttributeValue) (Record, error) {
 			return fail(fmt.Errorf("%s is not a boolean", attrDraining))
 		}
 		r.Draining = b.Value
+	}
+	if r.Control, err = decodeControl(item); err != nil {
+		return fail(err)
 	}
 	return r, nil
 }

@@ -93,6 +93,7 @@ func FuzzDecodeRun(f *testing.F) {
 	f.Add("job", byte(1), "2026-11-30T02:00:00Z", byte(2), "3", byte(1), "succeeded", byte(2), "1764470000000", byte(2), "2", byte(1), "boom")
 	f.Add("a#b", byte(1), "2026-11-30T02:00:00.5Z", byte(2), "1e2", byte(1), "running", byte(1), "x", byte(0), "", byte(3), "")
 	f.Add("", byte(1), "not a time", byte(2), "-1", byte(1), "weird", byte(2), "NaN", byte(2), "-7", byte(2), "1")
+	f.Add("job", byte(1), "2026-11-30T02:00:00Z", byte(2), "3", byte(1), "skipped-by-pause", byte(2), "1764470000000", byte(2), "1", byte(0), "")
 	f.Fuzz(func(t *testing.T, job string, ks byte, slot string, kf byte, fence string, kst byte, status string,
 		kt byte, started string, kc byte, claims string, ke byte, errText string) {
 		item := map[string]types.AttributeValue{
@@ -120,7 +121,8 @@ func FuzzDecodeRun(f *testing.F) {
 		switch {
 		case r.Fence < 1, r.Claims < 1, r.Missed < 0, r.Job != job, r.Slot.IsZero():
 			t.Fatalf("decoded an invalid run %+v from %v", r, item)
-		case r.Status != RunRunning && r.Status != RunSucceeded && r.Status != RunFailed && r.Status != RunAbandoned:
+		case r.Status != RunRunning && r.Status != RunSucceeded && r.Status != RunFailed && r.Status != RunAbandoned &&
+			r.Status != RunSkippedByPause:
 			t.Fatalf("decoded an unknown status %q", r.Status)
 		}
 	})

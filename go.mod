@@ -1,6 +1,6 @@
 module github.com/ddblease/ddblease
 
-go 1.26.8
+go 1.26
 
 require (
 	github.com/aws/aws-sdk-go-v2 v1.48.0
@@ -8,7 +8,6 @@ require (
 	github.com/aws/smithy-go v1.28.9
 	github.com/stretchr/testify v1.12.1
 	github.com/truora/minidyn v0.8.2
-	go.uber.org/goleak v1.3.0
 )
 
 require (

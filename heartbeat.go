@@ -118,11 +118,16 @@ type keeper struct {
 	done      chan struct{}
 	drainc    chan struct{}
 	drainOnce sync.Once
+	// resign is closed when a heartbeat returns an item that asks this
+	// tenure to resign (control.go).
+	resign     chan struct{}
+	resignOnce sync.Once
 }
 
 func (l *Lease) startKeeper(fence int64, termCtx context.Context) *keeper {
 	ctx, cancel := context.WithCancel(context.Background())
-	k := &keeper{l: l, fence: fence, cancel: cancel, done: make(chan struct{}), drainc: make(chan struct{})}
+	k := &keeper{l: l, fence: fence, cancel: cancel, done: make(chan struct{}), drainc: make(chan struct{}),
+		resign: make(chan struct{})}
 	go k.loop(ctx, termCtx)
 	return k
 }
@@ -142,7 +147,9 @@ func (k *keeper) loop(ctx, termCtx context.Context) {
 	l := k.l
 	drainc := k.drainc
 	next := l.current().sentAt.Add(l.opts.HeartbeatInterval)
-	failures := 0
+	// Back off, from RetryInterval up to half the heartbeat interval, so
+	// that an overloaded server is not made worse.
+	bo := &backoff{base: l.opts.RetryInterval, max: l.opts.HeartbeatInterval / 2}
 	for {
 		if !l.holds(k.fence) {
 			return
@@ -171,20 +178,13 @@ func (k *keeper) loop(ctx, termCtx context.Context) {
 		switch {
 		case err == nil:
 			next = l.current().sentAt.Add(l.opts.HeartbeatInterval)
-			failures = 0
+			bo.reset()
+			k.noticeControl() // control.go: resign requests, operator controls
 		case ctx.Err() != nil, errors.Is(err, ErrLost), errors.Is(err, ErrNotLeader):
 			return
 		default:
-			// Back off, from RetryInterval up to half the heartbeat
-			// interval, so that an overloaded server is not made worse.
-			failures++
-			wait := l.opts.RetryInterval
-			for i := 1; i < failures && wait < l.opts.HeartbeatInterval/2; i++ {
-				wait *= 2
-			}
-			wait = min(wait, l.opts.HeartbeatInterval/2)
 			l.notify.emit(l.event(EventRetry, Event{Op: "heartbeat", Fence: k.fence, Err: err}))
-			next = l.opts.Now().Add(wait)
+			next = l.opts.Now().Add(bo.next())
 		}
 	}
 }

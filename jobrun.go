@@ -41,12 +41,15 @@ type RunStatus string
 
 // Run states. A run is created running; Finish makes it succeeded or
 // failed; a newer tenure marks abandoned a run that an older one left
-// running (see RerunPolicy). The last three are final.
+// running (see RerunPolicy). RunSkippedByPause records a slot that fell
+// due while the job was paused (Admin.Pause): it did not run, and is run
+// only if the job is resumed with a catch-up. All but RunRunning are final.
 const (
-	RunRunning   RunStatus = "running"
-	RunSucceeded RunStatus = "succeeded"
-	RunFailed    RunStatus = "failed"
-	RunAbandoned RunStatus = "abandoned"
+	RunRunning        RunStatus = "running"
+	RunSucceeded      RunStatus = "succeeded"
+	RunFailed         RunStatus = "failed"
+	RunAbandoned      RunStatus = "abandoned"
+	RunSkippedByPause RunStatus = "skipped-by-pause"
 )
 
 // RerunPolicy says what a newer tenure does with a slot whose run an older
@@ -180,6 +183,7 @@ const (
 	attrClaims      = "claims"      // N: claims made, 1 + re-runs
 	attrMissed      = "missed"      // N: slots found missed by the catch-up; -1: unknown
 	attrAbandonedBy = "abandonedBy" // N: fence of the tenure that abandoned it
+	attrTrigger     = "trigger"     // S: id of the trigger request of a triggered run
 )
 
 // slotID formats a slot for the run item's key: RFC 3339 in UTC, with as
@@ -223,6 +227,9 @@ type RunRecord struct {
 	AbandonedBy int64
 	// ExpiresAt is when the item may be deleted (its time to live).
 	ExpiresAt time.Time
+	// Trigger is the id of the trigger request (Admin.Trigger) of a run
+	// made outside the schedule; empty for a schedule slot.
+	Trigger string
 
 	claim string
 }
@@ -247,7 +254,17 @@ func decodeRun(item map[string]types.AttributeValue) (RunRecord, error) {
 		return fail(fmt.Errorf("attribute %s is %q, not an RFC 3339 time", attrSlot, id))
 	}
 	r.Slot = r.Slot.UTC()
-	if want := runItemKey(r.Job, fmtSlot(r.Slot)); key != want {
+	want := runItemKey(r.Job, fmtSlot(r.Slot))
+	if _, ok := item[attrTrigger]; ok {
+		if r.Trigger, err = str(item, attrTrigger); err != nil {
+			return fail(err)
+		}
+		if !validTriggerID(r.Trigger) {
+			return fail(fmt.Errorf("attribute %s is %q, not a trigger id", attrTrigger, r.Trigger))
+		}
+		want = runItemKey(r.Job, triggerRunID(r.Slot, r.Trigger))
+	}
+	if key != want {
 		return fail(fmt.Errorf("key does not match its job and slot (%q)", want))
 	}
 	if r.Fence, err = num(item, attrFence); err != nil {
@@ -267,7 +284,7 @@ func decodeRun(item map[string]types.AttributeValue) (RunRecord, error) {
 		return fail(err)
 	}
 	switch r.Status = RunStatus(st); r.Status {
-	case RunRunning, RunSucceeded, RunFailed, RunAbandoned:
+	case RunRunning, RunSucceeded, RunFailed, RunAbandoned, RunSkippedByPause:
 	default:
 		return fail(fmt.Errorf("unknown status %q", st))
 	}
@@ -325,6 +342,7 @@ type JobRun struct {
 	claim   string
 	started time.Time
 	missed  int
+	trigger string
 
 	mu       sync.Mutex // held across Finish and Commit
 	finished bool
@@ -333,8 +351,13 @@ type JobRun struct {
 // Job returns the job name.
 func (r *JobRun) Job() string { return r.l.job }
 
-// Slot returns the slot: the schedule's nominal fire time, in UTC.
+// Slot returns the slot: the schedule's nominal fire time, in UTC; for a
+// triggered run, the time the trigger was requested.
 func (r *JobRun) Slot() time.Time { return r.slot }
+
+// Trigger returns the id of the trigger request (Admin.Trigger) of a run
+// made outside the schedule, and "" for a schedule slot.
+func (r *JobRun) Trigger() string { return r.trigger }
 
 // Fence returns the claimant's fence. Pass it to every guarded write.
 func (r *JobRun) Fence() int64 { return r.fence }
@@ -356,8 +379,9 @@ func (r *JobRun) Missed() (n int, known bool) {
 	return r.missed, true
 }
 
-// IdempotencyKey returns "<job>#<slot>", the same for every claim of the
-// slot, whatever the fence. A sink that refuses a key it has seen makes the
+// IdempotencyKey returns "<job>#<slot>" ("<job>#<slot>#trigger-<id>" for
+// a triggered run), the same for every claim of the slot, whatever the
+// fence. A sink that refuses a key it has seen makes the
 // slot's effect happen at most once even when the slot is run again (see
 // Rerun); pass the fence along as well, so that a stale leader is refused.
 func (r *JobRun) IdempotencyKey() string { return r.l.job + "#" + r.id }
@@ -388,7 +412,11 @@ func (r *JobRun) isFinished() bool {
 //
 // The write is retried by the SDK on transient errors; a retry that finds
 // its own earlier attempt applied is recognised by the claim's random
-// token. Claim makes one request (two on the first claim of a Lease whose
+// token. A transaction cancelled by a conflict with another write to one
+// of its items (a heartbeat renewing the lease item, on DynamoDB) is sent
+// again with jittered back-off, under the same ClientRequestToken, until
+// Options.CallTimeout has passed since the call began, and never past the
+// tenure's local deadline. Claim makes one request (two on the first claim of a Lease whose
 // server lacks transactions), plus one to abandon a run and, when the
 // outcome of the write is unknown, one consistent read.
 func (l *Lease) Claim(ctx context.Context, slot time.Time, optFns ...func(*JobOptions)) (*JobRun, error) {
@@ -400,11 +428,29 @@ func (l *Lease) Claim(ctx context.Context, slot time.Time, optFns ...func(*JobOp
 }
 
 func (l *Lease) claim(ctx context.Context, slot time.Time, o *JobOptions, token string, missed int) (*JobRun, error) {
+	return l.claimRun(ctx, slot, o, token, missed, claimSpec{})
+}
+
+// claimSpec says how claimRun departs from a plain claim (control.go).
+type claimSpec struct {
+	trigger   string    // a triggered run's trigger id: the run id is triggerRunID
+	status    RunStatus // the status written, if not RunRunning: a final one
+	reclaimed bool      // a run skipped by a pause may be claimed again
+}
+
+func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, token string, missed int, spec claimSpec) (*JobRun, error) {
 	id, err := slotID(slot)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
 	slot = slot.Round(0).UTC()
+	slotText := id
+	if spec.trigger != "" {
+		id = triggerRunID(slot, spec.trigger)
+	}
+	if spec.status == "" {
+		spec.status = RunRunning
+	}
 	now := l.opts.Now()
 	t := l.current()
 	if !t.held || !now.Before(t.deadline) {
@@ -417,7 +463,7 @@ func (l *Lease) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 		"#claims": attrClaims, "#missed": attrMissed,
 	}
 	values := map[string]types.AttributeValue{
-		":job": avS(l.job), ":slot": avS(id), ":fence": avN(t.fence), ":me": avS(l.opts.Owner),
+		":job": avS(l.job), ":slot": avS(slotText), ":fence": avN(t.fence), ":me": avS(l.opts.Owner),
 		":claim": avS(token), ":running": avS(string(RunRunning)), ":now": avN(now.UnixMilli()),
 		":ttl": avN(now.Add(o.Retention).Unix()), ":zero": avN(0), ":one": avN(1), ":missed": avN(int64(missed)),
 	}
@@ -425,28 +471,52 @@ func (l *Lease) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 	if o.Rerun == Rerun {
 		cond += " OR (#status = :running AND #fence < :fence)"
 	}
+	// A run that may be claimed again is running, so it has none of the
+	// attributes a finished run has: nothing needs removing, except from a
+	// run skipped by a pause, claimed again for a catch-up.
+	update := "SET #job = :job, #slot = :slot, #fence = :fence, #owner = :me, #claim = :claim, " +
+		"#status = :st, #start = :now, #ttl = :ttl, #missed = :missed, " +
+		"#claims = if_not_exists(#claims, :zero) + :one"
+	values[":st"] = avS(string(spec.status))
+	if o.Rerun != Rerun {
+		delete(values, ":running")
+	}
+	if spec.status != RunRunning {
+		update += ", #fin = :now"
+		names["#fin"] = attrFinishedAt
+	}
+	if spec.trigger != "" {
+		update += ", #trig = :trig"
+		names["#trig"], values[":trig"] = attrTrigger, avS(spec.trigger)
+	}
+	if spec.reclaimed {
+		cond += " OR #status = :skipped"
+		values[":skipped"] = avS(string(RunSkippedByPause))
+		if spec.status == RunRunning {
+			update += " REMOVE #fin"
+			names["#fin"] = attrFinishedAt
+		}
+	}
 	upd := &types.Update{
-		TableName: aws.String(l.table),
-		Key:       key,
-		// A run that may be claimed again is running, so it has none of the
-		// attributes a finished run has: nothing needs removing.
-		UpdateExpression: aws.String("SET #job = :job, #slot = :slot, #fence = :fence, #owner = :me, #claim = :claim, " +
-			"#status = :running, #start = :now, #ttl = :ttl, #missed = :missed, " +
-			"#claims = if_not_exists(#claims, :zero) + :one"),
+		TableName:                           aws.String(l.table),
+		Key:                                 key,
+		UpdateExpression:                    aws.String(update),
 		ConditionExpression:                 aws.String(cond),
 		ExpressionAttributeNames:            names,
 		ExpressionAttributeValues:           values,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	}
-	run := &JobRun{l: l, slot: slot, id: id, key: key, fence: t.fence, claim: token, started: now.Round(0), missed: missed}
+	run := &JobRun{l: l, slot: slot, id: id, key: key, fence: t.fence, claim: token, started: now.Round(0), missed: missed,
+		trigger: spec.trigger, finished: spec.status != RunRunning}
 	failed, old, err := l.claimWrite(ctx, t, upd, o)
 	switch {
 	case errors.Is(err, ErrLost):
 		return nil, err
-	case err != nil && !retryable(err):
+	case err != nil && !retryable(err) && !mismatch(err):
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
 	case err != nil:
-		// The outcome is unknown: read the item back.
+		// The outcome is unknown (or the server saw this request's token
+		// before, with other parameters): read the item back.
 		rec, present, rerr := l.readRun(ctx, key)
 		if rerr == nil && present && rec.claim == token {
 			return l.claimed(run), nil
@@ -476,6 +546,10 @@ func (l *Lease) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 
 // claimed reports a claimed run.
 func (l *Lease) claimed(run *JobRun) *JobRun {
+	if run.finished { // control.go: a slot recorded as skipped by a pause
+		l.notify.emit(l.event(EventRunFinished, Event{Slot: run.slot, Fence: run.fence, Status: RunSkippedByPause}))
+		return run
+	}
 	l.notify.emit(l.event(EventRunClaimed, Event{Slot: run.slot, Fence: run.fence}))
 	return run
 }
@@ -494,7 +568,15 @@ func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 			ExpressionAttributeValues:           map[string]types.AttributeValue{":me": avS(l.opts.Owner), ":fence": avN(t.fence)},
 			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 		}
-		err := transact(ctx, l.db, l.opts.CallTimeout, []types.TransactWriteItem{{ConditionCheck: check}, {Update: upd}})
+		// Conflicts (a heartbeat renewing the lease item as the claim
+		// checks it) are retried until CallTimeout has passed, and never
+		// past the tenure's local deadline.
+		deadline := l.opts.Now().Add(l.opts.CallTimeout)
+		if t.deadline.Before(deadline) {
+			deadline = t.deadline
+		}
+		err := transactRetrying(ctx, l.db, []types.TransactWriteItem{{ConditionCheck: check}, {Update: upd}},
+			txRetry{now: l.opts.Now, deadline: deadline, timeout: l.opts.CallTimeout})
 		if !errors.Is(err, ErrTransactionsUnsupported) {
 			if item, ok := conditionFailed(err, 0); ok {
 				lost := l.lostError(t.fence, item)
@@ -630,14 +712,30 @@ func (r *JobRun) Finish(ctx context.Context, runErr error) error {
 // even under the Rerun policy: a newer tenure re-runs a slot only while its
 // run is still running, that is, while its effect is not committed.
 //
-// A stale claimant gets a *StaleFenceError and nothing is written; a
-// failed condition among items is returned as the SDK's
-// TransactionCanceledException, whose CancellationReasons list the lease
-// check first, then the run's update, then items in order. A server
+// items must not act on the lease item or the run's own item (an error
+// wrapping ErrInvalid). A stale claimant gets a *StaleFenceError and
+// nothing is written; a failed condition among items is returned as the
+// SDK's TransactionCanceledException, whose CancellationReasons list the
+// lease check first, then the run's update, then items in order. A server
 // without transactions gets an error wrapping ErrTransactionsUnsupported.
+//
+// A transaction cancelled by a conflict with another write to one of its
+// items (a heartbeat renewing the lease item, on DynamoDB) is sent again
+// with jittered back-off, under the same ClientRequestToken, until
+// Options.CallTimeout has passed since the call began or ctx ends; then
+// the error says so and wraps the last TransactionCanceledException, and
+// the run stays running. Whatever the failure, the run item is read back:
+// a commit found applied (an earlier attempt whose answer was lost)
+// counts as success.
 func (r *JobRun) Commit(ctx context.Context, items []types.TransactWriteItem) error {
 	if len(items) == 0 || len(items) > MaxCommitItems {
 		return invalid("Commit: %d items; between 1 and %d are allowed", len(items), MaxCommitItems)
+	}
+	if i := onItem(items, r.l.table, r.l.key); i >= 0 {
+		return invalid("Commit: item %d acts on the job's lease item", i)
+	}
+	if i := onItem(items, r.l.table, r.key); i >= 0 {
+		return invalid("Commit: item %d acts on the run's own item", i)
 	}
 	return r.finish(ctx, RunSucceeded, nil, items)
 }
@@ -724,7 +822,7 @@ func (r *JobRun) commitWrite(ctx context.Context, upd *types.Update, items []typ
 	all := make([]types.TransactWriteItem, 0, len(items)+2)
 	all = append(all, types.TransactWriteItem{ConditionCheck: fenceCheck(l.table, l.key, r.fence)}, types.TransactWriteItem{Update: upd})
 	all = append(all, items...)
-	err := transact(ctx, l.db, l.opts.CallTimeout, all)
+	err := transactRetrying(ctx, l.db, all, txRetry{now: l.opts.Now, deadline: l.opts.Now().Add(l.opts.CallTimeout), timeout: l.opts.CallTimeout})
 	if err == nil || errors.Is(err, ErrTransactionsUnsupported) {
 		return err
 	}
@@ -851,12 +949,13 @@ func (l *Lease) getRuns(ctx context.Context, ids []string) (map[string]map[strin
 			keys = append(keys, map[string]types.AttributeValue{attrPK: avS(runItemKey(l.job, id))})
 		}
 		req := map[string]types.KeysAndAttributes{l.table: {Keys: keys, ConsistentRead: aws.Bool(true)}}
+		bo := fixed(l.opts.RetryInterval)
 		for round := 0; len(req) > 0; round++ {
 			if round > 0 {
 				if round > 10 {
 					return nil, fmt.Errorf("ddblease: list runs %q: keys still unprocessed after %d rounds", l.job, round)
 				}
-				if err := sleep(ctx, l.opts.RetryInterval); err != nil {
+				if err := bo.wait(ctx); err != nil {
 					return nil, fmt.Errorf("ddblease: list runs %q: %w", l.job, err)
 				}
 			}

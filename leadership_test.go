@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
 	"github.com/ddblease/ddblease/internal/ddbtest"
@@ -333,6 +335,21 @@ func TestRunReportsPersistentErrors(t *testing.T) {
 		require.Error(t, err)
 		assert.ErrorContains(t, err, "not found")
 		assert.ErrorContains(t, err, "ddblease-missing-")
+	})
+	t.Run("malformed lease item", func(t *testing.T) {
+		t.Parallel()
+		ctx := withTimeout(t, 20*time.Second)
+		table := srv.NewTable(t)
+		db := srv.Client(nil)
+		_, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table), Item: map[string]types.AttributeValue{
+			"pk":    &types.AttributeValueMemberS{Value: "lease#job"},
+			"owner": &types.AttributeValueMemberS{Value: "x"},
+			"fence": &types.AttributeValueMemberS{Value: "not a number"},
+		}})
+		require.NoError(t, err)
+		err = newLease(t, db, table, "job", fast("a")).Run(ctx, never)
+		assert.ErrorIs(t, err, ddblease.ErrMalformedItem)
+		assert.ErrorContains(t, err, table)
 	})
 	t.Run("cancelled context", func(t *testing.T) {
 		t.Parallel()

@@ -55,6 +55,10 @@ type Lease struct {
 	// noTxn records that the server answered TransactWriteItems with
 	// UnknownOperationException, so that Claim asks only once.
 	noTxn atomic.Bool
+
+	health health // what CheckHealth reports, fed by this handle's events
+
+	ctl controlWatch // operator controls seen by the keeper (control.go)
 }
 
 // maxDoubt bounds Lease.doubt; an older version in doubt is forgotten,
@@ -108,8 +112,10 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 	return l, nil
 }
 
-// deliver hands an event to the log and to the user's observer.
+// deliver hands an event to the health check, the log and the user's
+// observer.
 func (l *Lease) deliver(e Event) {
+	l.health.observe(e)
 	l.logEvent(e)
 	if l.opts.Observer != nil {
 		l.opts.Observer(e)
@@ -206,34 +212,16 @@ func (l *Lease) acquireLocked(ctx context.Context) (int64, error) {
 		"#drn": attrDraining,
 	}
 	values := map[string]types.AttributeValue{
-		":me":     avS(l.opts.Owner),
-		":zero":   avN(0),
-		":one":    avN(1),
-		":exp":    avN(now.Add(l.opts.LeaseDuration).UnixMilli()),
-		":rv":     avS(rv),
-		":lms":    avN(l.opts.LeaseDuration.Milliseconds()),
-		":now":    avN(now.UnixMilli()),
-		":cutoff": avN(now.Add(-l.opts.MaxClockSkew).UnixMilli()),
-		":false":  avBool(false),
+		":me":    avS(l.opts.Owner),
+		":zero":  avN(0),
+		":one":   avN(1),
+		":exp":   avN(now.Add(l.opts.LeaseDuration).UnixMilli()),
+		":lms":   avN(l.opts.LeaseDuration.Milliseconds()),
+		":now":   avN(now.UnixMilli()),
+		":false": avBool(false),
+		":rv":    avS(rv),
 	}
-	// The item is absent, or it is expired, still ours (it carries a
-	// version we wrote), or watched unchanged for a lease; and it does not
-	// carry rv already, so that a retry of a write that did land is
-	// refused instead of taking a second fence.
-	takeover := "#exp < :cutoff"
-	if mine := l.mineIn(values); mine != "" {
-		takeover += " OR (#owner = :me AND " + mine + ")"
-	}
-	if seen, ok := l.watchedLongEnough(now); ok {
-		takeover += " OR #rv = :seen"
-		values[":seen"] = avS(seen)
-	}
-	// An existing item must also be well formed: a fence that is missing or
-	// not a number would restart fences, so such an item is refused.
-	wellFormed := "attribute_type(#fence, :tn) AND attribute_type(#owner, :ts) AND attribute_type(#rv, :ts) " +
-		"AND attribute_type(#exp, :tn)"
-	cond := "attribute_not_exists(#pk) OR ((" + takeover + ") AND #rv <> :rv AND " + wellFormed + ")"
-	values[":tn"], values[":ts"] = avS("N"), avS("S")
+	cond := l.takeoverRule().condition(now, rv, l.mineIn(values), values)
 	in := &dynamodb.UpdateItemInput{
 		TableName: aws.String(l.table),
 		Key:       l.key,
@@ -316,7 +304,7 @@ func (l *Lease) write(ctx context.Context, timeout time.Duration, until time.Tim
 	}
 	r, derr := decodeLease(item)
 	if derr != nil {
-		return Record{}, false, derr
+		return Record{}, false, fmt.Errorf("%w (table %q)", derr, l.table)
 	}
 	l.observe(r, true)
 	l.wrote(rv, r.version == rv, false)
@@ -420,7 +408,7 @@ func (l *Lease) acquire(ctx context.Context) (fence int64, failing bool, err err
 	succeeded := false
 	for {
 		if ctx.Err() != nil {
-			return 0, !succeeded && lastErr != nil, errors.Join(fmt.Errorf("ddblease: acquire %q: %w", l.job, context.Cause(ctx)), lastErr)
+			return 0, !succeeded && lastErr != nil, errors.Join(fmt.Errorf("ddblease: acquire %q: %w", l.job, ended(ctx)), lastErr)
 		}
 		var err error
 		wait := l.pollInterval()
@@ -439,7 +427,7 @@ func (l *Lease) acquire(ctx context.Context) (fence int64, failing bool, err err
 			lastErr, succeeded = nil, true
 		case ctx.Err() != nil:
 			continue
-		case !transient(err):
+		case !retryable(err):
 			return 0, true, err
 		default:
 			lastErr = err
@@ -473,19 +461,14 @@ func (l *Lease) poll(ctx context.Context) error {
 // watch on its renewal version, so that a crashed holder's lease is taken
 // the moment it may be, without extra reads.
 func (l *Lease) pollInterval() time.Duration {
-	now := l.opts.Now()
-	l.mu.Lock()
-	o := l.obs
-	l.mu.Unlock()
+	r := l.takeoverRule()
 	d := l.opts.RetryInterval
-	if o.present && o.rec.Draining {
+	if r.obs.present && r.obs.rec.Draining {
 		d /= 10
 	}
 	d = jitter(d)
-	if o.present {
-		byExpiry := o.rec.ExpiresAt.Add(l.opts.MaxClockSkew).Sub(now)
-		byWatch := o.since.Add(max(l.opts.LeaseDuration, o.rec.Duration)).Sub(now)
-		d = min(d, max(min(byExpiry, byWatch)+time.Millisecond, 0))
+	if r.obs.present {
+		d = min(d, r.wait(l.opts.Now()))
 	}
 	return d
 }
@@ -510,39 +493,5 @@ func (l *Lease) observe(rec Record, present bool) {
 }
 
 // takeable reports whether the last observation allows an acquisition
-// attempt: nothing seen yet, no item, our own item, an expiry older than
-// MaxClockSkew, or one renewal version watched for a whole lease.
-func (l *Lease) takeable() bool {
-	now := l.opts.Now()
-	if _, ok := l.watchedLongEnough(now); ok {
-		return true
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	o := l.obs
-	return !o.valid || !o.present || o.rec.Owner == l.opts.Owner ||
-		o.rec.ExpiresAt.Before(now.Add(-l.opts.MaxClockSkew))
-}
-
-// watchedLongEnough returns the renewal version this handle has seen
-// unchanged for at least a whole lease, by its monotonic clock.
-func (l *Lease) watchedLongEnough(now time.Time) (string, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	o := l.obs
-	if !o.present {
-		return "", false
-	}
-	return o.rec.version, now.Sub(o.since) >= max(l.opts.LeaseDuration, o.rec.Duration)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-t.C:
-		return nil
-	}
-}
+// attempt now (see takeover).
+func (l *Lease) takeable() bool { return l.takeoverRule().mayTry(l.opts.Now()) }

@@ -4,9 +4,10 @@ import (
 	"fmt"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/ddblease/ddblease/internal/ddbtest"
-	"go.uber.org/goleak"
+	"github.com/ddblease/ddblease/internal/leakcheck"
 )
 
 var srv *ddbtest.Server
@@ -16,7 +17,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	srv.Close()
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		if err := leakcheck.Find(5 * time.Second); err != nil {
 			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
 			code = 1
 		}

@@ -26,12 +26,14 @@ const (
 	// EventLost: a tenure ended other than by this handle resigning.
 	// Fence, Reason, Err.
 	EventLost
-	// EventDraining: Run's context ended while leading; the leader context
+	// EventDraining: Run's context ended while leading, or an operator
+	// asked the tenure to resign (Admin.RequestResign); the leader context
 	// is cancelled and the lease is kept while fn returns. Fence.
 	EventDraining
-	// EventResigned: this handle gave the lease up. Fence; Err is set when
-	// the resignation could not be written (the lease then lapses at its
-	// expiry).
+	// EventResigned: this handle is giving the lease up: its tenure has
+	// ended (IsLeader is false) and the resignation is about to be written.
+	// Fence. A write that fails is reported as EventRetry with Op "resign";
+	// if it never lands, the lease lapses at its expiry.
 	EventResigned
 	// EventLeaderSeen: a standby saw a holder it had not seen before.
 	// Holder, Fence.
@@ -39,7 +41,9 @@ const (
 	// EventRunClaimed: a job run was claimed. Slot, Fence.
 	EventRunClaimed
 	// EventRunFinished: a job run's outcome was recorded. Slot, Fence,
-	// Status, Duration (from the claim), Err (fn's error, if any).
+	// Status, Duration (from the claim), Err (fn's error, if any). A slot
+	// that fell due while the job was paused is reported with Status
+	// RunSkippedByPause, and no EventRunClaimed before it.
 	EventRunFinished
 	// EventSlotsMissed: a catch-up skipped slots that no tenure ran. Slot
 	// (the slot fired instead), Missed (-1 when unknown).
@@ -50,9 +54,11 @@ const (
 	// EventCall: a DynamoDB request finished. Op ("GetItem", "UpdateItem",
 	// ...), Outcome, Latency, Err.
 	EventCall
-	// EventRetry: a step failed and will be tried again (a poll, an
-	// acquisition, a heartbeat, a resignation, a claim). Op names the step,
-	// Err the failure, Fence the tenure if any.
+	// EventRetry: a step failed and will be tried again. Op names the
+	// step: "acquire" (a standby's poll or an acquisition), "heartbeat",
+	// "resign", "claim" or "finish" (RunSchedule's claim of a slot and
+	// record of its outcome). Err is the failure, Fence the tenure if any,
+	// Slot the slot for a claim or finish.
 	EventRetry
 	// EventStopped: Run or RunSchedule returned. Err is what it returned.
 	EventStopped
@@ -113,13 +119,13 @@ type Event struct {
 
 	Fence    int64
 	Reason   LossReason    // EventLost
-	Err      error         // EventLost, EventResigned, EventRunFinished, EventCall, EventRetry, EventStopped
+	Err      error         // EventLost, EventRunFinished, EventCall, EventRetry, EventStopped
 	Holder   string        // EventLeaderSeen: the new holder's owner id
 	Margin   time.Duration // EventRenewed
 	Latency  time.Duration // EventAcquired, EventRenewed, EventCall
 	Op       string        // EventCall, EventStaleFence, EventRetry
 	Outcome  CallOutcome   // EventCall
-	Slot     time.Time     // EventRunClaimed, EventRunFinished, EventSlotsMissed
+	Slot     time.Time     // EventRunClaimed, EventRunFinished, EventSlotsMissed, EventRetry
 	Status   RunStatus     // EventRunFinished
 	Duration time.Duration // EventRunFinished
 	Missed   int           // EventSlotsMissed
@@ -249,11 +255,7 @@ func (l *Lease) logEvent(e Event) {
 	case EventDraining:
 		log.InfoContext(ctx, "ddblease: shutting down: draining the leader's work before resigning", "fence", e.Fence)
 	case EventResigned:
-		if e.Err != nil {
-			log.WarnContext(ctx, "ddblease: could not resign; the lease lapses at its expiry", "fence", e.Fence, "err", e.Err)
-		} else {
-			log.InfoContext(ctx, "ddblease: resigned the lease", "fence", e.Fence)
-		}
+		log.InfoContext(ctx, "ddblease: resigning the lease", "fence", e.Fence)
 	case EventLeaderSeen:
 		log.InfoContext(ctx, "ddblease: another replica leads", "holder", e.Holder, "fence", e.Fence)
 	case EventRunFinished:

@@ -2,10 +2,8 @@ package ddblease
 
 import (
 	"encoding/hex"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -30,7 +28,8 @@ const MaxJobLength = 200
 type Options struct {
 	// Owner identifies this contender in the lease item. It must differ
 	// between contenders: two handles with the same Owner count as one.
-	// Default: "<hostname>-<pid>-<random>", unique per handle.
+	// Default: DefaultOwner's id (the ECS task ARN, the Kubernetes pod or
+	// "<hostname>-<pid>", then a random suffix), unique per handle.
 	Owner string
 
 	// LeaseDuration is how long a written lease stays valid, from 10ms to
@@ -144,14 +143,6 @@ func (o *Options) setDefaults() error {
 		o.Now = time.Now
 	}
 	return nil
-}
-
-func defaultOwner() string {
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "host"
-	}
-	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), randomID(4))
 }
 
 // randomID returns n random bytes in hex. Renewal versions and owner ids

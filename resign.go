@@ -44,12 +44,15 @@ func (l *Lease) Resign(ctx context.Context) error {
 		l.yieldUntil = l.opts.Now().Add(2 * l.opts.RetryInterval)
 	}
 	l.mu.Unlock()
-	l.end(t.fence, fmt.Errorf("%w: %q fence %d: resigned by a call to Resign", ErrLost, l.job, t.fence), reason)
+	cause := fmt.Errorf("%w: %q fence %d: resigned by a call to Resign", ErrLost, l.job, t.fence)
+	if reason != "" {
+		l.end(t.fence, cause, reason)
+	} else {
+		l.endResigning(t.fence, cause)
+	}
 	l.writeMu.Lock()
 	defer l.writeMu.Unlock()
-	err := l.resignLocked(ctx, t)
-	l.resigned(t.fence, err)
-	return err
+	return l.resignLocked(ctx, t)
 }
 
 func (l *Lease) resignLocked(ctx context.Context, t tenure) error {
@@ -78,14 +81,6 @@ func (l *Lease) resignLocked(ctx context.Context, t tenure) error {
 	return err
 }
 
-// resigned reports the outcome of a resignation of fence.
-func (l *Lease) resigned(fence int64, err error) {
-	if errors.Is(err, ErrLost) {
-		return // already taken over: reported as a loss
-	}
-	l.notify.emit(l.event(EventResigned, Event{Fence: fence, Err: err}))
-}
-
 // resignRetrying ends the tenure with this fence and resigns it, retrying
 // transient failures every RetryInterval while the lease may still be in
 // force (until the tenure's deadline). It returns nil when the lease was
@@ -97,22 +92,22 @@ func (l *Lease) resignRetrying(ctx context.Context, fence int64, cause error) er
 	if !t.held || t.fence != fence {
 		return nil
 	}
-	l.end(fence, cause, "")
+	l.endResigning(fence, cause)
 	l.writeMu.Lock()
 	defer l.writeMu.Unlock()
+	bo := fixed(l.opts.RetryInterval)
 	for {
 		err := l.resignLocked(ctx, t)
 		switch {
 		case err == nil, errors.Is(err, ErrLost):
-			l.resigned(fence, err)
 			return nil
-		case !transient(err) || !l.opts.Now().Add(l.opts.RetryInterval).Before(t.deadline):
+		case !retryable(err) || !l.opts.Now().Add(l.opts.RetryInterval).Before(t.deadline):
 			err = fmt.Errorf("%w: %q fence %d: %w", ErrNotResigned, l.job, fence, err)
-			l.resigned(fence, err)
+			l.log.Warn("ddblease: could not resign; the lease lapses at its expiry", "fence", fence, "err", err)
 			return err
 		}
 		l.notify.emit(l.event(EventRetry, Event{Op: "resign", Fence: fence, Err: err}))
-		_ = sleep(ctx, l.opts.RetryInterval)
+		_ = bo.wait(ctx)
 	}
 }
 

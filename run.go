@@ -34,9 +34,10 @@ import (
 //     and the lease was resigned, or a standby's last look at the lease
 //     succeeded; and nil when fn returns nil on its own (Run then resigns);
 //   - fn's error, other than the leader context's own, after resigning;
-//   - an error wrapping ctx's cause, joined with the last error, when ctx
-//     ended while the campaign's last attempt was failing (an unreachable
-//     endpoint, say), and when ctx had already ended when Run was called;
+//   - an error wrapping ctx.Err() and its cause, joined with the last
+//     error, when ctx ended while every attempt since the last tenure had
+//     failed (an unreachable endpoint, say), and when ctx had already ended
+//     when Run was called;
 //   - at once, an error that retrying cannot mend: a missing table, a wrong
 //     key schema, denied access, bad credentials, a malformed lease item —
 //     naming the table;
@@ -61,7 +62,7 @@ func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, fence int6
 	l.runCtx.Store(&ctx)
 	defer l.runCtx.Store(nil)
 	if ctx.Err() != nil {
-		return fmt.Errorf("ddblease: run %q: %w", l.job, context.Cause(ctx))
+		return fmt.Errorf("ddblease: run %q: %w", l.job, ended(ctx))
 	}
 	l.notify.emit(l.event(EventCampaign, Event{}))
 	stopped := false
@@ -111,8 +112,10 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 		case <-termCtx.Done():
 			return
 		case <-ctx.Done():
+			cancelLeader(fmt.Errorf("ddblease: shutting down: %w", context.Cause(ctx)))
+		case <-k.resign: // control.go: an operator's resign request, drained as a shutdown
+			cancelLeader(fmt.Errorf("%w: fence %d", ErrResignRequested, fence))
 		}
-		cancelLeader(fmt.Errorf("ddblease: shutting down: %w", context.Cause(ctx)))
 		l.notify.emit(l.event(EventDraining, Event{Fence: fence}))
 		k.drain()
 		t := time.NewTimer(l.opts.DrainTimeout)
@@ -146,9 +149,10 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 	if panicked != nil {
 		l.end(fence, fmt.Errorf("%w: %q fence %d: the leader's function panicked: %v", ErrLost, l.job, fence, panicked.Value), LossPanic)
 		l.writeMu.Lock()
-		rerr := l.resignLocked(context.WithoutCancel(ctx), tenure{held: true, fence: fence})
+		if err := l.resignLocked(context.WithoutCancel(ctx), tenure{held: true, fence: fence}); err != nil && !errors.Is(err, ErrLost) {
+			l.log.Warn("ddblease: could not resign after a panic; the lease lapses at its expiry", "fence", fence, "err", err)
+		}
 		l.writeMu.Unlock()
-		l.resigned(fence, rerr)
 		panic(panicked)
 	}
 	lost := termCtx.Err() != nil
@@ -162,7 +166,12 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 	if drainExpired.Load() {
 		drainErr = fmt.Errorf("%w: fence %d ran past %v", ErrDrainTimeout, fence, l.opts.DrainTimeout)
 	}
-	if ctx.Err() == nil && lost && fnErr == nil {
+	// control.go: after an operator's resign request (the term was given
+	// up, not lost) or forced release, campaign on, leaving the lease to
+	// the other replicas for a while.
+	asked := errors.Is(context.Cause(leaderCtx), ErrResignRequested)
+	if ctx.Err() == nil && (lost || asked) && fnErr == nil {
+		l.yieldToOthers(fence, errors.Join(resignErr, drainErr))
 		return false, nil
 	}
 	return true, errors.Join(fnErr, resignErr, drainErr)

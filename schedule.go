@@ -216,16 +216,24 @@ type runner struct {
 	// claims with unknown outcomes: a sweep abandons such a claim if it did
 	// land.
 	givenUp []string
+	ctl     runnerControl // operator controls (control.go)
 }
 
 // lead is the function given to Run: it fires slots for one tenure.
 func (r *runner) lead(ctx context.Context, fence int64) error {
+	r.ctl.look = true // control.go: read the operator controls before the first wait
 	for ctx.Err() == nil {
+		if err := r.lookIfAsked(ctx, fence); err != nil { // control.go: triggers, catch-up
+			return err
+		}
 		slot, missed, ok, err := r.due(ctx, fence)
 		if err != nil || !ok {
 			return err
 		}
-		handled, err := r.fire(ctx, fence, slot, missed)
+		if slot.IsZero() {
+			continue // control.go: woken by a change of the operator controls
+		}
+		handled, err := r.fireUnlessPaused(ctx, fence, slot, missed) // control.go
 		if err != nil {
 			return err
 		}
@@ -268,8 +276,10 @@ func (r *runner) due(ctx context.Context, fence int64) (slot time.Time, missed i
 			return time.Time{}, 0, false, nil
 		}
 		if first.After(now) {
-			if sleep(ctx, min(first.Sub(now), maxSleep)) != nil {
-				return time.Time{}, 0, false, nil
+			// control.go: an operator request wakes the wait; due then
+			// returns no slot, and lead reads the controls.
+			if woken, err := r.wait(ctx, min(first.Sub(now), maxSleep)); err != nil || woken {
+				return time.Time{}, 0, err == nil, nil
 			}
 			continue
 		}
@@ -379,7 +389,7 @@ func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n in
 			ids[i] = fmtSlot(s)
 		}
 		var items map[string]map[string]types.AttributeValue
-		err := retry(ctx, l.opts.RetryInterval, 3, func() error {
+		err := retry(ctx, fixed(l.opts.RetryInterval), 3, func() error {
 			var err error
 			items, err = l.getRuns(ctx, ids)
 			return err
@@ -451,6 +461,7 @@ func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed i
 	l := r.l
 	token := randomID(8)
 	var run *JobRun
+	bo := fixed(l.opts.RetryInterval)
 	for {
 		var err error
 		run, err = l.claim(ctx, slot, &r.o, token, missed)
@@ -482,8 +493,8 @@ func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed i
 			}
 			return false, nil
 		}
-		l.log.Warn("ddblease: claim failed; retrying", "slot", fmtSlot(slot), "err", err)
-		if sleep(ctx, l.opts.RetryInterval) != nil {
+		l.notify.emit(l.event(EventRetry, Event{Op: "claim", Fence: fence, Slot: slot, Err: err}))
+		if bo.wait(ctx) != nil {
 			return false, nil
 		}
 	}
@@ -520,6 +531,7 @@ func (r *runner) finish(ctx context.Context, fence int64, run *JobRun, fnErr err
 		return
 	}
 	fctx := context.WithoutCancel(ctx)
+	bo := fixed(l.opts.RetryInterval)
 	for {
 		err := run.Finish(fctx, fnErr)
 		if err == nil {
@@ -529,7 +541,7 @@ func (r *runner) finish(ctx context.Context, fence int64, run *JobRun, fnErr err
 			l.log.Warn("ddblease: could not record the run's outcome", "slot", run.id, "fence", fence, "err", err)
 			return
 		}
-		l.log.Warn("ddblease: finishing the run failed; retrying", "slot", run.id, "fence", fence, "err", err)
-		_ = sleep(fctx, l.opts.RetryInterval)
+		l.notify.emit(l.event(EventRetry, Event{Op: "finish", Fence: fence, Slot: run.slot, Err: err}))
+		_ = bo.wait(fctx)
 	}
 }

@@ -32,11 +32,12 @@ func CreateTable(ctx context.Context, db DynamoDBAPI, table string) error {
 		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, tableCallTimeout)
+	spec := LeaseTableSpec() // tablespec.go
 	_, err := db.CreateTable(cctx, &dynamodb.CreateTableInput{
 		TableName:            aws.String(table),
-		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String(attrPK), AttributeType: types.ScalarAttributeTypeS}},
-		KeySchema:            []types.KeySchemaElement{{AttributeName: aws.String(attrPK), KeyType: types.KeyTypeHash}},
-		BillingMode:          types.BillingModePayPerRequest,
+		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String(spec.PartitionKey), AttributeType: spec.PartitionKeyType}},
+		KeySchema:            []types.KeySchemaElement{{AttributeName: aws.String(spec.PartitionKey), KeyType: types.KeyTypeHash}},
+		BillingMode:          spec.BillingMode,
 	})
 	cancel()
 	var inUse *types.ResourceInUseException

@@ -143,6 +143,19 @@ func (l *Lease) end(fence int64, cause error, reason LossReason) {
 	l.notify.flush()
 }
 
+// endResigning closes the term with this fence, if it is open, because
+// this handle is giving the lease up: EventResigned is reported at once,
+// before the resignation is written.
+func (l *Lease) endResigning(fence int64, cause error) {
+	l.mu.Lock()
+	if t := l.ten; t != nil && !t.over && t.fence == fence {
+		l.closeLocked(t, cause, "")
+		l.notify.push(l.event(EventResigned, Event{Fence: fence}))
+	}
+	l.mu.Unlock()
+	l.notify.flush()
+}
+
 // closeLocked ends t: the leader context is cancelled with cause before
 // the lock is released, so that no one can see the term over and its
 // context live.

@@ -10,7 +10,7 @@
 //	/tmp/ddblease-bench            # full run (about 30 minutes)
 //	/tmp/ddblease-bench -quick     # 2-3 trials of each, about a minute
 //
-// It starts dynalite from node_modules/.bin (npm ci installs it) unless
+// It starts dynalite from testservers/dynalite (npm ci there installs it) unless
 // -endpoint names a running server. Run it from the repository root.
 package main
 
@@ -105,7 +105,7 @@ func main() {
 	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "internal: CPU profile of the scale process's measurement window")
 	fs.DurationVar(&c.ramp, "ramp", 0, "internal: time over which the scale process starts its leases (default: one heartbeat interval)")
 
-	fs.StringVar(&c.dynalite, "dynalite", "", "dynalite executable (default: node_modules/.bin/dynalite above the working directory)")
+	fs.StringVar(&c.dynalite, "dynalite", "", "dynalite executable (default: testservers/dynalite/node_modules/.bin/dynalite above the working directory)")
 	fs.StringVar(&c.out, "out", "bench-out", "directory for logs and raw results")
 	fs.BoolVar(&c.quick, "quick", false, "2-3 trials of each figure, short windows, for CI")
 	fs.StringVar(&c.only, "only", "handover,drain,failover,cold,cost,overhead,scale", "figures to measure")
@@ -179,21 +179,21 @@ func (c config) childArgs(role, job string, s settings, extra ...string) []strin
 	return append(args, extra...)
 }
 
-// findDynalite looks for node_modules/.bin/dynalite in the working
-// directory and its parents.
+// findDynalite looks for testservers/dynalite/node_modules/.bin/dynalite
+// in the working directory and its parents.
 func findDynalite() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
 	}
 	for {
-		p := filepath.Join(dir, "node_modules", ".bin", "dynalite")
+		p := filepath.Join(dir, "testservers", "dynalite", "node_modules", ".bin", "dynalite")
 		if _, err := os.Stat(p); err == nil {
 			return p, nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", errors.New("node_modules/.bin/dynalite not found (run npm ci in the repository root, or give -dynalite or -endpoint)")
+			return "", errors.New("testservers/dynalite/node_modules/.bin/dynalite not found (run npm ci in testservers/dynalite, or give -dynalite or -endpoint)")
 		}
 		dir = parent
 	}

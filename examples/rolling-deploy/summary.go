@@ -150,9 +150,15 @@ func (c *cluster) summary(ctx context.Context, m marks) (tally, error) {
 func (c *cluster) catchUp(sched ddblease.Schedule, prev *ddblease.RunRecord, r ddblease.RunRecord, gap int, acquired time.Time) string {
 	// The new leader looked for due slots at some instant between sending
 	// its acquiring write and claiming r: the rule must hold at one of them.
-	p, ok := predict(sched, prev, acquired)
+	// The job's first tenure (fence 1) counts no slot before it as missed:
+	// no one led then.
+	var since time.Time
+	if r.Fence == 1 {
+		since = acquired
+	}
+	p, ok := predict(sched, prev, acquired, since)
 	if !ok(r) {
-		if p, ok = predict(sched, prev, r.StartedAt); !ok(r) {
+		if p, ok = predict(sched, prev, r.StartedAt, since); !ok(r) {
 			c.fail("catch-up rule not followed by fence %d: %s; it fired %s with Missed %d", r.Fence, p, hms(r.Slot), r.Missed)
 			return "does NOT match the catch-up rule"
 		}
@@ -184,9 +190,10 @@ func (p prediction) String() string {
 }
 
 // predict applies the catch-up rule for a leader, that never led before,
-// looking for due slots at t; prev is the latest run before (nil if none).
-// ok tells whether a first run matches it.
-func predict(sched ddblease.Schedule, prev *ddblease.RunRecord, t time.Time) (prediction, func(ddblease.RunRecord) bool) {
+// looking for due slots at t; prev is the latest run before (nil if none),
+// and slots before since are not counted as missed. ok tells whether a
+// first run matches it.
+func predict(sched ddblease.Schedule, prev *ddblease.RunRecord, t, since time.Time) (prediction, func(ddblease.RunRecord) bool) {
 	p := prediction{at: t}
 	floor := t.Add(-*window)
 	latest := sched.Next(t.Add(-*tick)) // the slot in (t-tick, t]
@@ -201,7 +208,9 @@ func predict(sched ddblease.Schedule, prev *ddblease.RunRecord, t time.Time) (pr
 			floor = prev.Slot
 		}
 		for s := sched.Next(floor); s.Before(latest); s = sched.Next(s) {
-			p.missed++
+			if !s.Before(since) {
+				p.missed++
+			}
 		}
 	}
 	return p, func(r ddblease.RunRecord) bool {

@@ -141,6 +141,7 @@ func addStats(sum *chaos.Stats, s chaos.Stats) {
 	sum.Succeeded += s.Succeeded
 	sum.DrainTimeouts += s.DrainTimeouts
 	sum.NotResigned += s.NotResigned
+	sum.StoppedFailing += s.StoppedFailing
 	sum.WildOverlaps += s.WildOverlaps
 	sum.MaxWildOverlap = max(sum.MaxWildOverlap, s.MaxWildOverlap)
 	sum.EndsInStop += s.EndsInStop

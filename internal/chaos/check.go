@@ -45,7 +45,7 @@ type Stats struct {
 	Succeeded int            // runs recorded succeeded
 	// Reported outcomes of RunSchedule, each explained by a fault on the
 	// replica near its shutdown (an unexplained one is a violation).
-	DrainTimeouts, NotResigned int
+	DrainTimeouts, NotResigned, StoppedFailing int
 	// With wild clocks, windows of different replicas that overlapped
 	// (allowed, bounded), and the longest overlap.
 	WildOverlaps   int
@@ -429,7 +429,8 @@ func Check(in CheckInput) (violations []string, st Stats) {
 
 	// 5. Nothing silent: every process that was not killed recorded what
 	// RunSchedule returned; nil is clean; ErrDrainTimeout and
-	// ErrNotResigned are reported outcomes, allowed only for a replica
+	// ErrNotResigned and a stop while every attempt was failing are
+	// reported outcomes, allowed only for a replica
 	// whose proxy injected faults or which was stopped within a lease of
 	// its shutdown; anything else is a failure. No replica panicked, raced
 	// or exited badly, and each was built as the suite was (race or not).
@@ -461,13 +462,16 @@ func Check(in CheckInput) (violations []string, st Stats) {
 		case !ok:
 			bad("%s exited without recording what RunSchedule returned", p.Name)
 		case e.Err == "":
-		case strings.HasPrefix(e.Err, ExitDrainTimeout), strings.HasPrefix(e.Err, ExitNotResigned):
-			if !faultNear(p, t.Lease) {
+		case strings.HasPrefix(e.Err, ExitDrainTimeout), strings.HasPrefix(e.Err, ExitNotResigned), strings.HasPrefix(e.Err, ExitStoppedFailing):
+			switch {
+			case !faultNear(p, t.Lease):
 				bad("%s: RunSchedule returned %q with no fault on the replica near its shutdown at %s", p.Name, e.Err, stamp(p.TermedAt))
-			} else if strings.HasPrefix(e.Err, ExitDrainTimeout) {
+			case strings.HasPrefix(e.Err, ExitDrainTimeout):
 				st.DrainTimeouts++
-			} else {
+			case strings.HasPrefix(e.Err, ExitNotResigned):
 				st.NotResigned++
+			default:
+				st.StoppedFailing++
 			}
 		default:
 			bad("%s: RunSchedule returned an error: %s", p.Name, e.Err)

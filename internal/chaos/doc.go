@@ -76,8 +76,9 @@
 // holds only effects some fn call made, and every effect reported
 // accepted; run items agree with what replicas finished; every replica not
 // killed recorded what RunSchedule returned: nil is clean,
-// ErrDrainTimeout and ErrNotResigned are counted as reported outcomes and
-// are violations unless the replica's proxy injected faults, or it was
+// ErrDrainTimeout, ErrNotResigned and a stop while every attempt was
+// failing (context.Canceled joined with the last error) are counted as
+// reported outcomes and are violations unless the replica's proxy injected faults, or it was
 // stopped, within a lease of its SIGTERM; no replica panicked, raced or
 // exited with an error, and each was built as the suite was (race or
 // not).

@@ -304,7 +304,8 @@ func RunReplica(cfg ReplicaConfig) error {
 	<-sampled
 	// Every return is recorded as it is: the checker decides which are
 	// clean (nil), which are reported outcomes that the plan made possible
-	// (ErrDrainTimeout, ErrNotResigned) and which are failures.
+	// (ErrDrainTimeout, ErrNotResigned, a stop while every attempt was
+	// failing) and which are failures.
 	rec.Record(Event{Kind: EvExit, OK: err == nil, Err: exitText(err)})
 	return nil
 }
@@ -313,6 +314,10 @@ func RunReplica(cfg ReplicaConfig) error {
 const (
 	ExitDrainTimeout = "drain-timeout: "
 	ExitNotResigned  = "not-resigned: "
+	// ExitStoppedFailing: the context ended while every attempt since the
+	// last tenure failed; Run returns the cause (context.Canceled) joined
+	// with the last error.
+	ExitStoppedFailing = "stopped-failing: "
 )
 
 func exitText(err error) string {
@@ -323,6 +328,8 @@ func exitText(err error) string {
 		return ExitDrainTimeout + err.Error()
 	case errors.Is(err, ddblease.ErrNotResigned):
 		return ExitNotResigned + err.Error()
+	case errors.Is(err, context.Canceled):
+		return ExitStoppedFailing + err.Error()
 	}
 	return err.Error()
 }

@@ -1,169 +1,37 @@
 package ddbtest
 
 import (
-	"bytes"
-	"context"
-	"errors"
-	"io"
 	"net/http"
-	"strings"
-	"sync"
+
+	"github.com/ddblease/ddblease/ddbleasetest"
 )
 
-// Action says what Faults does with one request.
-type Action int
+// Action says what Faults does with one request (see ddbleasetest.Action).
+type Action = ddbleasetest.Action
 
+// The actions; each is documented in package ddbleasetest.
 const (
-	// Pass forwards the request and returns the response.
-	Pass Action = iota
-	// DropResponse forwards the request, lets the server apply it, and
-	// returns a connection reset instead of the response.
-	DropResponse
-	// Reset returns a connection reset without forwarding the request.
-	Reset
-	// ServerError answers HTTP 500 without forwarding the request.
-	ServerError
-	// Throttle answers ProvisionedThroughputExceededException without
-	// forwarding the request.
-	Throttle
-	// Hold answers a connection reset at once but keeps the request, and
-	// sends it to the server when Release is called: a request abandoned
-	// by the client that lands late.
-	Hold
+	Pass         = ddbleasetest.Pass
+	DropResponse = ddbleasetest.DropResponse
+	Reset        = ddbleasetest.Reset
+	ServerError  = ddbleasetest.ServerError
+	Throttle     = ddbleasetest.Throttle
+	Hold         = ddbleasetest.Hold
+	Conflict     = ddbleasetest.Conflict
+	Blackhole    = ddbleasetest.Blackhole
 )
 
 // Faults is an http.RoundTripper that counts requests by DynamoDB operation
-// and applies a rule to each. The zero rule passes everything.
-type Faults struct {
-	Base http.RoundTripper
+// and applies a rule to each (see ddbleasetest.Faults).
+type Faults = ddbleasetest.Faults
 
-	mu     sync.Mutex
-	rule   func(op string) Action
-	counts map[string]int
-	held   []*http.Request
-}
-
-// NewFaults returns a Faults in front of base.
+// NewFaults returns a Faults in front of base (nil when it will be given
+// to Server.Client through Wrap).
 func NewFaults(base http.RoundTripper) *Faults {
-	return &Faults{Base: base, counts: map[string]int{}}
-}
-
-// Wrap is a Server.Client decorator that puts f in front of the transport.
-func (f *Faults) Wrap(rt http.RoundTripper) http.RoundTripper {
-	f.Base = rt
-	if f.counts == nil {
-		f.counts = map[string]int{}
-	}
+	f := ddbleasetest.NewFaults()
+	f.Base = base
 	return f
 }
 
-// Set replaces the rule; nil passes everything.
-func (f *Faults) Set(rule func(op string) Action) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.rule = rule
-}
-
-// Count returns how many requests of op were sent through f, faulted or not.
-func (f *Faults) Count(op string) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.counts[op]
-}
-
-// Counts returns a copy of all counts.
-func (f *Faults) Counts() map[string]int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	m := make(map[string]int, len(f.counts))
-	for k, v := range f.counts {
-		m[k] = v
-	}
-	return m
-}
-
 // Op returns the DynamoDB operation named in a request's X-Amz-Target.
-func Op(r *http.Request) string {
-	t := r.Header.Get("X-Amz-Target")
-	return t[strings.LastIndexByte(t, '.')+1:]
-}
-
-var errReset = errors.New("read tcp 127.0.0.1: connection reset by peer (injected)")
-
-// RoundTrip implements http.RoundTripper.
-func (f *Faults) RoundTrip(r *http.Request) (*http.Response, error) {
-	op := Op(r)
-	f.mu.Lock()
-	f.counts[op]++
-	act := Pass
-	if f.rule != nil {
-		act = f.rule(op)
-	}
-	f.mu.Unlock()
-	switch act {
-	case DropResponse:
-		resp, err := f.Base.RoundTrip(r)
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			_ = resp.Body.Close()
-		}
-		return nil, errReset
-	case Hold:
-		body, err := io.ReadAll(r.Body)
-		if err != nil {
-			return nil, err
-		}
-		late := r.Clone(context.Background())
-		late.Body = io.NopCloser(bytes.NewReader(body))
-		f.mu.Lock()
-		f.held = append(f.held, late)
-		f.mu.Unlock()
-		return nil, errReset
-	case Reset:
-		if r.Body != nil {
-			_ = r.Body.Close()
-		}
-		return nil, errReset
-	case ServerError:
-		return answer(r, 500, `{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected"}`), nil
-	case Throttle:
-		return answer(r, 400, `{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"injected"}`), nil
-	}
-	return f.Base.RoundTrip(r)
-}
-
-// Release sends the held requests to the server, in order, and returns the
-// status of each answer (0 where the request failed).
-func (f *Faults) Release() []int {
-	f.mu.Lock()
-	held := f.held
-	f.held = nil
-	f.mu.Unlock()
-	var codes []int
-	for _, r := range held {
-		resp, err := f.Base.RoundTrip(r)
-		if err != nil {
-			codes = append(codes, 0)
-			continue
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		_ = resp.Body.Close()
-		codes = append(codes, resp.StatusCode)
-	}
-	return codes
-}
-
-func answer(r *http.Request, status int, body string) *http.Response {
-	if r.Body != nil {
-		_ = r.Body.Close()
-	}
-	return &http.Response{
-		StatusCode: status,
-		Status:     http.StatusText(status),
-		Proto:      "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header:        http.Header{"Content-Type": {"application/x-amz-json-1.0"}},
-		Body:          io.NopCloser(strings.NewReader(body)),
-		ContentLength: int64(len(body)),
-		Request:       r,
-	}
-}
+func Op(r *http.Request) string { return ddbleasetest.Op(r) }

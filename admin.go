@@ -1,0 +1,510 @@
+package ddblease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+var (
+	// ErrUnknownJob reports an operator call on a job whose lease item does
+	// not exist: no replica ever acquired its lease.
+	ErrUnknownJob = errors.New("ddblease: unknown job")
+
+	// ErrNotHeld reports a resign request for a lease that no tenure holds:
+	// it was resigned, released or has expired.
+	ErrNotHeld = errors.New("ddblease: lease not held")
+)
+
+// AdminAPI is the part of the DynamoDB client that Admin uses: DynamoDBAPI
+// and Scan, which only the listings need. *dynamodb.Client satisfies it.
+type AdminAPI interface {
+	DynamoDBAPI
+	Scan(ctx context.Context, params *dynamodb.ScanInput, optFns ...func(*dynamodb.Options)) (*dynamodb.ScanOutput, error)
+}
+
+var _ AdminAPI = (*dynamodb.Client)(nil)
+
+// DefaultAdminCallTimeout is the default of AdminOptions.CallTimeout.
+const DefaultAdminCallTimeout = 10 * time.Second
+
+// AdminOptions configures an Admin. A zero field takes its default.
+type AdminOptions struct {
+	// Operator is recorded as who paused, resumed, triggered, asked a
+	// resignation or released a lease. Default "<user>@<hostname>".
+	Operator string
+
+	// CallTimeout bounds every DynamoDB call. Default 10s.
+	CallTimeout time.Duration
+
+	// Now returns the current time, recorded with each request. Default
+	// time.Now.
+	Now func() time.Time
+}
+
+// Admin makes the operator's calls on the jobs of a lease table: read
+// their state, list runs, pause and resume schedules, trigger runs, ask a
+// holder to resign and release a lease by force. Its calls need no tenure
+// and take effect through the lease item, which the replicas read. An
+// Admin is safe for concurrent use.
+type Admin struct {
+	db    AdminAPI
+	table string
+	o     AdminOptions
+}
+
+// NewAdmin returns an Admin for table. It makes no call.
+func NewAdmin(db AdminAPI, table string, optFns ...func(*AdminOptions)) (*Admin, error) {
+	if db == nil {
+		return nil, invalid("DynamoDB client is nil")
+	}
+	if err := checkTable(table); err != nil {
+		return nil, err
+	}
+	var o AdminOptions
+	for _, fn := range optFns {
+		if fn != nil {
+			fn(&o)
+		}
+	}
+	if o.CallTimeout < 0 {
+		return nil, invalid("AdminOptions: CallTimeout is negative (%v)", o.CallTimeout)
+	}
+	if o.CallTimeout == 0 {
+		o.CallTimeout = DefaultAdminCallTimeout
+	}
+	if o.Operator == "" {
+		o.Operator = defaultOperator()
+	}
+	if err := checkName("Operator", o.Operator, 256); err != nil {
+		return nil, err
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Admin{db: db, table: table, o: o}, nil
+}
+
+func defaultOperator() string {
+	user := os.Getenv("USER")
+	if user == "" {
+		user = fmt.Sprintf("uid%d", os.Getuid())
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "host"
+	}
+	return user + "@" + host
+}
+
+// JobStatus is one job's lease item as an operator sees it.
+type JobStatus struct {
+	Job   string
+	Lease Record // Lease.Control holds the operator state
+}
+
+// Free reports whether no tenure holds the lease by its recorded expiry
+// and the clock reading now, allowing skew between the holder's clock and
+// now's: the lease was resigned or released (a zero expiry), or its expiry
+// is older than skew.
+func (s JobStatus) Free(now time.Time, skew time.Duration) bool {
+	return s.Lease.ExpiresAt.IsZero() || s.Lease.ExpiresAt.Before(now.Add(-skew))
+}
+
+// Job reads one job's lease item with a strongly consistent read. A job
+// whose lease was never acquired is an error wrapping ErrUnknownJob.
+func (a *Admin) Job(ctx context.Context, job string) (JobStatus, error) {
+	if err := checkName("job name", job, MaxJobLength); err != nil {
+		return JobStatus{}, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.o.CallTimeout)
+	defer cancel()
+	out, err := a.db.GetItem(cctx, &dynamodb.GetItemInput{
+		TableName:      aws.String(a.table),
+		Key:            map[string]types.AttributeValue{attrPK: avS(leaseKey(job))},
+		ConsistentRead: aws.Bool(true),
+	})
+	if err != nil {
+		return JobStatus{}, fmt.Errorf("ddblease: read lease %q: %w", job, err)
+	}
+	if len(out.Item) == 0 {
+		return JobStatus{}, fmt.Errorf("%w: %q has no lease item in table %q", ErrUnknownJob, job, a.table)
+	}
+	rec, err := decodeLease(out.Item)
+	if err != nil {
+		return JobStatus{}, err
+	}
+	return JobStatus{Job: job, Lease: rec}, nil
+}
+
+// Jobs returns every job of the table, by name. It scans the whole table
+// (strongly consistent, filtered to lease items), so its cost grows with
+// the number of run items kept: it is meant for an operator's tool, not
+// for a loop. Items it cannot decode are left out and reported in an error
+// wrapping ErrMalformedItem, returned with the others.
+func (a *Admin) Jobs(ctx context.Context) ([]JobStatus, error) {
+	items, err := a.scan(ctx, "lease#")
+	if err != nil {
+		return nil, err
+	}
+	var jobs []JobStatus
+	var errs []error
+	for _, item := range items {
+		pk, _ := str(item, attrPK)
+		rec, err := decodeLease(item)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		jobs = append(jobs, JobStatus{Job: strings.TrimPrefix(pk, "lease#"), Lease: rec})
+	}
+	slices.SortFunc(jobs, func(x, y JobStatus) int { return strings.Compare(x.Job, y.Job) })
+	return jobs, errors.Join(errs...)
+}
+
+// Runs returns every run of job kept in the table whose slot is not before
+// since (all of them when since is zero), in slot order: schedule slots,
+// triggered runs and slots skipped by a pause alike. Unlike ListRuns it
+// needs no schedule, and it scans the whole table (strongly consistent):
+// its cost grows with the table. Items it cannot decode are left out and
+// reported in an error wrapping ErrMalformedItem.
+func (a *Admin) Runs(ctx context.Context, job string, since time.Time) ([]RunRecord, error) {
+	if err := checkName("job name", job, MaxJobLength); err != nil {
+		return nil, err
+	}
+	items, err := a.scan(ctx, runItemKey(job, ""))
+	if err != nil {
+		return nil, err
+	}
+	var runs []RunRecord
+	var errs []error
+	for _, item := range items {
+		rec, err := decodeRun(item)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case rec.Job != job: // a job whose name extends this one's with '#'
+		case since.IsZero() || !rec.Slot.Before(since):
+			runs = append(runs, rec)
+		}
+	}
+	slices.SortStableFunc(runs, func(x, y RunRecord) int {
+		if c := x.Slot.Compare(y.Slot); c != 0 {
+			return c
+		}
+		return strings.Compare(x.Trigger, y.Trigger)
+	})
+	return runs, errors.Join(errs...)
+}
+
+// scan returns the items whose key starts with prefix.
+func (a *Admin) scan(ctx context.Context, prefix string) ([]map[string]types.AttributeValue, error) {
+	var items []map[string]types.AttributeValue
+	var start map[string]types.AttributeValue
+	for {
+		cctx, cancel := context.WithTimeout(ctx, a.o.CallTimeout)
+		out, err := a.db.Scan(cctx, &dynamodb.ScanInput{
+			TableName:                 aws.String(a.table),
+			FilterExpression:          aws.String("begins_with(#pk, :prefix)"),
+			ExpressionAttributeNames:  map[string]string{"#pk": attrPK},
+			ExpressionAttributeValues: map[string]types.AttributeValue{":prefix": avS(prefix)},
+			ConsistentRead:            aws.Bool(true),
+			ExclusiveStartKey:         start,
+		})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("ddblease: scan table %q: %w", a.table, err)
+		}
+		items = append(items, out.Items...)
+		if len(out.LastEvaluatedKey) == 0 {
+			return items, nil
+		}
+		start = out.LastEvaluatedKey
+	}
+}
+
+// update applies an operator update to job's lease item, on condition that
+// it exists and is well formed, plus cond if not empty, and returns the
+// item as written. When the condition fails it reads the item and returns
+// it with failed set (ErrUnknownJob when there is none).
+func (a *Admin) update(ctx context.Context, job, update, cond string, names map[string]string,
+	values map[string]types.AttributeValue) (rec Record, failed bool, err error) {
+	if err := checkName("job name", job, MaxJobLength); err != nil {
+		return Record{}, false, err
+	}
+	names["#pk"], names["#fence"], names["#owner"], names["#rv"], names["#exp"] = attrPK, attrFence, attrOwner, attrVersion, attrExpires
+	values[":tn"], values[":ts"] = avS("N"), avS("S")
+	full := "attribute_exists(#pk) AND attribute_type(#fence, :tn) AND attribute_type(#owner, :ts) " +
+		"AND attribute_type(#rv, :ts) AND attribute_type(#exp, :tn)"
+	if cond != "" {
+		full += " AND (" + cond + ")"
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.o.CallTimeout)
+	out, err := a.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
+		TableName:                 aws.String(a.table),
+		Key:                       map[string]types.AttributeValue{attrPK: avS(leaseKey(job))},
+		UpdateExpression:          aws.String(update),
+		ConditionExpression:       aws.String(full),
+		ExpressionAttributeNames:  names,
+		ExpressionAttributeValues: values,
+		ReturnValues:              types.ReturnValueAllNew,
+	})
+	cancel()
+	var ccf *types.ConditionalCheckFailedException
+	switch {
+	case err == nil:
+		rec, err := decodeLease(out.Attributes)
+		return rec, false, err
+	case errors.As(err, &ccf):
+		st, err := a.Job(ctx, job)
+		return st.Lease, true, err
+	}
+	return Record{}, false, fmt.Errorf("ddblease: update lease %q: %w", job, err)
+}
+
+// ForceRelease takes the lease of job from its holder with one conditional
+// write: the fence is raised by one, the expiry set to zero and a new
+// renewal version written, so that from that moment the old holder's
+// heartbeats, claims and guarded writes are refused (they are conditional
+// on its fence) and the next contender takes the lease at once, with a
+// fence higher still. The item is kept, its fence only grows; the release
+// is recorded in Record.Control. The replica that held the lease does not
+// campaign again until another owner has taken it or a lease duration has
+// passed.
+//
+// The write is conditional on the fence the caller saw (fence), or, when
+// fence is zero, on the one a consistent read finds first, so that a
+// tenure that began since is not released: a mismatch is an error wrapping
+// ErrHeld (a *HeldError naming the current holder). A job never acquired is an error wrapping ErrUnknownJob.
+// It returns the item as written.
+func (a *Admin) ForceRelease(ctx context.Context, job string, fence int64) (Record, error) {
+	if fence < 0 {
+		return Record{}, invalid("ForceRelease: fence %d is negative", fence)
+	}
+	if fence == 0 {
+		st, err := a.Job(ctx, job)
+		if err != nil {
+			return Record{}, err
+		}
+		fence = st.Lease.Fence
+	}
+	now := a.o.Now()
+	names := map[string]string{"#drn": attrDraining, "#ren": attrRenewedAt,
+		"#rf": attrReleasedFence, "#rby": attrReleasedBy, "#rat": attrReleasedAt}
+	values := map[string]types.AttributeValue{
+		":one": avN(1), ":zero": avN(0), ":rv": avS(randomID(8)), ":false": avBool(false),
+		":me": avS(a.o.Operator), ":now": avN(now.UnixMilli()), ":seen": avN(fence),
+	}
+	update := "SET #rf = :seen, #fence = #fence + :one, #exp = :zero, #rv = :rv, #drn = :false, #ren = :now, #rby = :me, #rat = :now"
+	rec, failed, err := a.update(ctx, job, update, "#fence = :seen", names, values)
+	switch {
+	case err != nil:
+		return Record{}, err
+	case failed:
+		return rec, &HeldError{Job: job, Owner: rec.Owner, Fence: rec.Fence, ExpiresAt: rec.ExpiresAt, Draining: rec.Draining}
+	}
+	return rec, nil
+}
+
+// RequestResign asks the tenure that holds job's lease to hand it over: it
+// records the tenure's fence in the lease item, and the leader, at its next
+// heartbeat, does what it does on SIGTERM (Run cancels the leader context
+// with cause ErrResignRequested, drains and resigns), then lets another
+// replica lead: it campaigns again only once another owner has taken the
+// lease, or after one lease duration if none has (a lone replica takes it
+// back). The request concerns only that tenure; the next one ignores it.
+//
+// fence, when not zero, is the tenure the caller saw; a mismatch is an
+// error wrapping ErrHeld. A lease that no tenure holds by its recorded
+// expiry on this Admin's clock (resigned, released or expired) is an error
+// wrapping ErrNotHeld. It returns the item as written.
+func (a *Admin) RequestResign(ctx context.Context, job string, fence int64) (Record, error) {
+	if fence < 0 {
+		return Record{}, invalid("RequestResign: fence %d is negative", fence)
+	}
+	st, err := a.Job(ctx, job)
+	if err != nil {
+		return Record{}, err
+	}
+	now := a.o.Now()
+	if st.Free(now, 0) {
+		return st.Lease, fmt.Errorf("%w: %q (fence %d) is free", ErrNotHeld, job, st.Lease.Fence)
+	}
+	if fence == 0 {
+		fence = st.Lease.Fence
+	}
+	names := map[string]string{"#rqf": attrResignFence, "#rqby": attrResignBy, "#rqat": attrResignAt}
+	values := map[string]types.AttributeValue{
+		":seen": avN(fence), ":me": avS(a.o.Operator), ":now": avN(now.UnixMilli()), ":zero": avN(0),
+	}
+	rec, failed, err := a.update(ctx, job, "SET #rqf = :seen, #rqby = :me, #rqat = :now",
+		"#fence = :seen AND #exp <> :zero", names, values)
+	switch {
+	case err != nil:
+		return Record{}, err
+	case failed && rec.Fence == fence:
+		return rec, fmt.Errorf("%w: %q (fence %d) was resigned or released meanwhile", ErrNotHeld, job, fence)
+	case failed:
+		return rec, &HeldError{Job: job, Owner: rec.Owner, Fence: rec.Fence, ExpiresAt: rec.ExpiresAt, Draining: rec.Draining}
+	}
+	return rec, nil
+}
+
+// Pause stops RunSchedule, on every replica, from firing job's slots: the
+// leader keeps the lease, and each slot that falls due while the job is
+// paused is recorded as a run with status RunSkippedByPause. It takes
+// effect for every firing that starts after the write: the leader reads the
+// lease item (one strongly consistent GetItem per slot, paused or not) just
+// before it fires a slot, and while that read fails it neither fires nor
+// skips. Triggered runs (Trigger) still run. Replicas that use Run rather
+// than RunSchedule are not affected: Record.Control.Paused is theirs to
+// read. Pausing a paused job changes nothing (who paused it first, and when,
+// stay recorded). It returns the item as written.
+func (a *Admin) Pause(ctx context.Context, job string) (Record, error) {
+	names := map[string]string{"#p": attrPaused, "#pby": attrPausedBy, "#pat": attrPausedAt, "#cuw": attrCatchUpWanted}
+	values := map[string]types.AttributeValue{
+		":true": avBool(true), ":false": avBool(false), ":me": avS(a.o.Operator), ":now": avN(a.o.Now().UnixMilli()),
+	}
+	// A catch-up not yet handled is cancelled by the new pause.
+	rec, failed, err := a.update(ctx, job, "SET #p = :true, #pby = :me, #pat = :now, #cuw = :false",
+		"attribute_not_exists(#p) OR #p <> :true", names, values)
+	if err != nil {
+		return Record{}, err
+	}
+	if failed && !rec.Control.Paused {
+		return rec, fmt.Errorf("ddblease: pause %q: the lease item changed; try again", job)
+	}
+	return rec, nil
+}
+
+// Resume lets RunSchedule fire job's slots again. The slots skipped during
+// the pause are not run, unless catchUp is set: the leader then runs the
+// latest slot that fell due during the pause (claiming again its run
+// skipped by the pause), once, whatever CatchUpWindow says: the operator
+// asked for it. Resuming a job that is not paused is an error wrapping
+// ErrInvalid. It returns the item as written.
+func (a *Admin) Resume(ctx context.Context, job string, catchUp bool) (Record, error) {
+	names := map[string]string{"#p": attrPaused, "#rby": attrResumedBy, "#rat": attrResumedAt,
+		"#cu": attrCatchUp, "#cuw": attrCatchUpWanted}
+	values := map[string]types.AttributeValue{
+		":false": avBool(false), ":true": avBool(true), ":me": avS(a.o.Operator), ":now": avN(a.o.Now().UnixMilli()),
+		":cu": avS(randomID(8)), ":cuw": avBool(catchUp),
+	}
+	update := "SET #p = :false, #rby = :me, #rat = :now, #cu = :cu, #cuw = :cuw"
+	rec, failed, err := a.update(ctx, job, update, "#p = :true", names, values)
+	switch {
+	case err != nil:
+		return Record{}, err
+	case failed:
+		return rec, invalid("resume %q: the job is not paused", job)
+	}
+	return rec, nil
+}
+
+// Trigger is a request to run a job once, outside its schedule.
+type Trigger struct {
+	Job string
+	ID  string    // 16 hex digits
+	At  time.Time // when it was requested: the run's slot, in UTC, to the millisecond
+}
+
+// RunID is the run's slot id: the slot, then "#trigger-" and the id. The
+// run item's key is jobrun#<job>#<RunID>; JobRun.IdempotencyKey is
+// <job>#<RunID>.
+func (t Trigger) RunID() string { return triggerRunID(t.At, t.ID) }
+
+// Trigger asks the leader of job to run it once now, as an extra run with
+// its own id (Trigger.RunID): the leader's RunSchedule claims it like any
+// slot (fenced, one run per id, the same RerunPolicy), runs the job's
+// function with it, records the outcome and clears the request. The leader
+// notices the request at its next heartbeat, or sooner when it reads the
+// lease item to fire a slot; it runs triggers while the job is paused too.
+// Use WaitRun to wait for the outcome. Only RunSchedule takes requests up:
+// with replicas that use Run, or none running, a request stays pending. A
+// job never acquired is an error wrapping ErrUnknownJob.
+func (a *Admin) Trigger(ctx context.Context, job string) (Trigger, error) {
+	t := Trigger{Job: job, ID: randomID(8), At: time.UnixMilli(a.o.Now().UnixMilli()).UTC()}
+	// The map of requests is created by the first one; a nested SET needs
+	// it to exist. Two tries cover a race with another first request.
+	for range 3 {
+		names := map[string]string{"#tr": attrTriggers, "#id": t.ID}
+		values := map[string]types.AttributeValue{":at": avN(t.At.UnixMilli())}
+		_, failed, err := a.update(ctx, job, "SET #tr.#id = :at", "attribute_type(#tr, :tm)", names,
+			map[string]types.AttributeValue{":at": values[":at"], ":tm": avS("M")})
+		if err != nil {
+			return Trigger{}, err
+		}
+		if !failed {
+			return t, nil
+		}
+		names = map[string]string{"#tr": attrTriggers}
+		values[":m"] = &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{t.ID: values[":at"], triggerKeep: avN(0)}}
+		delete(values, ":at")
+		_, failed, err = a.update(ctx, job, "SET #tr = :m", "attribute_not_exists(#tr)", names, values)
+		if err != nil {
+			return Trigger{}, err
+		}
+		if !failed {
+			return t, nil
+		}
+	}
+	return Trigger{}, fmt.Errorf("ddblease: trigger %q: the lease item keeps changing; try again", job)
+}
+
+// TriggerRun reads the run of a trigger with a strongly consistent read.
+// ok is false while the leader has not claimed it.
+func (a *Admin) TriggerRun(ctx context.Context, t Trigger) (rec RunRecord, ok bool, err error) {
+	if err := checkName("job name", t.Job, MaxJobLength); err != nil {
+		return RunRecord{}, false, err
+	}
+	if !validTriggerID(t.ID) {
+		return RunRecord{}, false, invalid("trigger id %q is not 16 hex digits", t.ID)
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.o.CallTimeout)
+	defer cancel()
+	out, err := a.db.GetItem(cctx, &dynamodb.GetItemInput{
+		TableName:      aws.String(a.table),
+		Key:            map[string]types.AttributeValue{attrPK: avS(runItemKey(t.Job, t.RunID()))},
+		ConsistentRead: aws.Bool(true),
+	})
+	if err != nil {
+		return RunRecord{}, false, fmt.Errorf("ddblease: read run %q %s: %w", t.Job, t.RunID(), err)
+	}
+	if len(out.Item) == 0 {
+		return RunRecord{}, false, nil
+	}
+	rec, err = decodeRun(out.Item)
+	return rec, err == nil, err
+}
+
+// WaitRun waits until the run of t is finished (succeeded, failed or
+// abandoned) and returns it, reading it every poll (1s when zero), until
+// ctx ends.
+func (a *Admin) WaitRun(ctx context.Context, t Trigger, poll time.Duration) (RunRecord, error) {
+	if poll <= 0 {
+		poll = time.Second
+	}
+	for {
+		rec, ok, err := a.TriggerRun(ctx, t)
+		if err != nil && (ctx.Err() != nil || !retryable(err)) {
+			return RunRecord{}, err
+		}
+		if ok && rec.Status != RunRunning {
+			return rec, nil
+		}
+		if err := sleep(ctx, poll); err != nil {
+			if ok {
+				return rec, fmt.Errorf("ddblease: run %s of %q still %s: %w", t.RunID(), t.Job, rec.Status, err)
+			}
+			return RunRecord{}, fmt.Errorf("ddblease: run %s of %q not claimed yet: %w", t.RunID(), t.Job, err)
+		}
+	}
+}

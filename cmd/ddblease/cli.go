@@ -1,0 +1,265 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
+	"github.com/aws/smithy-go/logging"
+	"github.com/ddblease/ddblease"
+)
+
+// usageError is bad input on the command line: exit status 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
+
+const usage = `usage: ddblease [flags] <command> [command flags] [args]
+
+commands:
+  status [JOB...]                    holder, fence, held for, expiry, draining, paused
+  runs JOB [--since D] [--status S]  the job's runs, newest last
+  create-table [--print]             create the lease table, or print its CloudFormation and Terraform
+  resign JOB                         ask the holder to hand the lease over at its next heartbeat
+  force-release JOB --yes            take the lease from its holder: the fence goes up
+  pause JOB                          stop RunSchedule on every replica from firing slots
+  resume JOB [--catch-up]            fire slots again; --catch-up runs the latest one skipped
+  trigger JOB [--wait]               run the job once now, as an extra run
+  watch JOB                          follow holder and run changes until interrupted
+
+flags (before or after the command):
+`
+
+// globals are the flags every command takes.
+type globals struct {
+	table    string
+	endpoint string
+	region   string
+	json     bool
+	skew     time.Duration
+	timeout  time.Duration
+	debug    bool
+}
+
+func (g *globals) register(fs *flag.FlagSet) {
+	fs.StringVar(&g.table, "table", os.Getenv("DDBLEASE_TABLE"), "lease table `name` (default $DDBLEASE_TABLE)")
+	fs.StringVar(&g.endpoint, "endpoint", "", "DynamoDB endpoint `URL` (default: the SDK's, or $AWS_ENDPOINT_URL_DYNAMODB)")
+	fs.StringVar(&g.region, "region", "", "AWS `region` (default: the SDK's, from $AWS_REGION or the profile)")
+	fs.BoolVar(&g.json, "json", false, "print JSON instead of a table")
+	fs.DurationVar(&g.skew, "max-clock-skew", ddblease.DefaultMaxClockSkew, "the replicas' MaxClockSkew, shown with expiry times")
+	fs.BoolVar(&g.debug, "debug", false, "log the SDK's requests, responses and retries on stderr")
+	fs.DurationVar(&g.timeout, "timeout", 30*time.Second, "bound on each command but watch and trigger --wait (0: none)")
+}
+
+// command is one subcommand: its flags and its action.
+type command struct {
+	name  string
+	args  string // synopsis of the positional arguments
+	flags func(fs *flag.FlagSet)
+	run   func(e *env, ctx context.Context, args []string) error
+	// noTable marks a command that needs no table (create-table --print).
+	needsAPI func() bool
+	long     bool // not bounded by --timeout
+}
+
+// env is what a command runs with.
+type env struct {
+	g     globals
+	out   io.Writer
+	errw  io.Writer
+	db    *dynamodb.Client
+	admin *ddblease.Admin
+	now   func() time.Time
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	err := dispatch(ctx, args, stdout, stderr)
+	if err == nil {
+		return 0
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	msg := oneLine(explain(err).Error())
+	if !strings.HasPrefix(msg, "ddblease: ") {
+		msg = "ddblease: " + msg
+	}
+	fmt.Fprintln(stderr, msg)
+	var u *usageError
+	if errors.As(err, &u) {
+		return 2
+	}
+	return 1
+}
+
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var g globals
+	top := flag.NewFlagSet("ddblease", flag.ContinueOnError)
+	top.SetOutput(io.Discard)
+	g.register(top)
+	if err := top.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage(stdout, top)
+			return err
+		}
+		return usagef("%v", err)
+	}
+	rest := top.Args()
+	if len(rest) == 0 {
+		return usagef("no command given (try ddblease -h)")
+	}
+	name := rest[0]
+	if name == "help" {
+		printUsage(stdout, top)
+		return nil
+	}
+	cmd, ok := commands()[name]
+	if !ok {
+		return usagef("unknown command %q (try ddblease -h)", name)
+	}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	// The command's flags start from the values given before the command
+	// (registering them resets g to the defaults).
+	given := globalArgs(top)
+	g.register(fs)
+	if err := fs.Parse(given); err != nil {
+		return usagef("%v", err)
+	}
+	if cmd.flags != nil {
+		cmd.flags(fs)
+	}
+	pos, err := parseInterspersed(fs, rest[1:])
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stdout, "usage: ddblease %s %s\n", name, cmd.args)
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			return err
+		}
+		return usagef("%s: %v", name, err)
+	}
+	e := &env{g: g, out: stdout, errw: stderr, now: time.Now}
+	if cmd.needsAPI == nil || cmd.needsAPI() {
+		if e.g.table == "" {
+			return usagef("%s: no table given: use --table or DDBLEASE_TABLE", name)
+		}
+		if err := e.connect(ctx); err != nil {
+			return err
+		}
+	}
+	if g.timeout > 0 && !cmd.long {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, e.g.timeout)
+		defer cancel()
+	}
+	return cmd.run(e, ctx, pos)
+}
+
+// globalArgs returns the flags set on fs as arguments, to parse again.
+func globalArgs(fs *flag.FlagSet) []string {
+	var out []string
+	fs.Visit(func(f *flag.Flag) { out = append(out, "-"+f.Name+"="+f.Value.String()) })
+	return out
+}
+
+// parseInterspersed parses flags anywhere among the positional arguments
+// ("--" ends the flags).
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		if args[0] == "--" {
+			return append(pos, args[1:]...), nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+func printUsage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprint(w, usage)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+}
+
+// connect loads the AWS default configuration, checks that credentials can
+// be had, and makes the client and the Admin.
+func (e *env) connect(ctx context.Context) error {
+	var opts []func(*config.LoadOptions) error
+	if e.g.region != "" {
+		opts = append(opts, config.WithRegion(e.g.region))
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cfg, err := config.LoadDefaultConfig(cctx, opts...)
+	if err != nil {
+		return fmt.Errorf("loading the AWS configuration: %w", err)
+	}
+	if cfg.Region == "" {
+		return usagef("no AWS region: use --region, AWS_REGION or a profile with a region")
+	}
+	if cfg.Credentials == nil {
+		return errors.New("no AWS credentials found: set AWS_PROFILE or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run with a role")
+	}
+	if _, err := cfg.Credentials.Retrieve(cctx); err != nil {
+		return fmt.Errorf("no AWS credentials found (set AWS_PROFILE or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run with a role): %w", err)
+	}
+	if !e.g.debug {
+		// The SDK's own warnings (a test server's wrong CRC32, say) would
+		// break the one-line error rule; errors are returned anyway.
+		cfg.Logger = logging.Nop{}
+	} else {
+		cfg.ClientLogMode = aws.LogRetries | aws.LogRequest | aws.LogResponse
+	}
+	e.db = dynamodb.NewFromConfig(cfg, func(o *dynamodb.Options) {
+		if e.g.endpoint != "" {
+			o.BaseEndpoint = aws.String(e.g.endpoint)
+		}
+	})
+	e.admin, err = ddblease.NewAdmin(e.db, e.g.table)
+	if err != nil {
+		return usagef("%v", err)
+	}
+	return nil
+}
+
+// explain turns the errors an operator meets most into plain words.
+func explain(err error) error {
+	var nf *types.ResourceNotFoundException
+	if errors.As(err, &nf) {
+		return fmt.Errorf("%w (is the table name, region or endpoint wrong? create it with: ddblease create-table)", err)
+	}
+	var api smithy.APIError
+	if errors.As(err, &api) {
+		switch api.ErrorCode() {
+		case "UnrecognizedClientException", "InvalidSignatureException", "ExpiredTokenException", "AccessDeniedException":
+			return fmt.Errorf("%w (check the credentials and the IAM policy: see docs/deploy.md)", err)
+		}
+	}
+	return err
+}
+
+// oneLine keeps an error message on one line.
+func oneLine(s string) string {
+	s = strings.TrimSpace(s)
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
+}

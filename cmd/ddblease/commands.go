@@ -1,0 +1,552 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/ddblease/ddblease"
+)
+
+func commands() map[string]*command {
+	var (
+		since    time.Duration
+		status   string
+		print    bool
+		yes      bool
+		catchUp  bool
+		wait     bool
+		interval time.Duration
+	)
+	create := &command{
+		name: "create-table",
+		flags: func(fs *flag.FlagSet) {
+			fs.BoolVar(&print, "print", false, "print CloudFormation and Terraform definitions instead")
+		},
+		run: func(e *env, ctx context.Context, args []string) error { return e.createTable(ctx, args, print) },
+	}
+	create.needsAPI = func() bool { return !print }
+	return map[string]*command{
+		"status": {name: "status", args: "[JOB...]", run: (*env).status},
+		"runs": {
+			name: "runs", args: "JOB",
+			flags: func(fs *flag.FlagSet) {
+				fs.DurationVar(&since, "since", 24*time.Hour, "show runs whose slot is at most this old (0: all)")
+				fs.StringVar(&status, "status", "", "show only runs with this status (running, succeeded, failed, abandoned, skipped-by-pause)")
+			},
+			run: func(e *env, ctx context.Context, args []string) error { return e.runs(ctx, args, since, status) },
+		},
+		"create-table": create,
+		"resign":       {name: "resign", args: "JOB", run: (*env).resign},
+		"force-release": {
+			name: "force-release", args: "JOB --yes",
+			flags: func(fs *flag.FlagSet) { fs.BoolVar(&yes, "yes", false, "do it (without it, say what would be done)") },
+			run:   func(e *env, ctx context.Context, args []string) error { return e.forceRelease(ctx, args, yes) },
+		},
+		"pause": {name: "pause", args: "JOB", run: (*env).pause},
+		"resume": {
+			name: "resume", args: "JOB [--catch-up]",
+			flags: func(fs *flag.FlagSet) {
+				fs.BoolVar(&catchUp, "catch-up", false, "run the latest slot skipped by the pause")
+			},
+			run: func(e *env, ctx context.Context, args []string) error { return e.resume(ctx, args, catchUp) },
+		},
+		"trigger": {
+			name: "trigger", args: "JOB [--wait]",
+			flags: func(fs *flag.FlagSet) {
+				fs.BoolVar(&wait, "wait", false, "wait for the run to finish and show how it ended (exit 1 if it failed)")
+			},
+			run:  func(e *env, ctx context.Context, args []string) error { return e.trigger(ctx, args, wait) },
+			long: true,
+		},
+		"watch": {
+			name: "watch", args: "JOB",
+			flags: func(fs *flag.FlagSet) {
+				fs.DurationVar(&interval, "interval", time.Second, "how often to read the table")
+			},
+			run:  func(e *env, ctx context.Context, args []string) error { return e.watch(ctx, args, interval) },
+			long: true,
+		},
+	}
+}
+
+func oneJob(cmd string, args []string) (string, error) {
+	if len(args) != 1 {
+		return "", usagef("%s: want exactly one JOB, got %d arguments", cmd, len(args))
+	}
+	return args[0], nil
+}
+
+// jobView is a job's state as status prints it.
+type jobView struct {
+	Job          string     `json:"job"`
+	State        string     `json:"state"` // held, draining, free, expired
+	Holder       string     `json:"holder"`
+	Fence        int64      `json:"fence"`
+	AcquiredAt   *time.Time `json:"acquiredAt,omitempty"`
+	HeldFor      string     `json:"heldFor,omitempty"`
+	ExpiresAt    *time.Time `json:"expiresAt,omitempty"`
+	ExpiresIn    string     `json:"expiresIn,omitempty"`
+	MaxClockSkew string     `json:"maxClockSkew"`
+	Draining     bool       `json:"draining"`
+	Paused       bool       `json:"paused"`
+	PausedBy     string     `json:"pausedBy,omitempty"`
+	PausedAt     *time.Time `json:"pausedAt,omitempty"`
+	ResumedBy    string     `json:"resumedBy,omitempty"`
+	ResumedAt    *time.Time `json:"resumedAt,omitempty"`
+	CatchUp      bool       `json:"catchUpPending,omitempty"`
+	ResignAsked  bool       `json:"resignRequested,omitempty"`
+	ResignBy     string     `json:"resignRequestedBy,omitempty"`
+	ReleasedBy   string     `json:"releasedBy,omitempty"`
+	ReleasedAt   *time.Time `json:"releasedAt,omitempty"`
+	Triggers     int        `json:"pendingTriggers,omitempty"`
+}
+
+func tp(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC()
+	return &t
+}
+
+func dur(d time.Duration) string {
+	switch {
+	case d >= time.Hour:
+		return d.Round(time.Minute).String()
+	case d >= time.Minute:
+		return d.Round(time.Second).String()
+	}
+	return d.Round(100 * time.Millisecond).String()
+}
+
+func (e *env) view(s ddblease.JobStatus) jobView {
+	now := e.now()
+	r, c := s.Lease, s.Lease.Control
+	v := jobView{
+		Job: s.Job, Holder: r.Owner, Fence: r.Fence, Draining: r.Draining, MaxClockSkew: e.g.skew.String(),
+		Paused: c.Paused, PausedBy: c.PausedBy, PausedAt: tp(c.PausedAt), ResumedBy: c.ResumedBy, ResumedAt: tp(c.ResumedAt),
+		CatchUp: c.CatchUpPending, Triggers: c.Triggers, ExpiresAt: tp(r.ExpiresAt),
+	}
+	if c.ReleasedFence != 0 {
+		v.ReleasedBy, v.ReleasedAt = c.ReleasedBy, tp(c.ReleasedAt)
+	}
+	switch {
+	case r.ExpiresAt.IsZero():
+		v.State = "free"
+	case r.ExpiresAt.Before(now.Add(-e.g.skew)):
+		v.State = "expired"
+	default:
+		v.State = "held"
+		if r.Draining {
+			v.State = "draining"
+		}
+		if !r.AcquiredAt.IsZero() {
+			v.AcquiredAt, v.HeldFor = tp(r.AcquiredAt), dur(now.Sub(r.AcquiredAt))
+		}
+		v.ExpiresIn = dur(r.ExpiresAt.Sub(now))
+		if c.ResignFence == r.Fence {
+			v.ResignAsked, v.ResignBy = true, c.ResignBy
+		}
+	}
+	return v
+}
+
+func (e *env) status(ctx context.Context, args []string) error {
+	var jobs []ddblease.JobStatus
+	var listErr error
+	if len(args) == 0 {
+		jobs, listErr = e.admin.Jobs(ctx)
+		if listErr != nil && !errors.Is(listErr, ddblease.ErrMalformedItem) {
+			return listErr
+		}
+	} else {
+		for _, j := range args {
+			s, err := e.admin.Job(ctx, j)
+			if err != nil {
+				return err
+			}
+			jobs = append(jobs, s)
+		}
+	}
+	views := make([]jobView, 0, len(jobs))
+	for _, s := range jobs {
+		views = append(views, e.view(s))
+	}
+	if e.g.json {
+		if err := writeJSON(e.out, views); err != nil {
+			return err
+		}
+	} else {
+		tw := tabwriter.NewWriter(e.out, 2, 4, 2, ' ', 0)
+		fmt.Fprintf(tw, "JOB\tSTATE\tHOLDER\tFENCE\tHELD FOR\tEXPIRES IN (±%v)\tDRAINING\tPAUSED\tNOTES\n", e.g.skew)
+		for _, v := range views {
+			paused := "no"
+			if v.Paused {
+				paused = "yes, by " + v.PausedBy + " at " + v.PausedAt.Format(time.RFC3339)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", v.Job, v.State, v.Holder, v.Fence,
+				dash(v.HeldFor), dash(v.ExpiresIn), yesNo(v.Draining), paused, dash(notes(v)))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if len(views) == 0 {
+			fmt.Fprintf(e.errw, "no jobs in table %q\n", e.g.table)
+		}
+	}
+	return listErr
+}
+
+func notes(v jobView) string {
+	var n []string
+	if v.ResignAsked {
+		n = append(n, "resign requested by "+v.ResignBy)
+	}
+	if v.ReleasedBy != "" {
+		n = append(n, "force-released by "+v.ReleasedBy+" at "+v.ReleasedAt.Format(time.RFC3339))
+	}
+	if v.CatchUp {
+		n = append(n, "catch-up pending")
+	}
+	if v.Triggers > 0 {
+		n = append(n, fmt.Sprintf("%d trigger(s) pending", v.Triggers))
+	}
+	return strings.Join(n, "; ")
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// runView is a run as runs prints it.
+type runView struct {
+	Slot       time.Time  `json:"slot"`
+	Trigger    string     `json:"trigger,omitempty"`
+	Status     string     `json:"status"`
+	Fence      int64      `json:"fence"`
+	Owner      string     `json:"owner"`
+	StartedAt  time.Time  `json:"startedAt"`
+	FinishedAt *time.Time `json:"finishedAt,omitempty"`
+	Took       string     `json:"took,omitempty"`
+	Claims     int        `json:"claims"`
+	Missed     int        `json:"missed,omitempty"`
+	Error      string     `json:"error,omitempty"`
+}
+
+func viewRun(r ddblease.RunRecord) runView {
+	v := runView{Slot: r.Slot.UTC(), Trigger: r.Trigger, Status: string(r.Status), Fence: r.Fence, Owner: r.Owner,
+		StartedAt: r.StartedAt.UTC(), FinishedAt: tp(r.FinishedAt), Claims: r.Claims, Missed: r.Missed, Error: r.Error}
+	if !r.FinishedAt.IsZero() && r.Status != ddblease.RunSkippedByPause {
+		v.Took = dur(r.FinishedAt.Sub(r.StartedAt))
+	}
+	return v
+}
+
+var statuses = []ddblease.RunStatus{ddblease.RunRunning, ddblease.RunSucceeded, ddblease.RunFailed,
+	ddblease.RunAbandoned, ddblease.RunSkippedByPause}
+
+func (e *env) runs(ctx context.Context, args []string, since time.Duration, status string) error {
+	job, err := oneJob("runs", args)
+	if err != nil {
+		return err
+	}
+	if since < 0 {
+		return usagef("runs: --since %v is negative", since)
+	}
+	if status != "" && !slices.Contains(statuses, ddblease.RunStatus(status)) {
+		return usagef("runs: unknown --status %q (one of running, succeeded, failed, abandoned, skipped-by-pause)", status)
+	}
+	if _, err := e.admin.Job(ctx, job); err != nil {
+		return err
+	}
+	var from time.Time
+	if since > 0 {
+		from = e.now().Add(-since)
+	}
+	runs, listErr := e.admin.Runs(ctx, job, from)
+	if listErr != nil && !errors.Is(listErr, ddblease.ErrMalformedItem) {
+		return listErr
+	}
+	views := []runView{}
+	for _, r := range runs {
+		if status == "" || string(r.Status) == status {
+			views = append(views, viewRun(r))
+		}
+	}
+	if e.g.json {
+		if err := writeJSON(e.out, views); err != nil {
+			return err
+		}
+		return listErr
+	}
+	tw := tabwriter.NewWriter(e.out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SLOT\tSTATUS\tFENCE\tOWNER\tSTARTED\tTOOK\tERROR")
+	for _, v := range views {
+		slot := v.Slot.Format(time.RFC3339Nano)
+		if v.Trigger != "" {
+			slot += " (trigger " + v.Trigger + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", slot, v.Status, v.Fence, v.Owner,
+			v.StartedAt.Format(time.RFC3339), dash(v.Took), dash(oneLine(v.Error)))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(views) == 0 {
+		fmt.Fprintf(e.errw, "no runs of %q match\n", job)
+	}
+	return listErr
+}
+
+func (e *env) createTable(ctx context.Context, args []string, print bool) error {
+	if len(args) != 0 {
+		return usagef("create-table: takes no arguments (the table is --table)")
+	}
+	table := e.g.table
+	if print {
+		if table == "" {
+			table = "leases"
+		}
+		_, err := io.WriteString(e.out, tableDefinitions(table))
+		return err
+	}
+	if err := ddblease.CreateTable(ctx, e.db, table); err != nil {
+		return err
+	}
+	spec := ddblease.LeaseTableSpec()
+	if d, err := e.db.DescribeTimeToLive(ctx, &dynamodb.DescribeTimeToLiveInput{TableName: aws.String(table)}); err == nil &&
+		d.TimeToLiveDescription != nil && aws.ToString(d.TimeToLiveDescription.AttributeName) == spec.TTLAttribute &&
+		(d.TimeToLiveDescription.TimeToLiveStatus == types.TimeToLiveStatusEnabled ||
+			d.TimeToLiveDescription.TimeToLiveStatus == types.TimeToLiveStatusEnabling) {
+		fmt.Fprintf(e.out, "table %q is ready\n", table)
+		return nil
+	}
+	_, err := e.db.UpdateTimeToLive(ctx, &dynamodb.UpdateTimeToLiveInput{
+		TableName: aws.String(table),
+		TimeToLiveSpecification: &types.TimeToLiveSpecification{
+			AttributeName: aws.String(spec.TTLAttribute), Enabled: aws.Bool(true),
+		},
+	})
+	if err != nil {
+		fmt.Fprintf(e.errw, "warning: time to live not enabled on %q: %s\n", spec.TTLAttribute, oneLine(err.Error()))
+	}
+	fmt.Fprintf(e.out, "table %q is ready\n", table)
+	return nil
+}
+
+func (e *env) resign(ctx context.Context, args []string) error {
+	job, err := oneJob("resign", args)
+	if err != nil {
+		return err
+	}
+	rec, err := e.admin.RequestResign(ctx, job, 0)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.out, "asked %q (fence %d) to resign %s: it drains and hands over at its next heartbeat\n",
+		rec.Owner, rec.Fence, job)
+	return nil
+}
+
+func (e *env) forceRelease(ctx context.Context, args []string, yes bool) error {
+	job, err := oneJob("force-release", args)
+	if err != nil {
+		return err
+	}
+	st, err := e.admin.Job(ctx, job)
+	if err != nil {
+		return err
+	}
+	v := e.view(st)
+	what := fmt.Sprintf("release %s by force: fence %d -> %d; holder %q (%s) loses the lease at once, its heartbeats and fenced writes are refused, and the next contender leads",
+		job, st.Lease.Fence, st.Lease.Fence+1, st.Lease.Owner, v.State)
+	if !yes {
+		return usagef("force-release: would %s; run again with --yes to do it", what)
+	}
+	rec, err := e.admin.ForceRelease(ctx, job, st.Lease.Fence)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.out, "released %s by force: fence is now %d (was %d, held by %q)\n", job, rec.Fence, st.Lease.Fence, st.Lease.Owner)
+	return nil
+}
+
+func (e *env) pause(ctx context.Context, args []string) error {
+	job, err := oneJob("pause", args)
+	if err != nil {
+		return err
+	}
+	rec, err := e.admin.Pause(ctx, job)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.out, "%s paused by %s at %s: slots that fall due are recorded as skipped-by-pause\n",
+		job, rec.Control.PausedBy, rec.Control.PausedAt.UTC().Format(time.RFC3339))
+	return nil
+}
+
+func (e *env) resume(ctx context.Context, args []string, catchUp bool) error {
+	job, err := oneJob("resume", args)
+	if err != nil {
+		return err
+	}
+	rec, err := e.admin.Resume(ctx, job, catchUp)
+	if err != nil {
+		return err
+	}
+	msg := "slots skipped by the pause are not run"
+	if catchUp {
+		msg = "the latest slot skipped by the pause will be run"
+	}
+	fmt.Fprintf(e.out, "%s resumed by %s: %s\n", job, rec.Control.ResumedBy, msg)
+	return nil
+}
+
+func (e *env) trigger(ctx context.Context, args []string, wait bool) error {
+	job, err := oneJob("trigger", args)
+	if err != nil {
+		return err
+	}
+	tctx := ctx
+	if e.g.timeout > 0 {
+		var cancel context.CancelFunc
+		tctx, cancel = context.WithTimeout(ctx, e.g.timeout)
+		defer cancel()
+	}
+	tr, err := e.admin.Trigger(tctx, job)
+	if err != nil {
+		return err
+	}
+	if !wait {
+		if e.g.json {
+			return writeJSON(e.out, map[string]string{"job": job, "trigger": tr.ID, "run": tr.RunID()})
+		}
+		fmt.Fprintf(e.out, "triggered %s: run %s (the leader's RunSchedule runs it after its next heartbeat; see: ddblease runs %s)\n", job, tr.RunID(), job)
+		return nil
+	}
+	rec, err := e.admin.WaitRun(ctx, tr, 500*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	if e.g.json {
+		if err := writeJSON(e.out, viewRun(rec)); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(e.out, "run %s of %s: %s on %q (fence %d), took %s\n", tr.RunID(), job, rec.Status, rec.Owner, rec.Fence,
+			dur(rec.FinishedAt.Sub(rec.StartedAt)))
+	}
+	if rec.Status != ddblease.RunSucceeded {
+		return fmt.Errorf("run %s of %s %s: %s", tr.RunID(), job, rec.Status, dash(rec.Error))
+	}
+	return nil
+}
+
+// watch prints a line whenever the holder, fence, state or controls of the
+// job change, and whenever one of its runs appears or changes status.
+func (e *env) watch(ctx context.Context, args []string, interval time.Duration) error {
+	job, err := oneJob("watch", args)
+	if err != nil {
+		return err
+	}
+	if interval <= 0 {
+		return usagef("watch: --interval %v must be positive", interval)
+	}
+	st, err := e.admin.Job(ctx, job)
+	if err != nil {
+		return err
+	}
+	start := e.now().Add(-time.Hour)
+	var last string
+	runs := map[string]ddblease.RunStatus{}
+	first := true
+	for {
+		v := e.view(st)
+		line := fmt.Sprintf("lease %s: %s holder=%q fence=%d draining=%v paused=%v", job, v.State, v.Holder, v.Fence, v.Draining, v.Paused)
+		if n := notes(v); n != "" {
+			line += " (" + n + ")"
+		}
+		if line != last {
+			e.emit(map[string]any{"kind": "lease", "lease": v}, line)
+			last = line
+		}
+		rs, err := e.admin.Runs(ctx, job, start)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil
+		case err != nil:
+			fmt.Fprintf(e.errw, "ddblease: watch: %s\n", oneLine(err.Error()))
+		}
+		for _, r := range rs {
+			id := r.Slot.Format(time.RFC3339Nano) + r.Trigger
+			if old, ok := runs[id]; ok && old == r.Status {
+				continue
+			}
+			runs[id] = r.Status
+			if first {
+				continue // only changes after the start are shown
+			}
+			rv := viewRun(r)
+			slot := rv.Slot.Format(time.RFC3339Nano)
+			if rv.Trigger != "" {
+				slot += " (trigger " + rv.Trigger + ")"
+			}
+			e.emit(map[string]any{"kind": "run", "run": rv}, fmt.Sprintf("run %s: %s fence=%d owner=%q%s", slot, rv.Status, rv.Fence, rv.Owner,
+				func() string {
+					if rv.Error != "" {
+						return " error=" + oneLine(rv.Error)
+					}
+					return ""
+				}()))
+		}
+		first = false
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(interval):
+		}
+		if s, err := e.admin.Job(ctx, job); err == nil {
+			st = s
+		} else if ctx.Err() != nil {
+			return nil
+		} else {
+			fmt.Fprintf(e.errw, "ddblease: watch: %s\n", oneLine(err.Error()))
+		}
+	}
+}
+
+func (e *env) emit(v any, line string) {
+	if e.g.json {
+		b, _ := json.Marshal(v)
+		fmt.Fprintln(e.out, string(b))
+		return
+	}
+	fmt.Fprintf(e.out, "%s %s\n", e.now().UTC().Format(time.RFC3339), line)
+}

@@ -1,0 +1,43 @@
+// Command ddblease shows and operates the jobs of a ddblease lease table:
+// who leads each job and since when, its runs, and the operator's actions
+// (resign, force-release, pause, resume, trigger).
+//
+// Usage:
+//
+//	ddblease [flags] <command> [command flags] [args]
+//
+// Commands:
+//
+//	status [JOB...]                 holder, fence, held for, expiry, draining, paused
+//	runs JOB [--since D] [--status S]
+//	create-table [--print]          create the table, or print CloudFormation and Terraform
+//	resign JOB                      ask the holder to hand the lease over
+//	force-release JOB --yes         take the lease from its holder, raising the fence
+//	pause JOB                       stop RunSchedule from firing slots
+//	resume JOB [--catch-up]         fire slots again (and run the latest one skipped)
+//	trigger JOB [--wait]            run the job once now, outside its schedule
+//	watch JOB                       follow holder and run changes until interrupted
+//
+// Flags, accepted before or after the command: --table (or DDBLEASE_TABLE),
+// --endpoint (or the SDK's AWS_ENDPOINT_URL_DYNAMODB / AWS_ENDPOINT_URL),
+// --region (or AWS_REGION, AWS_DEFAULT_REGION, the profile's region),
+// --json, --max-clock-skew, --timeout. Credentials come from the AWS default
+// chain: environment, shared files and profile (AWS_PROFILE), SSO, web
+// identity, container and instance roles.
+//
+// Errors are one line on stderr, and the exit status is 1 (2 for bad usage).
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}

@@ -1,0 +1,204 @@
+package ddblease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws/smithy-go"
+)
+
+// ErrUnhealthy is wrapped by the errors CheckHealth returns.
+var ErrUnhealthy = errors.New("ddblease: unhealthy")
+
+// CheckHealth reports whether this handle is in a state that restarting
+// its process could cure, in the spirit of client-go's HealthzAdaptor. It
+// returns nil, or an error wrapping ErrUnhealthy that says why in one line,
+// when:
+//
+//   - this handle leads and its renewals are overdue: no heartbeat has
+//     landed for more than HeartbeatInterval plus tolerance (a heartbeat
+//     that keeps failing, or a renewal loop that is stuck); or
+//   - its campaign has failed with the same error for longer than
+//     tolerance: the same step (a poll, an acquisition, a heartbeat, a
+//     claim) failing with the same DynamoDB error code or cause, with no
+//     success of that request in between (a table with the wrong key
+//     schema, a missing table, denied access), or Run, RunSchedule or
+//     Acquire having returned an error and no campaign having succeeded
+//     since.
+//
+// A standby that polls the lease is healthy, however long another replica
+// leads; so is a handle that never campaigned or whose Run returned
+// because its context ended. Tolerance zero means LeaseDuration; a
+// negative tolerance is an error wrapping ErrInvalid.
+//
+// The verdict is built from this handle's own events (those Options.Observer
+// is given), so it needs no call to DynamoDB.
+func (l *Lease) CheckHealth(tolerance time.Duration) error {
+	if tolerance < 0 {
+		return invalid("health tolerance is negative (%v)", tolerance)
+	}
+	if tolerance == 0 {
+		tolerance = l.opts.LeaseDuration
+	}
+	return l.health.check(l.opts.Now(), l.job, l.opts.HeartbeatInterval, tolerance)
+}
+
+// HealthHandler returns an http.Handler for a liveness probe on leases:
+// it answers 200 and "ok" when CheckHealth(tolerance) returns nil for every
+// lease, else 503 and the reasons on one line. Mount it on, say, /healthz.
+func HealthHandler(tolerance time.Duration, leases ...*Lease) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var why []string
+		for _, l := range leases {
+			if err := l.CheckHealth(tolerance); err != nil {
+				why = append(why, err.Error())
+			}
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		if len(why) > 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, strings.Join(why, "; "))
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+}
+
+// health tracks, from a Lease's own events, what CheckHealth reports.
+type health struct {
+	mu sync.Mutex
+
+	leading   bool
+	confirmed time.Time // the last acquisition or renewal (Event.Time)
+
+	failedCall string // DynamoDB operation of the last failed call, until one succeeds
+
+	failing   bool
+	failKey   string    // step and cause of the failures in a row
+	failCall  string    // the DynamoDB operation that failed, "" if none did
+	failSince time.Time // the first of them
+	failOp    string
+	failErr   error
+}
+
+// observe updates h with one of its Lease's events; Lease.deliver calls it
+// for each, in order.
+func (h *health) observe(e Event) {
+	switch e.Kind {
+	case EventAcquired, EventRenewed, EventLost, EventResigned, EventRetry, EventStopped, EventCall, EventLeaderSeen:
+	default:
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch e.Kind {
+	case EventAcquired, EventRenewed:
+		h.leading, h.confirmed = true, e.Time
+		h.failing = false
+	case EventLost, EventResigned:
+		h.leading = false
+		if h.failing && h.failOp == "heartbeat" { // heartbeats end with the tenure
+			h.failing = false
+		}
+	case EventLeaderSeen:
+		h.failing = false
+	case EventCall:
+		if e.Outcome == CallOK || e.Outcome == CallConditionFailed {
+			h.failedCall = ""
+			if h.failing && e.Op == h.failCall {
+				h.failing = false
+			}
+		} else {
+			h.failedCall = e.Op
+		}
+	case EventRetry:
+		h.fail(e.Time, e.Op, e.Err)
+	case EventStopped:
+		h.leading = false
+		if e.Err == nil || errors.Is(e.Err, context.Canceled) {
+			h.failing = false
+			return
+		}
+		h.failedCall = ""
+		h.fail(e.Time, stepRun, e.Err)
+	}
+}
+
+// stepRun names, among the steps of EventRetry, Run or RunSchedule having
+// returned an error.
+const stepRun = "run"
+
+// fail records a failure of step op; a streak of failures with the same
+// step and cause keeps the time of its first.
+func (h *health) fail(at time.Time, op string, err error) {
+	key := op + ": " + errorClass(err)
+	if !h.failing || key != h.failKey {
+		h.failing, h.failKey, h.failSince, h.failCall = true, key, at, h.failedCall
+	}
+	h.failOp, h.failErr = op, err
+}
+
+func (h *health) check(now time.Time, job string, heartbeat, tolerance time.Duration) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.leading {
+		if late := now.Sub(h.confirmed) - heartbeat; late > tolerance {
+			return fmt.Errorf("%w: job %q: leading, but the lease was last renewed %v ago (renewals overdue by %v, tolerance %v)",
+				ErrUnhealthy, job, now.Sub(h.confirmed).Round(time.Millisecond), late.Round(100*time.Microsecond), tolerance)
+		}
+	}
+	if h.failing {
+		d := now.Sub(h.failSince)
+		if d > tolerance && h.failOp == stepRun {
+			return fmt.Errorf("%w: job %q: the campaign stopped with an error %v ago and has not succeeded since (tolerance %v): %s",
+				ErrUnhealthy, job, d.Round(time.Millisecond), tolerance, oneLine(h.failErr))
+		}
+		if d > tolerance {
+			return fmt.Errorf("%w: job %q: %s has failed for %v with the same error (tolerance %v): %s",
+				ErrUnhealthy, job, h.failOp, d.Round(time.Millisecond), tolerance, oneLine(h.failErr))
+		}
+	}
+	return nil
+}
+
+// errorClass names the cause of err, without what differs between two
+// failures of the same cause (request ids, times): the DynamoDB error
+// code, else the message of the innermost error.
+func errorClass(err error) string {
+	if err == nil {
+		return ""
+	}
+	var api smithy.APIError
+	if errors.As(err, &api) {
+		return api.ErrorCode()
+	}
+	for {
+		var next error
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			next = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			if errs := u.Unwrap(); len(errs) > 0 {
+				next = errs[0]
+			}
+		}
+		if next == nil {
+			return fmt.Sprintf("%T: %s", err, oneLine(err))
+		}
+		err = next
+	}
+}
+
+// oneLine returns err's message with line breaks replaced by spaces.
+func oneLine(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	return strings.Join(strings.Fields(err.Error()), " ")
+}

@@ -1,0 +1,158 @@
+package ddblease
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+)
+
+// Environment variables DefaultOwner reads.
+const (
+	// ECSMetadataEnv is set by the ECS agent (platform 1.4.0 on Fargate,
+	// agent 1.39.0 on EC2) to the task metadata endpoint, version 4.
+	ECSMetadataEnv = "ECS_CONTAINER_METADATA_URI_V4"
+	// PodNameEnv and PodNamespaceEnv are the variables a pod spec sets
+	// from the downward API (fieldRef metadata.name, metadata.namespace).
+	PodNameEnv      = "POD_NAME"
+	PodNamespaceEnv = "POD_NAMESPACE"
+)
+
+// ownerMetadataTimeout bounds the request to the ECS task metadata
+// endpoint.
+const ownerMetadataTimeout = time.Second
+
+// maxOwnerBase bounds the part of an owner id DefaultOwner takes from the
+// environment, leaving room for the suffix under the 256-byte limit.
+const maxOwnerBase = 230
+
+// DefaultOwner returns an owner id that an operator can trace to the task,
+// pod or process that holds a lease, followed by a random suffix so that
+// two handles in one process differ:
+//
+//   - on Amazon ECS (ECS_CONTAINER_METADATA_URI_V4 set), the task ARN read
+//     from the task metadata endpoint, as in
+//     "arn:aws:ecs:eu-west-1:111122223333:task/prod/0123abcd-5f3e9a01";
+//   - on Kubernetes (KUBERNETES_SERVICE_HOST set), the pod name from
+//     POD_NAME (set it from the downward API), else the hostname, which is
+//     the pod name unless the pod spec sets another; prefixed by
+//     POD_NAMESPACE and a slash when that is set, as in "prod/billing-7d9f-x2k4-5f3e9a01";
+//   - elsewhere "<hostname>-<pid>-<suffix>".
+//
+// The metadata request is bounded by ctx and by one second; if it fails,
+// DefaultOwner falls back to the hostname and pid without an error. Each
+// call returns a new suffix: to log the owner a Lease uses, pass the result
+// as Options.Owner, or read Lease.Owner. When Options.Owner is empty, New
+// uses DefaultOwner, looking the task up once per process.
+func DefaultOwner(ctx context.Context) string {
+	return ownerBase(ctx) + "-" + randomID(4)
+}
+
+// ownerBase returns the traceable part of DefaultOwner.
+func ownerBase(ctx context.Context) string {
+	if uri := os.Getenv(ECSMetadataEnv); uri != "" {
+		if arn, err := ecsTaskARN(ctx, uri); err == nil {
+			return arn
+		}
+	}
+	if os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
+		pod := cleanOwnerPart(os.Getenv(PodNameEnv))
+		if pod == "" {
+			pod = hostname()
+		}
+		if ns := cleanOwnerPart(os.Getenv(PodNamespaceEnv)); ns != "" {
+			pod = ns + "/" + pod
+		}
+		return truncate(pod, maxOwnerBase)
+	}
+	return fmt.Sprintf("%s-%d", truncate(hostname(), maxOwnerBase-12), os.Getpid())
+}
+
+// metadataClient asks the task metadata endpoint, a link-local address
+// that no HTTP proxy configured for the application's traffic can reach,
+// and keeps no connection open.
+var metadataClient = &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+
+// ecsTaskARN reads TaskARN from the task metadata endpoint's /task
+// document.
+func ecsTaskARN(ctx context.Context, uri string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, ownerMetadataTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(uri, "/")+"/task", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := metadataClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("task metadata: %s", resp.Status)
+	}
+	var doc struct {
+		TaskARN string `json:"TaskARN"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&doc); err != nil {
+		return "", err
+	}
+	arn := cleanOwnerPart(doc.TaskARN)
+	if arn == "" || len(arn) > maxOwnerBase {
+		return "", fmt.Errorf("task metadata: unusable TaskARN %q", doc.TaskARN)
+	}
+	return arn, nil
+}
+
+func hostname() string {
+	host, err := os.Hostname()
+	if host = cleanOwnerPart(host); err != nil || host == "" {
+		return "host"
+	}
+	return host
+}
+
+// cleanOwnerPart trims s and drops it if it is not a valid owner.
+func cleanOwnerPart(s string) string {
+	s = strings.TrimSpace(s)
+	if s == "" || checkName("owner", s, 256) != nil {
+		return ""
+	}
+	return s
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:n]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// processOwner caches the traceable part of the default owner for the
+// handles New makes; a failed metadata lookup is not cached.
+var processOwner struct {
+	sync.Mutex
+	base string
+}
+
+func defaultOwner() string {
+	processOwner.Lock()
+	defer processOwner.Unlock()
+	if processOwner.base == "" {
+		base := ownerBase(context.Background())
+		if os.Getenv(ECSMetadataEnv) == "" || strings.HasPrefix(base, "arn:") {
+			processOwner.base = base
+		}
+		return base + "-" + randomID(4)
+	}
+	return processOwner.base + "-" + randomID(4)
+}
