@@ -483,6 +483,10 @@ func (s sink) put(ctx context.Context, fence int64, slot time.Time) error {
 		for k, v := range out.Item {
 			item[k] = v
 		}
+		// The guard sets its own attributes (the fence high-water mark and
+		// its write token) and refuses an item that carries them.
+		delete(item, HWAttribute)
+		delete(item, ddblease.DefaultGuardTokenAttribute)
 		if _, dup := item[slotAttr(slot)]; dup {
 			if hasEntry(item, s.entry(FormPut, fence, slot)) {
 				return nil // an earlier attempt landed
