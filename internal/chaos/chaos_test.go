@@ -147,6 +147,8 @@ func addStats(sum *chaos.Stats, s chaos.Stats) {
 	sum.EndsInStop += s.EndsInStop
 	sum.CtxLiveAfterWake += s.CtxLiveAfterWake
 	sum.Observed += s.Observed
+	sum.Stalls += s.Stalls
+	sum.MaxStall = max(sum.MaxStall, s.MaxStall)
 }
 
 // TestRaceInReplicaFails starts a replica that races on purpose and checks

@@ -33,6 +33,10 @@ type CheckInput struct {
 	Procs     []ProcExit
 	Sink      []SinkEntry
 	Runs      []ddblease.RunRecord
+	// Stalls are spans in which the suite's own process did not run (the
+	// machine, or the process hosting the server and the proxies, stalled):
+	// for liveness they are faults like the plan's.
+	Stalls []Interval
 }
 
 // Stats counts what a run did.
@@ -58,6 +62,10 @@ type Stats struct {
 	// process runs again); for information.
 	CtxLiveAfterWake int
 	Observed         int // observer events recorded (information only)
+	// Stalls of the suite's own process (a loaded machine) longer than
+	// 250 ms, and the longest.
+	Stalls   int
+	MaxStall time.Duration
 }
 
 // Window is one tenure as a user of the replica could see it: from a
@@ -481,16 +489,24 @@ func Check(in CheckInput) (violations []string, st Stats) {
 	// 6. Liveness: after the faults, IsLeader is seen true within lease +
 	// skew + retry and a lease more for a loaded machine, and every slot
 	// due after that has a succeeded run and an effect.
-	if !in.Wild && !in.QuietFrom.IsZero() {
-		by := in.QuietFrom.Add(2*t.Lease + t.Skew + t.Retry)
+	quiet := in.QuietFrom
+	for _, s := range in.Stalls {
+		st.Stalls++
+		st.MaxStall = max(st.MaxStall, s.To.Sub(s.From))
+		if !quiet.IsZero() && s.To.After(quiet) {
+			quiet = s.To // a stall is a fault: liveness counts from its end
+		}
+	}
+	if !in.Wild && !quiet.IsZero() {
+		by := quiet.Add(2*t.Lease + t.Skew + t.Retry)
 		led := false
 		for _, e := range in.Events {
-			if e.Kind == EvBelief && e.OK && !ts(e.A).After(by) && !ts(e.B).Before(in.QuietFrom) {
+			if e.Kind == EvBelief && e.OK && !ts(e.A).After(by) && !ts(e.B).Before(quiet) {
 				led = true
 			}
 		}
 		if !led {
-			bad("no replica saw itself leading between %s and %s (%v after the faults stopped)", stamp(in.QuietFrom), stamp(by), by.Sub(in.QuietFrom))
+			bad("no replica saw itself leading between %s and %s (%v after the faults stopped)", stamp(quiet), stamp(by), by.Sub(quiet))
 		}
 		sched := ddblease.Every(t.Slot)
 		for s := sched.Next(by); s.Before(in.End.Add(-t.Slot - t.Lease)); s = sched.Next(s) {

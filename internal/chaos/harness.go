@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -168,6 +169,7 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 		}
 	}
 	t0 := time.Now()
+	stalls := watchStalls()
 	var queue []pending
 	for _, s := range plan.Steps {
 		queue = append(queue, pending{at: t0.Add(s.At), do: h.stepFunc(s, pick, start, &queue, res)})
@@ -228,7 +230,7 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 		}
 	}
 
-	in := CheckInput{Timing: h.Timing, Wild: plan.Wild, QuietFrom: quietFrom, End: end, Race: RaceEnabled}
+	in := CheckInput{Timing: h.Timing, Wild: plan.Wild, QuietFrom: quietFrom, End: end, Race: RaceEnabled, Stalls: stalls()}
 	for _, p := range procs {
 		evs, err := ReadEvents(filepath.Join(h.Dir, p.name+".events"))
 		if err != nil && !os.IsNotExist(err) {
@@ -253,6 +255,46 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 	res.Violations = append(res.Violations, v...)
 	res.Stats = stats
 	return res, nil
+}
+
+// watchStalls starts watching the suite's own process for stalls: a
+// ticker every 5 ms arriving more than 250 ms late means that the process
+// (the server and the proxies run in it) or the whole machine did not run
+// for that long. The returned function stops the watch and lists them.
+func watchStalls() func() []Interval {
+	var (
+		mu     sync.Mutex
+		stalls []Interval
+	)
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		last := time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-t.C:
+				now = time.Now()
+				if now.Sub(last) > 250*time.Millisecond {
+					mu.Lock()
+					stalls = append(stalls, Interval{From: last, To: now})
+					mu.Unlock()
+				}
+				last = now
+			}
+		}
+	}()
+	return func() []Interval {
+		close(done)
+		<-finished
+		mu.Lock()
+		defer mu.Unlock()
+		return stalls
+	}
 }
 
 // Interval is a span of real time; a zero To means it lasted to the end.
