@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -62,6 +64,9 @@ func TestFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The replicas are this binary: built with -race when the suite is,
+	// so a data race in a replica fails the run (TestRaceInReplicaFails).
+	t.Logf("replicas run %s (race detector: %v)", bin, chaos.RaceEnabled)
 	parallel := envInt("DDBLEASE_CHAOS_PARALLEL", 2)
 	sem := make(chan struct{}, parallel)
 	var (
@@ -69,7 +74,11 @@ func TestFaults(t *testing.T) {
 		totals = map[string]int{}
 		runs   int
 		found  int
+		sum    chaos.Stats
+		bad    []uint64
+		noTxn  bool
 	)
+	sum.ByForm = map[string]int{}
 	t.Run("seeds", func(t *testing.T) {
 		for seed := first; seed < first+uint64(seeds); seed++ {
 			wild := seed%2 == 0
@@ -93,6 +102,11 @@ func TestFaults(t *testing.T) {
 				for k, v := range res.Faults {
 					totals[k] += v
 				}
+				addStats(&sum, res.Stats)
+				noTxn = noTxn || !res.Transactions
+				if len(res.Violations) > 0 {
+					bad = append(bad, seed)
+				}
 				mu.Unlock()
 				if len(res.Violations) > 0 || os.Getenv("DDBLEASE_CHAOS_KEEP") != "" {
 					keep := filepath.Join(os.TempDir(), fmt.Sprintf("ddblease-chaos-seed-%d", seed))
@@ -109,5 +123,56 @@ func TestFaults(t *testing.T) {
 			})
 		}
 	})
-	t.Logf("server %s: %d runs, faults injected %v, %d violations", srv.Name, runs, totals, found)
+	t.Logf("server %s: %d runs, faults injected %v, %d violations (seeds %v)", srv.Name, runs, totals, found, bad)
+	t.Logf("totals: %+v", sum)
+	if noTxn {
+		t.Logf("server %s has no transactions: the TransactWrite and Commit slots used Update", srv.Name)
+	}
+}
+
+func addStats(sum *chaos.Stats, s chaos.Stats) {
+	sum.Tenures += s.Tenures
+	sum.Runs += s.Runs
+	sum.Effects += s.Effects
+	for k, v := range s.ByForm {
+		sum.ByForm[k] += v
+	}
+	sum.Refused += s.Refused
+	sum.Succeeded += s.Succeeded
+	sum.DrainTimeouts += s.DrainTimeouts
+	sum.NotResigned += s.NotResigned
+	sum.StoppedFailing += s.StoppedFailing
+	sum.WildOverlaps += s.WildOverlaps
+	sum.MaxWildOverlap = max(sum.MaxWildOverlap, s.MaxWildOverlap)
+	sum.EndsInStop += s.EndsInStop
+	sum.CtxLiveAfterWake += s.CtxLiveAfterWake
+	sum.Observed += s.Observed
+	sum.Stalls += s.Stalls
+	sum.MaxStall = max(sum.MaxStall, s.MaxStall)
+}
+
+// TestRaceInReplicaFails starts a replica that races on purpose and checks
+// that the checker reports it: under -race the replica is race-built (it is
+// this binary) and exits with "WARNING: DATA RACE". Without -race there is
+// nothing to detect, and the test says so.
+func TestRaceInReplicaFails(t *testing.T) {
+	if !chaos.RaceEnabled {
+		t.Skip("the suite is not race-built (go test -race): a replica's data race cannot be detected")
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := json.Marshal(chaos.ReplicaConfig{Name: "racer", RaceDemo: true})
+	cmd := exec.Command(bin, "-test.run=^$")
+	cmd.Env = append(os.Environ(), chaos.ReplicaEnv+"="+string(js))
+	out, err := cmd.CombinedOutput()
+	v, _ := chaos.Check(chaos.CheckInput{Race: true, Procs: []chaos.ProcExit{{Name: "racer", Err: err, Stderr: string(out)}}})
+	found := false
+	for _, s := range v {
+		found = found || strings.Contains(s, "DATA RACE")
+	}
+	if !found {
+		t.Fatalf("a racing replica was not reported; exit %v, violations %q, output:\n%s", err, v, out)
+	}
 }

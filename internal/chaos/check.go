@@ -9,133 +9,405 @@ import (
 	"github.com/ddblease/ddblease"
 )
 
-// ProcExit is how a replica process ended.
+// ProcExit is how a replica process lived and ended, as the harness saw
+// it (real times).
 type ProcExit struct {
 	Name   string
 	Killed bool // by the plan's SIGKILL
 	Err    error
 	Stderr string
+
+	Started, KilledAt, TermedAt, ExitedAt time.Time
+	Pauses                                []Interval // SIGSTOP to SIGCONT
+	NetFaults                             []Interval // its proxy injecting faults
 }
 
 // CheckInput is a run's whole history.
 type CheckInput struct {
 	Timing    Timing
-	Wild      bool      // clocks beyond MaxClockSkew: only the unconditional checks
+	Wild      bool      // clocks beyond MaxClockSkew: overlap is allowed, bounded
+	Race      bool      // the suite is race-built: so must every replica be
 	QuietFrom time.Time // faults stopped
 	End       time.Time // replicas told to stop
 	Events    []Event
 	Procs     []ProcExit
 	Sink      []SinkEntry
 	Runs      []ddblease.RunRecord
+	// Stalls are spans in which the suite's own process did not run (the
+	// machine, or the process hosting the server and the proxies, stalled):
+	// for liveness they are faults like the plan's.
+	Stalls []Interval
 }
 
 // Stats counts what a run did.
 type Stats struct {
-	Tenures   int // fences issued
-	Runs      int // fn calls
-	Effects   int // side effects the sink accepted
-	Refused   int // side effects refused for a stale fence
-	Succeeded int // runs recorded succeeded
+	Tenures   int            // tenures a user saw (IsLeader true or a live leader context)
+	Runs      int            // fn calls
+	Effects   int            // side effects the sink holds
+	ByForm    map[string]int // effects the sink holds, by guard form
+	Refused   int            // side effects refused for a stale fence
+	Succeeded int            // runs recorded succeeded
+	// Reported outcomes of RunSchedule, each explained by a fault on the
+	// replica near its shutdown (an unexplained one is a violation).
+	DrainTimeouts, NotResigned, StoppedFailing int
+	// With wild clocks, windows of different replicas that overlapped
+	// (allowed, bounded), and the longest overlap.
+	WildOverlaps   int
+	MaxWildOverlap time.Duration
+	// Windows whose end fell while the replica was stopped (SIGSTOP):
+	// placed at the deadline it last read, as no code of it could run.
+	EndsInStop int
+	// Leader contexts still live after SIGCONT although their deadline
+	// passed during the stop (the timer that cancels them fires when the
+	// process runs again); for information.
+	CtxLiveAfterWake int
+	Observed         int // observer events recorded (information only)
+	// Stalls of the suite's own process (a loaded machine) longer than
+	// 250 ms, and the longest.
+	Stalls   int
+	MaxStall time.Duration
 }
 
-type window struct {
-	fence      int64
-	replica    string
-	start, end time.Time
-	ended      bool
+// Window is one tenure as a user of the replica could see it: from a
+// moment certainly before IsLeader turned true for the fence (or before
+// fn was handed its live context) to a moment certainly after both had
+// ended. Bounds are outer: a window never starts later or ends earlier
+// than user code could have seen it.
+type Window struct {
+	Replica    string
+	Fence      int64
+	Start, End time.Time
+	// Seen is the earliest moment the tenure was certainly visible (so
+	// its fence certainly written): the end of the first reading that
+	// found IsLeader true, or fn's entry.
+	Seen time.Time
 }
 
-// Check returns every violation of the guarantees found in a history.
-func Check(in CheckInput) (violations []string, st Stats) {
-	bad := func(format string, args ...any) { violations = append(violations, fmt.Sprintf(format, args...)) }
+// Windows reconstructs the user-visible windows from the replicas'
+// histories. Violations of the readings' own consistency (a tenure that
+// turned false and then true again, one fence in two replicas, fences
+// going down in one replica) are reported through bad.
+func Windows(in CheckInput, bad func(string, ...any), st *Stats) []*Window {
 	ts := func(ns int64) time.Time { return time.Unix(0, ns) }
-
-	// Tenures, from the probe's events.
-	wins := map[int64]*window{}
+	procs := map[string]ProcExit{}
+	for _, p := range in.Procs {
+		procs[p.Name] = p
+	}
+	byReplica := map[string][]Event{}
+	var names []string
 	for _, e := range in.Events {
-		switch e.Kind {
-		case EvTenure:
-			w := wins[e.Fence]
+		if _, ok := byReplica[e.Replica]; !ok {
+			names = append(names, e.Replica)
+		}
+		byReplica[e.Replica] = append(byReplica[e.Replica], e)
+	}
+	sort.Strings(names)
+	owner := map[int64]string{}
+	var out []*Window
+	for _, name := range names {
+		evs := byReplica[name]
+		p := procs[name]
+		gone := p.ExitedAt
+		if gone.IsZero() {
+			gone = in.End
+		}
+		var beliefs []Event
+		wins := map[int64]*Window{}
+		win := func(f int64) *Window {
+			w := wins[f]
 			if w == nil {
-				w = &window{fence: e.Fence, replica: e.Replica, start: ts(e.T)}
-				wins[e.Fence] = w
+				w = &Window{Replica: name, Fence: f}
+				wins[f] = w
 			}
-			if w.replica != e.Replica {
-				bad("fence %d issued to both %s and %s", e.Fence, w.replica, e.Replica)
+			return w
+		}
+		var high int64
+		grow := func(f int64, what string) {
+			if f < high {
+				bad("%s: fence %d (%s) after fence %d: fences of one replica must only grow", name, f, what, high)
 			}
-			if d := ts(e.Deadline); d.After(w.end) && !w.ended {
-				w.end = d
+			high = max(high, f)
+			if o, ok := owner[f]; ok && o != name {
+				bad("fence %d seen by both %s and %s", f, o, name)
 			}
-		case EvEnded:
-			if w := wins[e.Fence]; w != nil && ts(e.T).Before(w.end) {
-				w.end, w.ended = ts(e.T), true
+			owner[f] = name
+		}
+		for _, e := range evs {
+			switch e.Kind {
+			case EvBelief:
+				beliefs = append(beliefs, e)
+				if e.OK {
+					grow(e.Fence, "IsLeader")
+				}
+			case EvRun:
+				grow(e.Fence, "fn")
+			case EvObserved:
+				st.Observed++
 			}
 		}
-	}
-	var ws []*window
-	for _, w := range wins {
-		if w.end.After(w.start) { // else never believed: confirmed too late
-			ws = append(ws, w)
+		// IsLeader component.
+		deadline := map[int64][]Event{} // true readings by fence
+		for i := 0; i < len(beliefs); {
+			e := beliefs[i]
+			if !e.OK {
+				i++
+				continue
+			}
+			f := e.Fence
+			first, last := i, i
+			for j := i + 1; j < len(beliefs); j++ {
+				if beliefs[j].OK && beliefs[j].Fence == f {
+					if last != j-1 {
+						bad("%s: IsLeader for fence %d turned false (reading at %v) and true again (%v)", name, f,
+							ts(beliefs[last+1].B).Format(time.StampMicro), ts(beliefs[j].B).Format(time.StampMicro))
+					}
+					last = j
+				}
+			}
+			for j := first; j <= last; j++ {
+				if beliefs[j].OK && beliefs[j].Fence == f {
+					deadline[f] = append(deadline[f], beliefs[j])
+				}
+			}
+			w := win(f)
+			start := p.Started
+			if first > 0 {
+				start = ts(beliefs[first-1].B)
+			}
+			end := gone
+			if last+1 < len(beliefs) {
+				end = ts(beliefs[last+1].A)
+			}
+			lastLive := ts(beliefs[last].A)
+			if e, ok := endInStop(lastLive, end, p.Pauses, deadline[f]); ok {
+				end = e
+				st.EndsInStop++
+			}
+			extend(w, start, end, ts(beliefs[first].A))
+			i = last + 1
 		}
-	}
-	sort.Slice(ws, func(i, j int) bool { return ws[i].fence < ws[j].fence })
-	st.Tenures = len(ws)
-
-	// 3. Fences strictly increase: no fence is issued twice (above), each
-	// replica's fences increase, and with clocks within the bound a higher
-	// fence is acquired later. (With wild clocks a replica may start to
-	// believe in a fence after a newer one was issued: the write that
-	// issued it was earlier, its answer arrived later.)
-	byStart := append([]*window(nil), ws...)
-	sort.Slice(byStart, func(i, j int) bool { return byStart[i].start.Before(byStart[j].start) })
-	lastOf := map[string]int64{}
-	for _, w := range byStart {
-		if w.fence <= lastOf[w.replica] {
-			bad("%s acquired fence %d after fence %d", w.replica, w.fence, lastOf[w.replica])
+		// Leader-context component: from fn's entry to the first moment it
+		// was seen ended, or fn's return, whichever came first.
+		type call struct {
+			run      Event
+			end, ret int64
 		}
-		lastOf[w.replica] = w.fence
-	}
-	for i := 1; i < len(ws) && !in.Wild; i++ {
-		if !ws[i].start.After(ws[i-1].start) {
-			bad("fence %d (%s) acquired at %v, not after fence %d (%s) at %v",
-				ws[i].fence, ws[i].replica, ws[i].start.Format(time.StampMicro), ws[i-1].fence, ws[i-1].replica, ws[i-1].start.Format(time.StampMicro))
-		}
-	}
-
-	// 4. With clocks within the bound, leadership windows do not overlap.
-	if !in.Wild {
-		for i := range ws {
-			for j := i + 1; j < len(ws); j++ {
-				a, b := ws[i], ws[j]
-				if a.start.Before(b.end) && b.start.Before(a.end) {
-					bad("leadership of fence %d (%s, %v to %v) overlaps fence %d (%s, %v to %v) by %v",
-						a.fence, a.replica, a.start.Format(time.StampMicro), a.end.Format(time.StampMicro),
-						b.fence, b.replica, b.start.Format(time.StampMicro), b.end.Format(time.StampMicro),
-						overlap(a, b))
+		calls := map[string]*call{}
+		var order []*call
+		for _, e := range evs {
+			key := fmt.Sprintf("%d/%s", e.Fence, e.Slot)
+			switch e.Kind {
+			case EvRun:
+				c := &call{run: e}
+				calls[key] = c
+				order = append(order, c)
+				st.Runs++
+			case EvCtxEnd:
+				if c := calls[key]; c != nil && c.end == 0 {
+					c.end = e.A
+				}
+			case EvReturn:
+				if c := calls[key]; c != nil && c.ret == 0 {
+					c.ret = e.A
 				}
 			}
 		}
+		for _, c := range order {
+			if !c.run.OK {
+				continue // handed an already ended context
+			}
+			entry := ts(c.run.B)
+			end := gone
+			if c.ret != 0 {
+				end = ts(c.ret)
+			}
+			if c.end != 0 && ts(c.end).Before(end) {
+				end = ts(c.end)
+			}
+			if e, ok := endInStop(entry, end, p.Pauses, deadline[c.run.Fence]); ok {
+				end = e
+				st.EndsInStop++
+				if c.end != 0 && c.ret == 0 || c.end != 0 && c.end < c.ret {
+					st.CtxLiveAfterWake++
+				}
+			}
+			extend(win(c.run.Fence), entry, end, entry)
+		}
+		for _, w := range wins {
+			out = append(out, w)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Fence < out[j].Fence })
+	return out
+}
+
+func extend(w *Window, start, end, seen time.Time) {
+	if w.Start.IsZero() || start.Before(w.Start) {
+		w.Start = start
+	}
+	if end.After(w.End) {
+		w.End = end
+	}
+	if w.Seen.IsZero() || seen.Before(w.Seen) {
+		w.Seen = seen
+	}
+}
+
+// endInStop places the end of a component last seen live at lastLive and
+// seen ended at end when the replica was stopped (SIGSTOP) in between: no
+// code of it could run then, so no user could see anything. If the
+// deadline it last read before the stop passed before SIGCONT, the end is
+// placed there (IsLeader is false past it: readings after SIGCONT check
+// that). Otherwise the end stays at the first reading that saw it ended.
+func endInStop(lastLive, end time.Time, pauses []Interval, trues []Event) (time.Time, bool) {
+	for _, p := range pauses {
+		if p.To.IsZero() || p.From.Before(lastLive) || p.To.After(end) {
+			continue
+		}
+		var d int64
+		for _, t := range trues {
+			if time.Unix(0, t.A).Before(p.From) {
+				d = max(d, t.Deadline)
+			}
+		}
+		if d == 0 {
+			return end, false
+		}
+		if dl := time.Unix(0, d); dl.Before(p.To) {
+			if dl.Before(lastLive) {
+				dl = lastLive
+			}
+			return dl, true
+		}
+		return end, false
+	}
+	return end, false
+}
+
+// Check returns every violation of the guarantees found in a history. It
+// judges what the replicas' user code saw (IsLeader readings, leader
+// contexts, fn calls, what each guard form accepted, what RunSchedule
+// returned) and the sink; the observer's events are counted, not used.
+func Check(in CheckInput) (violations []string, st Stats) {
+	bad := func(format string, args ...any) { violations = append(violations, fmt.Sprintf(format, args...)) }
+	ts := func(ns int64) time.Time { return time.Unix(0, ns) }
+	stamp := func(t time.Time) string { return t.Format(time.StampMicro) }
+	st.ByForm = map[string]int{}
+	t := in.Timing
+
+	ws := Windows(in, bad, &st)
+	st.Tenures = len(ws)
+
+	// 1. Leadership windows of different replicas never overlap while
+	// clocks are within the bound. With wild clocks they may; but in every
+	// run, a replica's belief in a fence outlasts the moment a newer fence
+	// was certainly written (seen by another replica) by less than its own
+	// deadline allows: the deadline is at most 0.9 lease after its last
+	// confirmed write, which came before the newer fence's. Half a lease
+	// more is left for a loaded machine's readings.
+	staleBound := t.Lease + t.Lease/2
+	for i := range ws {
+		for j := i + 1; j < len(ws); j++ {
+			a, b := ws[i], ws[j] // a.Fence < b.Fence
+			if a.Replica == b.Replica {
+				continue
+			}
+			if a.Start.Before(b.End) && b.Start.Before(a.End) {
+				ov := minTime(a.End, b.End).Sub(maxTime(a.Start, b.Start))
+				if in.Wild {
+					st.WildOverlaps++
+					st.MaxWildOverlap = max(st.MaxWildOverlap, ov)
+				} else {
+					bad("%s's window for fence %d (%s to %s) overlaps %s's for fence %d (%s to %s) by %v",
+						a.Replica, a.Fence, stamp(a.Start), stamp(a.End), b.Replica, b.Fence, stamp(b.Start), stamp(b.End), ov)
+				}
+			}
+			if late := a.End.Sub(b.Seen); late > staleBound {
+				bad("%s still believed in fence %d %v after %s was seen leading with fence %d (at %s); the bound is %v",
+					a.Replica, a.Fence, late, b.Replica, b.Fence, stamp(b.Seen), staleBound)
+			}
+		}
 	}
 
-	// 1. The sink never accepted a fence lower than one it had accepted.
-	// 2. It has at most one effect per slot.
-	slots := map[string]SinkEntry{}
+	// 2. No guard accepts a stale fence. The sink's log is in write order:
+	// the atomic forms keep (Put, Update) or check against (TransactWrite,
+	// Commit) the fence high-water mark, so their fences never go down.
+	// TransactWrite, Commit, Check and Do compare with the lease item: none
+	// may accept a fence once a newer one was certainly written before the
+	// call began.
 	var high int64
+	slots := map[string]SinkEntry{}
+	inSink := map[SinkEntry]bool{}
 	for i, e := range in.Sink {
-		if e.Fence < high {
-			bad("sink entry %d: fence %d (slot %s, %s) accepted after fence %d", i, e.Fence, e.Slot, e.Replica, high)
+		st.ByForm[e.Form]++
+		inSink[e] = true
+		if Atomic(e.Form) {
+			if e.Fence < high {
+				bad("sink entry %d: %s accepted fence %d (slot %s, %s) after fence %d", i, e.Form, e.Fence, e.Slot, e.Replica, high)
+			}
+			high = max(high, e.Fence)
 		}
-		high = max(high, e.Fence)
 		if prev, ok := slots[e.Slot]; ok {
 			bad("slot %s has two effects: fence %d (%s) and fence %d (%s)", e.Slot, prev.Fence, prev.Replica, e.Fence, e.Replica)
 		}
 		slots[e.Slot] = e
 	}
 	st.Effects = len(in.Sink)
-
-	// 6. Nothing lost, nothing invented: the sink and the run items agree
-	// with what replicas reported.
+	newer := func(f int64, before time.Time) *Window {
+		for _, w := range ws {
+			if w.Fence > f && w.Seen.Before(before) {
+				return w
+			}
+		}
+		return nil
+	}
 	attempted := map[SinkEntry]bool{}
+	fnCalls := map[string][]Event{}
+	for _, e := range in.Events {
+		switch e.Kind {
+		case EvRun:
+			fnCalls[e.Slot] = append(fnCalls[e.Slot], e)
+			for _, form := range forms {
+				attempted[SinkEntry{Fence: e.Fence, Slot: e.Slot, Replica: e.Replica, Form: form}] = true
+			}
+		case EvEffect:
+			accepted := e.OK
+			if !Atomic(e.Form) {
+				accepted = e.Info == "checked"
+			}
+			if accepted && e.Form != FormPut && e.Form != FormUpdate {
+				if w := newer(e.Fence, ts(e.B)); w != nil {
+					bad("%s: %s accepted fence %d for slot %s at %s, but fence %d (%s) was seen at %s",
+						e.Replica, e.Form, e.Fence, e.Slot, stamp(ts(e.B)), w.Fence, w.Replica, stamp(w.Seen))
+				}
+			}
+			if e.OK && !inSink[SinkEntry{Fence: e.Fence, Slot: e.Slot, Replica: e.Replica, Form: e.Form}] {
+				bad("%s reported its %s effect for slot %s (fence %d) accepted, but the sink does not have it", e.Replica, e.Form, e.Slot, e.Fence)
+			}
+			if !e.OK && strings.HasPrefix(e.Err, "stale") {
+				st.Refused++
+			}
+		}
+	}
+	for _, s := range in.Sink {
+		if !attempted[s] {
+			bad("the sink has a %s effect for slot %s (fence %d, %s) that no fn call made", s.Form, s.Slot, s.Fence, s.Replica)
+		}
+	}
+
+	// 3. NeverRerun: fn is called at most once per slot, whatever the
+	// sink would deduplicate.
+	for slot, calls := range fnCalls {
+		if len(calls) > 1 {
+			var who []string
+			for _, c := range calls {
+				who = append(who, fmt.Sprintf("%s (fence %d, %s)", c.Replica, c.Fence, stamp(ts(c.B))))
+			}
+			bad("fn called %d times for slot %s: %s", len(calls), slot, strings.Join(who, ", "))
+		}
+	}
+
+	// 4. Run items agree with what replicas reported.
 	succeeded := map[string]int64{}
 	runs := map[string]ddblease.RunRecord{}
 	for _, r := range in.Runs {
@@ -145,46 +417,39 @@ func Check(in CheckInput) (violations []string, st Stats) {
 		}
 	}
 	for _, e := range in.Events {
-		switch e.Kind {
-		case EvRun:
-			// The effect may land even if the replica dies before it
-			// records the outcome.
-			attempted[SinkEntry{Fence: e.Fence, Slot: e.Slot, Replica: e.Replica}] = true
-			st.Runs++
-		case EvEffect:
-			if e.OK {
-				if s, ok := slots[e.Slot]; !ok || s.Fence != e.Fence || s.Replica != e.Replica {
-					bad("%s reported its effect for slot %s (fence %d) accepted, but the sink does not have it", e.Replica, e.Slot, e.Fence)
-				}
-			} else if strings.HasPrefix(e.Err, "stale") {
-				st.Refused++
+		if e.Kind != EvFinished || !e.OK {
+			continue
+		}
+		r, ok := runs[e.Slot]
+		switch {
+		case !ok:
+			bad("%s finished slot %s (fence %d), but no run item exists", e.Replica, e.Slot, e.Fence)
+		case r.Fence != e.Fence || r.Status == ddblease.RunRunning:
+			bad("%s finished slot %s (fence %d), but the run item says fence %d, %s", e.Replica, e.Slot, e.Fence, r.Fence, r.Status)
+		}
+		if r.Status == ddblease.RunSucceeded {
+			if f, dup := succeeded[e.Slot]; dup && f != e.Fence {
+				bad("slot %s succeeded twice: fences %d and %d", e.Slot, f, e.Fence)
 			}
-		case EvFinished:
-			if !e.OK {
-				continue
-			}
-			r, ok := runs[e.Slot]
-			switch {
-			case !ok:
-				bad("%s finished slot %s (fence %d), but no run item exists", e.Replica, e.Slot, e.Fence)
-			case r.Fence != e.Fence || r.Status == ddblease.RunRunning:
-				bad("%s finished slot %s (fence %d), but the run item says fence %d, %s", e.Replica, e.Slot, e.Fence, r.Fence, r.Status)
-			}
-			if r.Status == ddblease.RunSucceeded {
-				if f, dup := succeeded[e.Slot]; dup && f != e.Fence {
-					bad("slot %s succeeded twice: fences %d and %d", e.Slot, f, e.Fence)
-				}
-				succeeded[e.Slot] = e.Fence
-			}
-		case EvExit:
-			if !e.OK {
-				bad("%s: RunSchedule returned an error: %s", e.Replica, e.Err)
-			}
+			succeeded[e.Slot] = e.Fence
 		}
 	}
-	for _, s := range in.Sink {
-		if !attempted[s] {
-			bad("the sink has an effect for slot %s (fence %d, %s) that no replica attempted", s.Slot, s.Fence, s.Replica)
+
+	// 5. Nothing silent: every process that was not killed recorded what
+	// RunSchedule returned; nil is clean; ErrDrainTimeout and
+	// ErrNotResigned and a stop while every attempt was failing are
+	// reported outcomes, allowed only for a replica
+	// whose proxy injected faults or which was stopped within a lease of
+	// its shutdown; anything else is a failure. No replica panicked, raced
+	// or exited badly, and each was built as the suite was (race or not).
+	exits := map[string]Event{}
+	starts := map[string]Event{}
+	for _, e := range in.Events {
+		switch e.Kind {
+		case EvExit:
+			exits[e.Replica] = e
+		case EvStart:
+			starts[e.Replica] = e
 		}
 	}
 	for _, p := range in.Procs {
@@ -194,21 +459,54 @@ func Check(in CheckInput) (violations []string, st Stats) {
 		if !p.Killed && p.Err != nil {
 			bad("%s exited with %v:\n%s", p.Name, p.Err, p.Stderr)
 		}
+		if s, ok := starts[p.Name]; ok && s.OK != in.Race {
+			bad("%s: race detector %v in the replica, %v in the suite: the replica is not the suite's binary", p.Name, s.OK, in.Race)
+		}
+		if p.Killed {
+			continue
+		}
+		e, ok := exits[p.Name]
+		switch {
+		case !ok:
+			bad("%s exited without recording what RunSchedule returned", p.Name)
+		case e.Err == "":
+		case strings.HasPrefix(e.Err, ExitDrainTimeout), strings.HasPrefix(e.Err, ExitNotResigned), strings.HasPrefix(e.Err, ExitStoppedFailing):
+			switch {
+			case !faultNear(p, t.Lease):
+				bad("%s: RunSchedule returned %q with no fault on the replica near its shutdown at %s", p.Name, e.Err, stamp(p.TermedAt))
+			case strings.HasPrefix(e.Err, ExitDrainTimeout):
+				st.DrainTimeouts++
+			case strings.HasPrefix(e.Err, ExitNotResigned):
+				st.NotResigned++
+			default:
+				st.StoppedFailing++
+			}
+		default:
+			bad("%s: RunSchedule returned an error: %s", p.Name, e.Err)
+		}
 	}
 
-	// 5. Liveness: after the faults, a leader within lease + skew + retry
-	// (and slack for a loaded machine), and every slot due after that run.
-	if !in.Wild && !in.QuietFrom.IsZero() {
-		t := in.Timing
-		by := in.QuietFrom.Add(t.Lease + t.Skew + t.Retry + t.Lease)
+	// 6. Liveness: after the faults, IsLeader is seen true within lease +
+	// skew + retry and a lease more for a loaded machine, and every slot
+	// due after that has a succeeded run and an effect.
+	quiet := in.QuietFrom
+	for _, s := range in.Stalls {
+		st.Stalls++
+		st.MaxStall = max(st.MaxStall, s.To.Sub(s.From))
+		if !quiet.IsZero() && s.To.After(quiet) {
+			quiet = s.To // a stall is a fault: liveness counts from its end
+		}
+	}
+	if !in.Wild && !quiet.IsZero() {
+		by := quiet.Add(2*t.Lease + t.Skew + t.Retry)
 		led := false
-		for _, w := range ws {
-			if !w.start.After(by) && w.end.After(by) {
+		for _, e := range in.Events {
+			if e.Kind == EvBelief && e.OK && !ts(e.A).After(by) && !ts(e.B).Before(quiet) {
 				led = true
 			}
 		}
 		if !led {
-			bad("no leader at %v, %v after the faults stopped", by.Format(time.StampMicro), by.Sub(in.QuietFrom))
+			bad("no replica saw itself leading between %s and %s (%v after the faults stopped)", stamp(quiet), stamp(by), by.Sub(quiet))
 		}
 		sched := ddblease.Every(t.Slot)
 		for s := sched.Next(by); s.Before(in.End.Add(-t.Slot - t.Lease)); s = sched.Next(s) {
@@ -224,13 +522,38 @@ func Check(in CheckInput) (violations []string, st Stats) {
 	return violations, st
 }
 
-func overlap(a, b *window) time.Duration {
-	end, start := a.end, a.start
-	if b.end.Before(end) {
-		end = b.end
+// faultNear reports whether p's proxy injected faults, or p was stopped,
+// between a lease before its SIGTERM and its exit.
+func faultNear(p ProcExit, lease time.Duration) bool {
+	if p.TermedAt.IsZero() {
+		return false
 	}
-	if b.start.After(start) {
-		start = b.start
+	from, to := p.TermedAt.Add(-lease), p.ExitedAt
+	if to.IsZero() {
+		to = p.TermedAt.Add(time.Hour)
 	}
-	return end.Sub(start)
+	for _, iv := range append(append([]Interval(nil), p.NetFaults...), p.Pauses...) {
+		end := iv.To
+		if end.IsZero() {
+			end = to
+		}
+		if iv.From.Before(to) && end.After(from) {
+			return true
+		}
+	}
+	return false
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

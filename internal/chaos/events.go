@@ -20,17 +20,30 @@ type Event struct {
 	Deadline int64  `json:"deadline,omitempty"` // real time, Unix ns
 	OK       bool   `json:"ok,omitempty"`
 	Err      string `json:"err,omitempty"`
+	// B and A bracket a reading (EvBelief, EvCtxEnd) or a call (EvEffect,
+	// EvRun, EvReturn): real times, Unix ns, taken just before and just
+	// after it.
+	B    int64  `json:"b,omitempty"`
+	A    int64  `json:"a,omitempty"`
+	Form string `json:"form,omitempty"` // EvEffect: the guard form used
+	Info string `json:"info,omitempty"` // EvObserved: the event kind
 }
 
 // Event kinds.
 const (
-	EvStart    = "start"    // process started
-	EvTenure   = "tenure"   // a tenure's local deadline, in real time
-	EvEnded    = "ended"    // a tenure ended
-	EvRun      = "run"      // fn called for a slot
-	EvEffect   = "effect"   // guarded side effect: OK if the sink accepted it
+	EvStart = "start" // process started; OK if it is race-enabled
+	// EvBelief is one reading of IsLeader (State): OK if leader, Fence the
+	// tenure's fence then (0 if not leader), Deadline the State's deadline
+	// in real time. Only the readings on either side of a change are
+	// recorded.
+	EvBelief   = "belief"
+	EvRun      = "run"      // fn called for a slot (B: entry); OK if its context was live
+	EvCtxEnd   = "ctx-end"  // a leader context seen ended (A: an upper bound of its end)
+	EvReturn   = "return"   // fn returned (A: after the last use of its context)
+	EvEffect   = "effect"   // side effect through a guard form: OK if accepted; B: call start
 	EvFinished = "finished" // run recorded as finished (OK) or refused
-	EvExit     = "exit"     // RunSchedule returned
+	EvExit     = "exit"     // RunSchedule returned (Err: what it returned)
+	EvObserved = "observed" // an observer event, for information only
 )
 
 // Recorder appends events to a file, one JSON object a line. Each event is

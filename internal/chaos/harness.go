@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -38,6 +39,9 @@ type Result struct {
 	Violations []string
 	Faults     map[string]int // injected, by kind (proxy faults and signals)
 	Stats      Stats
+	// Transactions: the server has them, so TransactWrite and Commit ran;
+	// without them their slots used Update.
+	Transactions bool
 }
 
 type proc struct {
@@ -50,6 +54,10 @@ type proc struct {
 	paused bool
 	killed bool
 	termed bool
+
+	// What the checker needs to know of the process's life, in real time.
+	started, killedAt, termedAt, exitedAt time.Time
+	pauses, netFaults                     []Interval
 }
 
 type pending struct {
@@ -69,6 +77,8 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 	}
 	job := "chaos"
 	res := &Result{Plan: plan, Faults: map[string]int{}}
+	txn := probeTransactions(ctx, db, table)
+	res.Transactions = txn
 	var procs []*proc
 	var proxies []*Proxy
 	defer func() {
@@ -97,7 +107,8 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 			Name: name, Endpoint: px.URL(), Table: table, Sink: sink, Job: job,
 			Lease: t.Lease, Heartbeat: t.Heartbeat, Retry: t.Retry, Skew: t.Skew, Drain: t.Drain, Call: t.Call,
 			Slot: t.Slot, Work: t.Work, Offset: off, DriftPPM: drift,
-			Events: filepath.Join(h.Dir, name+".events"),
+			Events:       filepath.Join(h.Dir, name+".events"),
+			Transactions: txn,
 		}
 		js, _ := json.Marshal(cfg)
 		p := &proc{name: name, proxy: px, stderr: filepath.Join(h.Dir, name+".stderr"), done: make(chan struct{})}
@@ -112,8 +123,10 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 			errf.Close()
 			return nil, err
 		}
+		p.started = time.Now()
 		go func() {
 			p.err = p.cmd.Wait()
+			p.exitedAt = time.Now()
 			errf.Close()
 			close(p.done)
 		}()
@@ -156,6 +169,7 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 		}
 	}
 	t0 := time.Now()
+	stalls := watchStalls()
 	var queue []pending
 	for _, s := range plan.Steps {
 		queue = append(queue, pending{at: t0.Add(s.At), do: h.stepFunc(s, pick, start, &queue, res)})
@@ -164,9 +178,9 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 	queue = append(queue, pending{at: t0.Add(plan.Faulty), do: func() {
 		for _, p := range procs {
 			p.proxy.Set(Faults{})
+			endNet(p)
 			if p.paused {
-				_ = p.cmd.Process.Signal(syscall.SIGCONT)
-				p.paused = false
+				resume(p)
 			}
 		}
 		for len(running()) < 2 {
@@ -195,6 +209,9 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 	for _, p := range procs {
 		if !exited(p) {
 			_ = p.cmd.Process.Signal(syscall.SIGCONT)
+			if !p.termed {
+				p.termed, p.termedAt = true, time.Now()
+			}
 			_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		}
 	}
@@ -213,7 +230,7 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 		}
 	}
 
-	in := CheckInput{Timing: h.Timing, Wild: plan.Wild, QuietFrom: quietFrom, End: end}
+	in := CheckInput{Timing: h.Timing, Wild: plan.Wild, QuietFrom: quietFrom, End: end, Race: RaceEnabled, Stalls: stalls()}
 	for _, p := range procs {
 		evs, err := ReadEvents(filepath.Join(h.Dir, p.name+".events"))
 		if err != nil && !os.IsNotExist(err) {
@@ -221,7 +238,8 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 		}
 		in.Events = append(in.Events, evs...)
 		stderr, _ := os.ReadFile(p.stderr)
-		in.Procs = append(in.Procs, ProcExit{Name: p.name, Killed: p.killed, Err: p.err, Stderr: string(stderr)})
+		in.Procs = append(in.Procs, ProcExit{Name: p.name, Killed: p.killed, Err: p.err, Stderr: string(stderr),
+			Started: p.started, KilledAt: p.killedAt, TermedAt: p.termedAt, ExitedAt: p.exitedAt, Pauses: p.pauses, NetFaults: p.netFaults})
 	}
 	var err error
 	if in.Sink, err = readSink(ctx, db, sink, job); err != nil {
@@ -237,6 +255,92 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 	res.Violations = append(res.Violations, v...)
 	res.Stats = stats
 	return res, nil
+}
+
+// watchStalls starts watching the suite's own process for stalls: a
+// ticker every 5 ms arriving more than 250 ms late means that the process
+// (the server and the proxies run in it) or the whole machine did not run
+// for that long. The returned function stops the watch and lists them.
+func watchStalls() func() []Interval {
+	var (
+		mu     sync.Mutex
+		stalls []Interval
+	)
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		last := time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-t.C:
+				now = time.Now()
+				if now.Sub(last) > 250*time.Millisecond {
+					mu.Lock()
+					stalls = append(stalls, Interval{From: last, To: now})
+					mu.Unlock()
+				}
+				last = now
+			}
+		}
+	}()
+	return func() []Interval {
+		close(done)
+		<-finished
+		mu.Lock()
+		defer mu.Unlock()
+		return stalls
+	}
+}
+
+// Interval is a span of real time; a zero To means it lasted to the end.
+type Interval struct{ From, To time.Time }
+
+// resume sends SIGCONT to a stopped p; the stop ends when the signal is
+// about to be sent, as the process may run at once.
+func resume(p *proc) {
+	p.pauses[len(p.pauses)-1].To = time.Now()
+	_ = p.cmd.Process.Signal(syscall.SIGCONT)
+	p.paused = false
+}
+
+// stoppedAt waits (up to a second) until the process is stopped, as
+// /proc reports it, and returns the time it was seen so (or gone); if it
+// is not seen stopped, the time after a second.
+func stoppedAt(pid int) time.Time {
+	path := fmt.Sprintf("/proc/%d/stat", pid)
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return time.Now() // gone: it runs no more
+		}
+		// The state follows the command name, which is in parentheses.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't') {
+			return time.Now()
+		}
+	}
+	time.Sleep(time.Second)
+	return time.Now()
+}
+
+// endNet closes p's open network-fault interval, if any.
+func endNet(p *proc) {
+	if n := len(p.netFaults); n > 0 && p.netFaults[n-1].To.IsZero() {
+		p.netFaults[n-1].To = time.Now()
+	}
+}
+
+// probeTransactions reports whether the server runs TransactWriteItems.
+func probeTransactions(ctx context.Context, db *dynamodb.Client, table string) bool {
+	_, err := db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{{
+		Put: &types.Put{TableName: aws.String(table), Item: map[string]types.AttributeValue{
+			"pk": &types.AttributeValueMemberS{Value: "probe#transactions"}}},
+	}}})
+	return err == nil
 }
 
 func exited(p *proc) bool {
@@ -261,7 +365,7 @@ func (h *Harness) stepFunc(s Step, pick func(int) (*proc, int), start func() (*p
 				return
 			}
 			_ = p.cmd.Process.Kill()
-			p.killed = true
+			p.killed, p.killedAt = true, time.Now()
 			res.Faults["sigkill"]++
 			*queue = append(*queue, pending{at: time.Now().Add(s.Dur), do: func() { _, _ = start() }})
 		case ActDeploy:
@@ -269,8 +373,8 @@ func (h *Harness) stepFunc(s Step, pick func(int) (*proc, int), start func() (*p
 				res.Violations = append(res.Violations, "could not start a replica: "+err.Error())
 				return
 			}
+			p.termed, p.termedAt = true, time.Now()
 			_ = p.cmd.Process.Signal(syscall.SIGTERM)
-			p.termed = true
 			res.Faults["sigterm"]++
 		case ActPause:
 			if live < 2 {
@@ -278,17 +382,21 @@ func (h *Harness) stepFunc(s Step, pick func(int) (*proc, int), start func() (*p
 			}
 			_ = p.cmd.Process.Signal(syscall.SIGSTOP)
 			p.paused = true
+			// The stop counts from when the process is seen stopped: it
+			// may run a little after the signal is sent.
+			p.pauses = append(p.pauses, Interval{From: stoppedAt(p.cmd.Process.Pid)})
 			res.Faults["sigstop"]++
 			*queue = append(*queue, pending{at: time.Now().Add(s.Dur), do: func() {
 				if p.paused {
-					_ = p.cmd.Process.Signal(syscall.SIGCONT)
-					p.paused = false
+					resume(p)
 				}
 			}})
 		case ActNet:
+			endNet(p)
+			p.netFaults = append(p.netFaults, Interval{From: time.Now()})
 			p.proxy.Set(s.Faults)
 			res.Faults["net-phase"]++
-			*queue = append(*queue, pending{at: time.Now().Add(s.Dur), do: func() { p.proxy.Set(Faults{}) }})
+			*queue = append(*queue, pending{at: time.Now().Add(s.Dur), do: func() { p.proxy.Set(Faults{}); endNet(p) }})
 		}
 	}
 }
@@ -298,6 +406,7 @@ type SinkEntry struct {
 	Fence   int64
 	Slot    string
 	Replica string
+	Form    string
 }
 
 func readSink(ctx context.Context, db *dynamodb.Client, sink, job string) ([]SinkEntry, error) {
@@ -329,6 +438,9 @@ func readSink(ctx context.Context, db *dynamodb.Client, sink, job string) ([]Sin
 		if s, ok := m.Value["replica"].(*types.AttributeValueMemberS); ok {
 			e.Replica = s.Value
 		}
+		if s, ok := m.Value["form"].(*types.AttributeValueMemberS); ok {
+			e.Form = s.Value
+		}
 		entries = append(entries, e)
 	}
 	return entries, nil
@@ -346,5 +458,8 @@ func readRuns(ctx context.Context, db *dynamodb.Client, table, job string, slot 
 func (r *Result) Describe() string {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "seed %d wild=%v: %+v faults=%v", r.Plan.Seed, r.Plan.Wild, r.Stats, r.Faults)
+	if !r.Transactions {
+		b.WriteString(" (the server has no transactions: TransactWrite and Commit skipped, their slots used Update)")
+	}
 	return b.String()
 }
