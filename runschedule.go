@@ -288,17 +288,10 @@ func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed i
 			return false, nil
 		}
 	}
-	fnErr := r.call(ctx, fence, run)
-	if fnErr != nil && ctx.Err() != nil && (errors.Is(fnErr, context.Canceled) || errors.Is(fnErr, context.DeadlineExceeded)) {
-		fnErr = fmt.Errorf("%w (%v)", fnErr, context.Cause(ctx))
-	}
-	if fnErr != nil {
-		l.log.Warn("ddblease: job run failed", "slot", run.id, "fence", fence, "err", fnErr)
-	}
 	// A run whose outcome could not be recorded is not handled: the slot
 	// stays due, so that a newer tenure's catch-up finds the run left
 	// running and marks it abandoned.
-	return r.finish(ctx, fence, run, fnErr), nil
+	return r.runAndFinish(ctx, fence, run), nil
 }
 
 // call calls fn for run. If fn panics, the run is recorded as failed with

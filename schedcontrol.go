@@ -199,9 +199,10 @@ func (r *runner) catchUp(ctx context.Context, fence int64, c Control) {
 	delete(r.ctl.tokens, c.catchUp)
 }
 
-// runAndFinish runs fn for a claimed run and records its outcome, as fire
-// does (a panic in fn is recorded and goes on, through r.call).
-func (r *runner) runAndFinish(ctx context.Context, fence int64, run *JobRun) {
+// runAndFinish runs fn for a claimed run and records its outcome (a panic
+// in fn is recorded and goes on, through r.call). It reports whether the
+// outcome is recorded.
+func (r *runner) runAndFinish(ctx context.Context, fence int64, run *JobRun) bool {
 	fnErr := r.call(ctx, fence, run)
 	if fnErr != nil && ctx.Err() != nil && (errors.Is(fnErr, context.Canceled) || errors.Is(fnErr, context.DeadlineExceeded)) {
 		fnErr = fmt.Errorf("%w (%v)", fnErr, context.Cause(ctx))
@@ -209,7 +210,7 @@ func (r *runner) runAndFinish(ctx context.Context, fence int64, run *JobRun) {
 	if fnErr != nil {
 		r.l.log.Warn("ddblease: job run failed", "slot", run.id, "fence", fence, "err", fnErr)
 	}
-	r.finish(ctx, fence, run, fnErr)
+	return r.finish(ctx, fence, run, fnErr)
 }
 
 // skip records slot as skipped by the pause. It reports whether the slot
