@@ -27,7 +27,7 @@ func (l *Lease) acquire(ctx context.Context) (fence int64, failing bool, err err
 	succeeded := false
 	// Failed attempts back off, so that a standby facing an outage of fast
 	// errors does not hammer the table even when the lease looks takeable.
-	bo := &backoff{base: l.opts.RetryInterval / 10, max: l.opts.RetryInterval}
+	bo := fixed(l.opts.RetryInterval)
 	for {
 		if ctx.Err() != nil {
 			return 0, !succeeded && lastErr != nil, errors.Join(fmt.Errorf("ddblease: acquire %q: %w", l.job, ended(ctx)), lastErr)

@@ -12,9 +12,9 @@ import (
 // each less the common jitter. The standby's poll uses the same jitter.
 //
 // Where each loop waits:
-//   - a failed acquisition or poll: from RetryInterval/10 up to
-//     RetryInterval (the standby's poll itself waits a jittered
-//     RetryInterval, or less when the lease becomes takeable sooner);
+//   - a failed acquisition or poll: RetryInterval (the standby's poll
+//     itself waits a jittered RetryInterval, or less when the lease becomes
+//     takeable sooner);
 //   - a heartbeat: from RetryInterval up to HeartbeatInterval/2, until the
 //     tenure's deadline;
 //   - a resignation, a RunSchedule claim, finish or control read, and a

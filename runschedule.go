@@ -10,11 +10,11 @@ import (
 
 // Limits of the runner's catch-up bookkeeping.
 const (
-	// maxSweep is how many of the slots skipped by a catch-up are read back
-	// (BatchGetItem, 100 slots per request) to count the missed ones and
-	// abandon orphaned runs. Every(1s) skips 900 slots at most in the
-	// default window.
-	maxSweep = 10_000
+	// maxSweep is how many of the slots skipped by a catch-up may be read
+	// back (BatchGetItem, 100 slots per request, latest first) to count the
+	// missed ones and abandon orphaned runs: at most 10 requests at once.
+	// Every(1s) skips 900 slots at most in the default window.
+	maxSweep = 1_000
 	// maxGivenUp is how many given-up claims the runner remembers.
 	maxGivenUp = 100
 	// maxEnumerate bounds the Next calls made to find the due slots.
@@ -39,25 +39,26 @@ const (
 // them is fired, and only if it is at most JobOptions.CatchUpWindow old
 // (default 15 minutes); its claim fails with ErrSlotTaken, and nothing runs,
 // if another tenure already handled it. The older due slots in the window
-// are skipped and read back (BatchGetItem, 100 slots per request, up to
-// 10,000 slots); those without a run after the latest one that has a run
-// are counted as missed (reported as EventSlotsMissed, logged, and
-// recorded in the fired run: RunRecord.Missed, or MissedUnknown if they
-// could not all be read), and runs an older tenure left running are marked
-// abandoned, whatever the RerunPolicy: only the slot being fired may be
-// run again. The first tenure a job ever has (fence 1) counts nothing as
-// missed: no one led before it. Slots older than the window are never
-// fired; if this replica had led before, it logs how many it skipped that
-// way.
+// are skipped and read back, latest first, 100 slots per BatchGetItem,
+// until one with a run is found (at most the latest 1,000); those without
+// a run after the latest one that has a run are counted as missed
+// (reported as EventSlotsMissed, logged, and recorded in the fired run:
+// RunRecord.Missed, or MissedUnknown if they could not be read or none of
+// the 1,000 had a run), and runs an older tenure left running among the
+// slots read are marked abandoned, whatever the RerunPolicy: only the slot
+// being fired may be run again. The first tenure a job ever has (fence 1)
+// counts nothing as missed: no one led before it. Slots older than the
+// window are never fired; if this replica had led before, it logs how
+// many it skipped that way. A slot whose claim keeps failing with
+// transient errors, or whose outcome could not be recorded before the
+// tenure ended, is given up once the next slot is due, and is swept like a
+// missed slot by the catch-up that follows (abandoned if its claim landed).
 //
 // Clock steps. Slots are read off the wall clock (Options.Now). A clock
 // stepped forward fires the slots it passes early (each once: their runs
 // protect them); a clock stepped back behind the last slot handled makes
 // the runner start again from the new time at once, so a slot already run
-// is found taken and not run again, and the next due slot fires on time. A slot whose claim keeps
-// failing with transient errors is given up once the next slot is due, and
-// is swept like a missed slot by the catch-up that follows (abandoned if
-// the claim did land after all).
+// is found taken and not run again, and the next due slot fires on time.
 //
 // Failures. fn's error is recorded in the run (status failed) and logged,
 // and the schedule goes on. A slot whose run item is malformed is logged
@@ -72,7 +73,8 @@ const (
 // to claim each fired slot (a TransactWriteItems with a check on the lease
 // item where the server supports transactions: about four write units
 // instead of one), one UpdateItem to finish it, and one BatchGetItem per
-// 100 slots a catch-up skips (a strongly consistent read per slot).
+// 100 slots a catch-up reads back (at most 10; a strongly consistent read
+// per slot).
 func (l *Lease) RunSchedule(ctx context.Context, sched Schedule, fn func(ctx context.Context, run *JobRun) error,
 	optFns ...func(*JobOptions)) error {
 	if err := checkSchedule(sched); err != nil {

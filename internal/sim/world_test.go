@@ -225,8 +225,8 @@ type replicaState struct {
 // latency is the network's round trip for one request: none (so that a
 // request in flight never makes another goroutine of the handle wait on
 // the handle's mutex while virtual time cannot advance), or 10ms while the
-// replica sends requests in a busy loop (more than 50 in 100ms of virtual
-// time), which is reported as a violation. Without it a client that
+// replica sends requests in a busy loop (more than busyLimit in 100ms of
+// virtual time), which is reported as a violation. Without it a client that
 // retries at once would spin for ever at one instant of virtual time.
 func (r *replicaState) latency(op string) time.Duration {
 	r.mu.Lock()
@@ -236,13 +236,26 @@ func (r *replicaState) latency(op string) time.Duration {
 		r.bucket, r.inBucket = b, 0
 	}
 	r.inBucket++
-	if r.inBucket <= 50 {
+	if r.inBucket <= r.w.busyLimit() {
 		return 0
 	}
 	if r.busy == "" {
-		r.busy = fmt.Sprintf("r%d sent more than 50 requests within 100ms at %v (%s): a retry loop without a wait", r.id, r.w.since(), op)
+		r.busy = fmt.Sprintf("r%d sent more than %d requests within 100ms at %v (%s): a retry loop without a wait",
+			r.id, r.w.busyLimit(), r.w.since(), op)
 	}
 	return 10 * time.Millisecond
+}
+
+// busyLimit is how many requests a replica may send in 100ms of virtual
+// time: 50, or more where the plan's RetryInterval is so short that the
+// library's loops (heartbeat, standby poll, claim and finish retries), each
+// waiting about a RetryInterval, send more. A loop that does not wait at
+// all spins at one instant and passes any limit.
+func (w *world) busyLimit() int {
+	if w.plan.Retry <= 0 {
+		return 50
+	}
+	return max(50, int(8*100*time.Millisecond/w.plan.Retry))
 }
 
 // pausedUntil returns the end of the pause in force at d, or 0.
