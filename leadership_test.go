@@ -307,3 +307,28 @@ func TestPanicInFn(t *testing.T) {
 	assert.NoError(t, err)
 	assert.Equal(t, int64(3), <-fired)
 }
+
+// A standby whose clock is ahead by less than MaxClockSkew, but by more
+// than the holder's safety margin, takes over only once the holder's own
+// deadline has passed: the takeover by expiry waits for MaxClockSkew.
+func TestTakeoverWaitsForTheSkew(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 20*time.Second)
+	table, db := tableAndClient(t)
+	skewed := func(o *ddblease.Options) { o.MaxClockSkew = 500 * time.Millisecond } // above the margin, LeaseDuration/10
+	a := newLease(t, db, table, "job", fast("a"), skewed)
+	var aLeadingAtTakeover atomic.Bool
+	b := newLease(t, db, table, "job", fast("b"), skewed, offset(450*time.Millisecond), func(o *ddblease.Options) {
+		o.Observer = func(e ddblease.Event) {
+			if e.Kind == ddblease.EventAcquired {
+				aLeadingAtTakeover.Store(a.IsLeader())
+			}
+		}
+	})
+	_, err := a.TryAcquire(ctx) // and no heartbeat: a leads until its deadline
+	require.NoError(t, err)
+	fence, err := b.Acquire(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), fence)
+	assert.False(t, aLeadingAtTakeover.Load(), "b took over while a still led")
+}
