@@ -106,6 +106,11 @@ type runner struct {
 	// claims with unknown outcomes: a sweep abandons such a claim if it did
 	// land.
 	givenUp []string
+	// unswept holds skipped slots a catch-up could not read back: they are
+	// read again after each firing, until they are or fall out of the
+	// window, so that a run an older tenure left running there is still
+	// marked abandoned.
+	unswept []time.Time
 	ctl     runnerControl // operator controls (control.go)
 }
 
@@ -130,6 +135,7 @@ func (r *runner) lead(ctx context.Context, fence int64) error {
 		if handled {
 			r.last = slot
 		}
+		r.resweep(ctx, fence)
 		// A slot not handled (given up, or the tenure ended) is due again
 		// at the next catch-up, which fires a later slot and sweeps it.
 	}

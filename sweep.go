@@ -47,6 +47,7 @@ func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n in
 			return err
 		})
 		if err != nil {
+			r.unswept = append(r.unswept[:0], older[:end]...)
 			l.notify.emit(l.event(EventSlotsMissed, Event{Slot: latest, Fence: fence, Missed: -1, Err: err}))
 			return -1
 		}
@@ -59,17 +60,8 @@ func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n in
 				continue
 			}
 			found = true
-			rec, err := decodeRun(item)
-			if err != nil {
-				l.log.Error("ddblease: skipped slot has a malformed run item", "slot", ids[i], "err", err)
-				continue
-			}
-			if rec.Status == RunRunning && (rec.Fence < fence || rec.Fence == fence && slices.Contains(r.givenUp, rec.claim)) {
-				if _, ok, err := l.abandon(ctx, rec, fence); err != nil {
-					l.log.Warn("ddblease: could not mark an orphaned run abandoned", "slot", ids[i], "fence", rec.Fence, "err", err)
-				} else if ok {
-					abandoned++
-				}
+			if r.abandonOrphan(ctx, fence, ids[i], item) {
+				abandoned++
 			}
 		}
 	}
@@ -86,6 +78,55 @@ func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n in
 		l.notify.emit(l.event(EventSlotsMissed, Event{Slot: latest, Fence: fence, Missed: missed}))
 	}
 	return missed
+}
+
+// abandonOrphan marks the run item of slot id abandoned if an older tenure
+// left it running, or this one claimed and gave it up. It reports whether
+// it did.
+func (r *runner) abandonOrphan(ctx context.Context, fence int64, id string, item map[string]types.AttributeValue) bool {
+	l := r.l
+	rec, err := decodeRun(item)
+	if err != nil {
+		l.log.Error("ddblease: skipped slot has a malformed run item", "slot", id, "err", err)
+		return false
+	}
+	if rec.Status != RunRunning || !(rec.Fence < fence || rec.Fence == fence && slices.Contains(r.givenUp, rec.claim)) {
+		return false
+	}
+	_, ok, err := l.abandon(ctx, rec, fence)
+	if err != nil {
+		l.log.Warn("ddblease: could not mark an orphaned run abandoned", "slot", id, "fence", rec.Fence, "err", err)
+	}
+	return ok
+}
+
+// resweep reads back the slots a catch-up could not, those still in the
+// window, and marks orphaned runs among them abandoned; what it cannot read
+// it keeps for the next time.
+func (r *runner) resweep(ctx context.Context, fence int64) {
+	if len(r.unswept) == 0 || ctx.Err() != nil {
+		return
+	}
+	floor := r.l.opts.Now().Add(-r.o.CatchUpWindow)
+	slots := slices.DeleteFunc(r.unswept, func(s time.Time) bool { return s.Before(floor) })
+	r.unswept = nil
+	for start := 0; start < len(slots); start += 100 {
+		chunk := slots[start:min(start+100, len(slots))]
+		ids := make([]string, len(chunk))
+		for i, s := range chunk {
+			ids[i] = fmtSlot(s)
+		}
+		items, err := r.l.getRuns(ctx, ids)
+		if err != nil {
+			r.unswept = slots[start:]
+			return
+		}
+		for _, id := range ids {
+			if item, ok := items[runItemKey(r.l.job, id)]; ok {
+				r.abandonOrphan(ctx, fence, id, item)
+			}
+		}
+	}
 }
 
 // logTooOld logs the slots after last that fell out of the catch-up window
