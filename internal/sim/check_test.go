@@ -306,7 +306,8 @@ func check(s *sim, admin *dynamodb.Client, checkAt time.Duration) []string {
 
 // handover: a leader context that ends after the faults ended, other than
 // by shutdown, is followed by another within GapBound (plus a slot interval
-// for RunSchedule, whose fn first sees a tenure at its first slot).
+// for RunSchedule, whose fn first sees a tenure at its first slot, and
+// the size of any forward wall step, which runs slots early).
 func (c *checker) handover(ctxs []ctxRec, shutdown map[int]time.Duration) {
 	p := c.p
 	end := c.checkAt
@@ -316,6 +317,15 @@ func (c *checker) handover(ctxs []ctxRec, shutdown map[int]time.Duration) {
 	bound := p.gapBound()
 	if p.Schedule {
 		bound += p.Interval + p.Work
+		// A wall step forward by By fires the slots it passes up to By
+		// early (documented); the next tenure's fn first sees it at the
+		// first slot not yet run, up to By later. IsLeader samples
+		// (liveness) and slot-missed still judge such runs.
+		for _, st := range p.Steps {
+			if st.By > 0 {
+				bound += st.By
+			}
+		}
 	}
 	for _, a := range ctxs {
 		if a.end < p.FaultEnd || a.end >= end {

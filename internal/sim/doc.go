@@ -15,7 +15,9 @@
 // server, 500, 503, throttling and TransactionConflict answers with the
 // bodies DynamoDB sends, and connection resets. It also sets each replica's
 // clock (offset and rate, through Options.Now, within or beyond
-// MaxClockSkew), wall-clock steps that leave the monotonic clock alone,
+// MaxClockSkew), wall-clock steps (Options.Now shifted for a while; the
+// runtime clock the library's timers use does not move, as a process's
+// monotonic clock does not when NTP steps the wall clock),
 // crashes (the replica's clock freezes, its network black-holes new
 // requests while requests already in flight still land, its fn is never
 // told; at the end it is wound down so that the bubble can exit, and it is
@@ -83,14 +85,15 @@
 // Without -sim.seeds, -sim.seed or -sim.long the test skips, saying so, so
 // that go test ./... (which runs it with -race, and against other servers
 // it does not use) stays quick. A failure prints its seed, its plan and a
-// replay command. -sim.first
-// moves the seed range, -sim.workers sets how many seeds run at once,
-// -sim.list prints one line per failing seed, -sim.keepgoing surveys
-// without failing, -sim.plans prints the plans without running them. The plan is a function of the seed alone; the run is
-// not bit for bit: the library draws renewal versions and jitter from
-// math/rand/v2 and the SDK its retry jitter, and goroutines woken at the
-// same virtual instant run in any order, so a replay reproduces the plan
-// exactly and the failure most of the time.
+// replay command. -sim.first moves the seed range, -sim.workers sets how
+// many seeds run at once, -sim.list prints one line per failing seed,
+// -sim.keepgoing surveys without failing, -sim.plans prints the plans
+// without running them, and -sim.log, with -sim.seed, prints the
+// library's log lines as the replay runs. The plan is a function of the
+// seed alone; the run is not bit for bit: the library draws renewal
+// versions and jitter from math/rand/v2 and the SDK its retry jitter, and
+// goroutines woken at the same virtual instant run in any order, so a
+// replay reproduces the plan exactly and the failure most of the time.
 //
 // Limits of synctest shape two choices. A goroutine waiting on a
 // sync.Mutex is not durably blocked, so a handle's mutex held across a

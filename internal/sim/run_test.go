@@ -298,6 +298,11 @@ func execute(p *Plan) (violations []string, h *history) {
 		}
 	}
 	logger := slog.New(slog.DiscardHandler)
+	if *flagLog {
+		// Replays only (-sim.seed): the library's log lines, stamped with
+		// the bubble's clock (the run starts at 2000-01-01 00:00:00 UTC).
+		logger = slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	for i := range p.N {
 		r := &replicaState{id: i, w: w, dead: make(chan struct{}), clock: p.Clocks[i]}
 		for _, a := range p.Pauses {
@@ -316,7 +321,7 @@ func execute(p *Plan) (violations []string, h *history) {
 			o.Owner = fmt.Sprintf("r%d", i)
 			o.LeaseDuration, o.HeartbeatInterval, o.RetryInterval = p.Lease, p.Heartbeat, p.Retry
 			o.MaxClockSkew, o.CallTimeout, o.DrainTimeout = p.Skew, p.CallTimeout, p.Drain
-			o.Logger = logger
+			o.Logger = logger.With("rep", i)
 			o.Now = r.now
 		})
 		if err != nil {

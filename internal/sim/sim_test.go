@@ -26,6 +26,7 @@ var (
 	flagPlans   = flag.Bool("sim.plans", false, "print the plans of the seeds without running them")
 	flagList    = flag.Bool("sim.list", false, "print one line per failing seed: its violation kinds and scenario tags")
 	flagKeepOn  = flag.Bool("sim.keepgoing", false, "report violations without failing the test (to survey a code base)")
+	flagLog     = flag.Bool("sim.log", false, "with -sim.seed: print the library's log lines (debug level) as the replay runs")
 )
 
 // result is one seed's outcome.

@@ -16,7 +16,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -302,7 +301,11 @@ func (r *replicaState) hold(ctx context.Context) {
 }
 
 // now is the replica's Options.Now: its clock's offset and rate, wall
-// steps, frozen while it is paused or crashed.
+// steps, frozen while it is paused or crashed. Inside the bubble time.Now
+// carries no monotonic reading, so a step is a plain shift of what
+// Options.Now returns; the library's own timers and runtime clock are the
+// bubble's and do not move, as a process's monotonic clock does not move
+// when NTP steps the wall clock.
 func (r *replicaState) now() time.Time {
 	r.hold(nil)
 	t := time.Now()
@@ -314,26 +317,10 @@ func (r *replicaState) now() time.Time {
 	r.mu.Unlock()
 	for _, s := range steps {
 		if el >= s.At && el < s.At+s.Dur {
-			t = wallShift(t, s.By)
+			t = t.Add(s.By)
 		}
 	}
 	return t
-}
-
-// timeRepr mirrors time.Time's layout so that a wall clock step can leave
-// the monotonic reading alone, as an NTP step does.
-type timeRepr struct {
-	wall uint64
-	ext  int64
-	loc  *time.Location
-}
-
-// wallShift returns t with its wall clock moved by d and its monotonic
-// reading unchanged.
-func wallShift(t time.Time, d time.Duration) time.Time {
-	u := t.Add(d)
-	(*timeRepr)(unsafe.Pointer(&u)).ext = (*timeRepr)(unsafe.Pointer(&t)).ext
-	return u
 }
 
 // transport is one replica's network: an http.RoundTripper to the
