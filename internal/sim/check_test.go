@@ -492,9 +492,15 @@ func (c *checker) runs(admin *dynamodb.Client) {
 		if r.MissedUnknown || r.Claims > 1 || r.Status == ddblease.RunAbandoned {
 			continue
 		}
+		// The latest run before it that existed when it was claimed: a run
+		// with a higher fence was claimed later (claims are fenced), and a
+		// later tenure on a clock behind may fire a slot before one its
+		// predecessor already ran.
 		prev := time.Time{}
-		if i > 0 {
-			prev = recs[i-1].Slot
+		for _, o := range recs[:i] {
+			if o.Fence <= r.Fence && o.Slot.After(prev) {
+				prev = o.Slot
+			}
 		}
 		count := func(floor time.Time) int {
 			if floor.Before(prev) {
