@@ -106,10 +106,11 @@ type runner struct {
 	// claims with unknown outcomes: a sweep abandons such a claim if it did
 	// land.
 	givenUp []string
-	// unswept holds skipped slots a catch-up could not read back: they are
-	// read again after each firing, until they are or fall out of the
-	// window, so that a run an older tenure left running there is still
-	// marked abandoned.
+	// unswept holds skipped slots a catch-up could not read back, or
+	// whose orphaned run it could not mark abandoned: they are read again
+	// after each firing, until they are swept or fall out of the window,
+	// so that a run an older tenure left running there is still marked
+	// abandoned.
 	unswept []time.Time
 	ctl     runnerControl // operator controls (control.go)
 }

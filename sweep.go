@@ -34,6 +34,7 @@ func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n in
 		}
 	}
 	missed, abandoned, found := 0, 0, false
+	var again []time.Time // orphans whose marking failed transiently
 	for end := len(older); end > 0 && !found; end -= 100 {
 		chunk := older[max(end-100, 0):end]
 		ids := make([]string, len(chunk))
@@ -47,7 +48,7 @@ func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n in
 			return err
 		})
 		if err != nil {
-			r.unswept = append(r.unswept[:0], older[:end]...)
+			r.unswept = append(append(r.unswept[:0], older[:end]...), again...)
 			l.notify.emit(l.event(EventSlotsMissed, Event{Slot: latest, Fence: fence, Missed: -1, Err: err}))
 			return -1
 		}
@@ -60,11 +61,16 @@ func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n in
 				continue
 			}
 			found = true
-			if r.abandonOrphan(ctx, fence, ids[i], item) {
+			ok, retry := r.abandonOrphan(ctx, fence, chunk[i], item)
+			if ok {
 				abandoned++
+			}
+			if retry {
+				again = append(again, chunk[i])
 			}
 		}
 	}
+	r.unswept = append(r.unswept, again...)
 	if abandoned > 0 {
 		l.log.Info("ddblease: runs left running by an earlier leader were marked abandoned", "abandoned", abandoned,
 			"firing", fmtSlot(latest))
@@ -80,29 +86,32 @@ func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n in
 	return missed
 }
 
-// abandonOrphan marks the run item of slot id abandoned if an older tenure
+// abandonOrphan marks the run item of slot abandoned if an older tenure
 // left it running, or this one claimed and gave it up. It reports whether
-// it did.
-func (r *runner) abandonOrphan(ctx context.Context, fence int64, id string, item map[string]types.AttributeValue) bool {
+// it did, and whether the marking failed transiently (the slot is then
+// kept for the next resweep).
+func (r *runner) abandonOrphan(ctx context.Context, fence int64, slot time.Time, item map[string]types.AttributeValue) (abandoned, retry bool) {
 	l := r.l
+	id := fmtSlot(slot)
 	rec, err := decodeRun(item)
 	if err != nil {
 		l.log.Error("ddblease: skipped slot has a malformed run item", "slot", id, "err", err)
-		return false
+		return false, false
 	}
 	if rec.Status != RunRunning || !(rec.Fence < fence || rec.Fence == fence && slices.Contains(r.givenUp, rec.claim)) {
-		return false
+		return false, false
 	}
 	_, ok, err := l.abandon(ctx, rec, fence)
 	if err != nil {
 		l.log.Warn("ddblease: could not mark an orphaned run abandoned", "slot", id, "fence", rec.Fence, "err", err)
+		return false, retryable(err)
 	}
-	return ok
+	return ok, false
 }
 
 // resweep reads back the slots a catch-up could not, those still in the
 // window, and marks orphaned runs among them abandoned; what it cannot read
-// it keeps for the next time.
+// or mark it keeps for the next time.
 func (r *runner) resweep(ctx context.Context, fence int64) {
 	if len(r.unswept) == 0 || ctx.Err() != nil {
 		return
@@ -118,12 +127,14 @@ func (r *runner) resweep(ctx context.Context, fence int64) {
 		}
 		items, err := r.l.getRuns(ctx, ids)
 		if err != nil {
-			r.unswept = slots[start:]
+			r.unswept = append(r.unswept, slots[start:]...)
 			return
 		}
-		for _, id := range ids {
+		for i, id := range ids {
 			if item, ok := items[runItemKey(r.l.job, id)]; ok {
-				r.abandonOrphan(ctx, fence, id, item)
+				if _, retry := r.abandonOrphan(ctx, fence, chunk[i], item); retry {
+					r.unswept = append(r.unswept, chunk[i])
+				}
 			}
 		}
 	}

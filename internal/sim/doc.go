@@ -73,7 +73,8 @@
 //   - run-running: no run is left running when a later tenure fired within
 //     the catch-up window of its slot;
 //   - missed-count: RunRecord.Missed, when marked known, is the number of
-//     slots without a run before the fired one (within the window).
+//     slots without a run before the fired one (within the window; runs
+//     of a later fence, claimed after it, do not count).
 //
 // # Running it
 //
@@ -104,5 +105,9 @@
 // A client that retries without waiting would spin at one virtual instant:
 // past 50 requests in 100ms a replica's requests take 10ms, and the
 // busy-loop is reported. A seed that still does not end in real time
-// (-sim.stuck, default 2m) stops the run with its plan.
+// (-sim.stuck, default 2m) stops the run with its plan. One such stop is
+// known, on a mutant (d11, seed 567): a paused replica's Options.Now
+// blocks until the pause ends, and the library reads the clock under its
+// handle's mutex when a tenure's deadline timer fires, while another of
+// its goroutines waited for that mutex.
 package sim
