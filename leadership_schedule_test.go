@@ -10,10 +10,12 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/ddblease/ddblease"
 	"github.com/ddblease/ddblease/internal/ddbtest"
 	"github.com/stretchr/testify/assert"
@@ -168,4 +170,64 @@ func TestCatchUpOverManySlots(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, runs, 1)
 	assert.Equal(t, ddblease.RunAbandoned, runs[0].Status)
+}
+
+// TestOrphanMarkedAfterFailedMarking: a catch-up finds a run an older
+// tenure left running, and the write that marks it abandoned fails
+// transiently. The run is marked after the next firing, not left running.
+func TestOrphanMarkedAfterFailedMarking(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table, faults, faulty := tableWithFaults(t)
+	db := srv.Client(nil)
+	sched := ddblease.Every(time.Second)
+	a := newLease(t, db, table, "job", fast("a"))
+	_, err := a.TryAcquire(ctx)
+	require.NoError(t, err)
+	orphan, err := a.Claim(ctx, time.Now().Truncate(time.Second))
+	require.NoError(t, err) // left running: a dies mid-run
+	require.NoError(t, a.Resign(ctx))
+
+	// b's clock is 5 s ahead, so the orphan's slot is among those its
+	// first catch-up reads back; the first UpdateItem after that read (the
+	// marking) fails, once, and the client does not retry it.
+	var mu sync.Mutex
+	swept, failed := false, false
+	faults.Set(func(op string) ddbtest.Action {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case op == "BatchGetItem":
+			swept = true
+		case op == "UpdateItem" && swept && !failed:
+			failed = true
+			return ddbtest.ServerError
+		}
+		return ddbtest.Pass
+	})
+	once := dynamodb.New(faulty.Options(), func(o *dynamodb.Options) { o.RetryMaxAttempts = 1 })
+	b := newLease(t, once, table, "job", fast("b"), offset(5*time.Second))
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	status := func() ddblease.RunStatus {
+		runs, err := b.ListRuns(ctx, sched, orphan.Slot(), orphan.Slot())
+		require.NoError(t, err)
+		require.Len(t, runs, 1)
+		return runs[0].Status
+	}
+	var firings atomic.Int32
+	done := make(chan error, 1)
+	go func() {
+		done <- b.RunSchedule(rctx, sched, func(ctx context.Context, run *ddblease.JobRun) error {
+			firings.Add(1)
+			return nil
+		})
+	}()
+	require.Eventually(t, func() bool { return firings.Load() >= 2 }, 20*time.Second, 20*time.Millisecond)
+	mu.Lock()
+	assert.True(t, failed, "the marking write was failed")
+	mu.Unlock()
+	assert.Equal(t, ddblease.RunAbandoned, status(), "the orphan is marked after a later firing")
+	cancel()
+	require.NoError(t, <-done)
 }
