@@ -33,7 +33,7 @@ func TestTrigger(t *testing.T) {
 			return nil
 		}
 	}
-	stop := runScheduleAsync(ctx, l, ddblease.Every(24*time.Hour), fn)
+	stop := runScheduleAsync(ctx, l, farSchedule, fn)
 	defer func() { assert.NoError(t, stop()) }()
 	eventually(t, "a leads", l.IsLeader)
 
@@ -97,7 +97,7 @@ func TestControlsUnderFaults(t *testing.T) {
 	admin := newAdmin(t, db, table)
 	a := newLease(t, dbA, table, "flaky", fast("a"))
 	log := newSlotLog()
-	stop := runScheduleAsync(ctx, a, ddblease.Every(24*time.Hour), log.fn)
+	stop := runScheduleAsync(ctx, a, farSchedule, log.fn)
 	defer func() { assert.NoError(t, stop()) }()
 	eventually(t, "a leads", a.IsLeader)
 

@@ -297,6 +297,14 @@ func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed i
 			return false, nil
 		}
 	}
+	if !l.leads(fence) {
+		// The tenure's deadline passed while the claim was in flight (a
+		// slow answer, a paused process): fn is not called on a tenure
+		// that is over. The run, claimed, is left for a newer tenure's
+		// catch-up to mark abandoned.
+		l.log.Warn("ddblease: slot not run: the tenure ended while it was being claimed", "slot", fmtSlot(slot), "fence", fence)
+		return false, nil
+	}
 	// A run whose outcome could not be recorded is not handled: the slot
 	// stays due, so that a newer tenure's catch-up finds the run left
 	// running and marks it abandoned.

@@ -53,7 +53,9 @@ type tenure struct {
 	version  string
 	sentAt   time.Time
 	deadline time.Time
-	draining bool
+	// realDeadline is the deadline by the runtime's monotonic clock.
+	realDeadline time.Time
+	draining     bool
 }
 
 // current returns a snapshot of the current term.
@@ -64,7 +66,8 @@ func (l *Lease) current() tenure {
 	if t == nil {
 		return tenure{}
 	}
-	return tenure{held: !t.over, fence: t.fence, version: t.version, sentAt: t.sentAt, deadline: t.deadline, draining: t.draining}
+	return tenure{held: !t.over, fence: t.fence, version: t.version, sentAt: t.sentAt, deadline: t.deadline,
+		realDeadline: t.realDeadline, draining: t.draining}
 }
 
 // sent is when a write was sent, by Options.Now and by the runtime's
@@ -233,10 +236,12 @@ func (l *Lease) holds(fence int64) bool {
 }
 
 // leads reports whether the term with this fence is open and its local
-// deadline has not passed.
+// deadline has not passed, by Options.Now and by the runtime's clock. It
+// does not wait for the deadline timer, which may not have run yet (a
+// process just resumed from a pause, say).
 func (l *Lease) leads(fence int64) bool {
 	t := l.current()
-	return t.held && t.fence == fence && l.opts.Now().Before(t.deadline)
+	return t.held && t.fence == fence && l.left(t.deadline, t.realDeadline) > 0
 }
 
 // setDraining marks the term with this fence as draining: its next

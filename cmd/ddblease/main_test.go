@@ -126,13 +126,23 @@ type replica struct {
 	stop func() error
 }
 
+// farSchedule's one slot is in the year 9000: no slot falls due while a
+// test runs, at any time of day (a daily schedule's midnight slot is due
+// in the first CatchUpWindow of every UTC day).
+var farSchedule = ddblease.ScheduleFunc(func(t time.Time) time.Time {
+	if slot := time.Date(9000, 1, 1, 0, 0, 0, 0, time.UTC); t.Before(slot) {
+		return slot
+	}
+	return time.Time{}
+})
+
 func startReplica(t *testing.T, table, job, owner string, fn func(context.Context, *ddblease.JobRun) error) *replica {
 	t.Helper()
 	l, err := ddblease.New(srv.Client(nil), table, job, fast(owner))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- l.RunSchedule(ctx, ddblease.Every(24*time.Hour), fn) }()
+	go func() { done <- l.RunSchedule(ctx, farSchedule, fn) }()
 	r := &replica{l: l, stop: sync.OnceValue(func() error { cancel(); return <-done })}
 	t.Cleanup(func() { assert.NoError(t, r.stop()) })
 	return r
