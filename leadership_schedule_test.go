@@ -231,3 +231,81 @@ func TestOrphanMarkedAfterFailedMarking(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done)
 }
+
+// clockJumpOnClaim moves a lease's clock a minute ahead as the first claim
+// after arm is answered: the claim landed, but by the time its answer is
+// read the tenure's deadline has passed, as for a process paused that
+// long.
+type clockJumpOnClaim struct {
+	next   http.RoundTripper
+	armed  atomic.Bool
+	jumped atomic.Bool
+}
+
+func (c *clockJumpOnClaim) now() time.Time {
+	if c.jumped.Load() {
+		return time.Now().Add(time.Minute)
+	}
+	return time.Now()
+}
+
+func (c *clockJumpOnClaim) RoundTrip(r *http.Request) (*http.Response, error) {
+	claim := false
+	if c.armed.Load() && r.Body != nil {
+		body, err := io.ReadAll(r.Body)
+		_ = r.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		op := ddbtest.Op(r)
+		claim = op == "TransactWriteItems" || op == "UpdateItem" && bytes.Contains(body, []byte(`"running"`))
+	}
+	resp, err := c.next.RoundTrip(r)
+	if claim && err == nil && c.armed.CompareAndSwap(true, false) {
+		c.jumped.Store(true)
+	}
+	return resp, err
+}
+
+// TestNoRunWhenClaimAnsweredAfterDeadline: a slot's claim is answered
+// after the tenure's deadline has passed by the lease's clock, before the
+// deadline timer has run. fn is not called for it on that tenure; the next
+// tenure finds the run left running and marks it abandoned.
+func TestNoRunWhenClaimAnsweredAfterDeadline(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table := srv.NewTable(t)
+	jump := &clockJumpOnClaim{}
+	db := srv.Client(func(rt http.RoundTripper) http.RoundTripper { jump.next = rt; return jump })
+	l := newLease(t, db, table, "job", fast("a"), func(o *ddblease.Options) { o.Now = jump.now })
+	slot := time.Now().Add(time.Second).Truncate(100 * time.Millisecond)
+	once := ddblease.ScheduleFunc(func(t time.Time) time.Time {
+		if t.Before(slot) {
+			return slot
+		}
+		return time.Time{}
+	})
+	var calls atomic.Int32
+	stop := runScheduleAsync(ctx, l, once, func(ctx context.Context, run *ddblease.JobRun) error {
+		calls.Add(1)
+		return nil
+	})
+	eventually(t, "a leads", l.IsLeader)
+	jump.armed.Store(true)
+	eventually(t, "the claim answered late", jump.jumped.Load)
+	runStatus := func() ddblease.RunStatus {
+		runs, err := l.ListRuns(ctx, once, slot, slot)
+		require.NoError(t, err)
+		if len(runs) == 0 {
+			return ""
+		}
+		return runs[0].Status
+	}
+	eventually(t, "fn called, or the run marked abandoned", func() bool {
+		return calls.Load() > 0 || runStatus() == ddblease.RunAbandoned
+	})
+	assert.Zero(t, calls.Load(), "fn called for a slot claimed by a tenure that was over")
+	assert.Equal(t, ddblease.RunAbandoned, runStatus(), "the next tenure marks the run abandoned")
+	require.NoError(t, stop())
+}
