@@ -53,6 +53,10 @@ const (
 // transient errors, or whose outcome could not be recorded before the
 // tenure ended, is given up once the next slot is due, and is swept like a
 // missed slot by the catch-up that follows (abandoned if its claim landed).
+// A claim answered after the tenure's deadline (a slow answer, a paused
+// process) does not run fn: the run is left for the next tenure to mark
+// abandoned. A run that could not be marked abandoned is tried again after
+// each firing while its slot is in the window.
 //
 // Clock steps. Slots are read off the wall clock (Options.Now). A clock
 // stepped forward fires the slots it passes early (each once: their runs
