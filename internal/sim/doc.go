@@ -48,7 +48,9 @@
 //     written twice; fn-twice: no slot's fn is called twice under NeverRerun;
 //   - run-returned: Run does not return while its context is live unless fn
 //     panicked or the user's Resign stopped it with an error (nothing
-//     silent); run-shutdown: after a clean shutdown Run returns nil;
+//     silent); run-shutdown: after a clean shutdown Run returns nil (a
+//     call a supervisor makes after it, with the ended context, returns
+//     an error wrapping context.Canceled, as documented);
 //     run-hang: Run returns after its context ends;
 //   - busy-loop: no replica sends more than 50 requests in 100ms;
 //   - leak: every goroutine ends (synctest reports a bubble that cannot).

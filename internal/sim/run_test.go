@@ -48,7 +48,8 @@ type fnCall struct {
 
 type runReturn struct {
 	rep, call int
-	at        time.Duration
+	called    time.Duration // when the supervisor called Run
+	at        time.Duration // when Run returned
 	err       error
 	panicked  bool
 }
@@ -239,6 +240,7 @@ func (s *sim) supervise(rep, call int, wg *sync.WaitGroup, done chan struct{}) {
 	for {
 		var err error
 		panicked := false
+		called := s.now()
 		func() {
 			defer func() {
 				if v := recover(); v != nil {
@@ -258,7 +260,7 @@ func (s *sim) supervise(rep, call int, wg *sync.WaitGroup, done chan struct{}) {
 			}
 		}()
 		s.h.mu.Lock()
-		s.h.returns = append(s.h.returns, runReturn{rep: rep, call: call, at: s.now(), err: err, panicked: panicked})
+		s.h.returns = append(s.h.returns, runReturn{rep: rep, call: call, called: called, at: s.now(), err: err, panicked: panicked})
 		s.h.mu.Unlock()
 		if ctx.Err() != nil || err == nil {
 			return
