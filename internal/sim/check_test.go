@@ -87,6 +87,23 @@ func (c *checker) paused(rep int, t time.Duration) bool {
 	return c.s.reps[rep].pausedUntil(t) != 0
 }
 
+// settled is when the gap checks start: the end of the faults, or later
+// if a replica crashed near it, since a lease write it had in flight may
+// land after the crash (after the faults ended, even) and hold the lease
+// for a whole lease with no one to renew or resign it.
+func (c *checker) settled() time.Duration {
+	p := c.p
+	at := p.FaultEnd
+	var delay time.Duration
+	for _, f := range p.Faults {
+		delay = max(delay, f.Delay)
+	}
+	for _, t := range c.crashAt {
+		at = max(at, t+delay+p.CallTimeout+p.Lease+2*p.Skew)
+	}
+	return at
+}
+
 func (c *checker) alive(rep int, t time.Duration) bool {
 	at, ok := c.crashAt[rep]
 	return !ok || t < at
@@ -333,8 +350,9 @@ func (c *checker) handover(ctxs []ctxRec, shutdown map[int]time.Duration) {
 			}
 		}
 	}
+	settled := c.settled()
 	for _, a := range ctxs {
-		if a.end < p.FaultEnd || a.end >= end {
+		if a.end < settled || a.end >= end {
 			continue
 		}
 		if at, ok := c.crashAt[a.rep]; ok && a.end >= at {
@@ -404,7 +422,7 @@ func (c *checker) liveness(samples []sample, shutdown map[int]time.Duration) {
 		case !led && hadLeader && gapFrom < 0:
 			gapFrom = t
 		case led && gapFrom >= 0:
-			if t-gapFrom > p.gapBound() {
+			if t-gapFrom > p.gapBound() && gapFrom >= c.settled() {
 				c.fail(VGap, "no leader from %v to %v (%v) though the faults ended at %v (bound %v)", gapFrom, t, t-gapFrom, p.FaultEnd, p.gapBound())
 			}
 			gapFrom = -1

@@ -70,7 +70,9 @@
 //     2*MaxClockSkew + RetryInterval + 2*CallTimeout + LeaseDuration/20),
 //     by IsLeader samples, and no tenure that ends after the faults ended
 //     without another leader context following within GapBound (plus a
-//     slot interval under RunSchedule);
+//     slot interval under RunSchedule), counted from when a replica that
+//     crashed can no longer hold the lease, if that is later (a lease
+//     write it had in flight may land after the crash);
 //   - slot-missed: every slot due from then on fired (succeeded or failed);
 //   - run-running: no run is left running when a later tenure fired within
 //     the catch-up window of its slot;
