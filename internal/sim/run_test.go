@@ -110,6 +110,7 @@ func (s *sim) enter(rep, call int, ctx context.Context, fence int64) {
 	s.h.ctxs = append(s.h.ctxs, rec)
 	s.h.mu.Unlock()
 	context.AfterFunc(ctx, func() {
+		s.reps[rep].hold(nil) // a stopped process sees nothing end
 		s.h.mu.Lock()
 		rec.end = s.now()
 		rec.cause = fmt.Sprint(context.Cause(ctx))
@@ -280,6 +281,7 @@ func (s *sim) sampler(rep int, period time.Duration, done <-chan struct{}) {
 		case <-done:
 			return
 		case <-t.C:
+			s.reps[rep].hold(nil)
 			s.sample(rep)
 		}
 	}
@@ -439,6 +441,7 @@ func execute(p *Plan) (violations []string, h *history) {
 			s.h.mu.Lock()
 			s.h.crashAt[rep] = s.now()
 			s.h.mu.Unlock()
+			s.reps[rep].crashEl.Store(int64(s.now()))
 			s.reps[rep].crashed.Store(true)
 			s.note("r%d crashed", rep)
 		}})

@@ -209,6 +209,7 @@ type replicaState struct {
 	id      int
 	w       *world
 	crashed atomic.Bool   // crashed and not yet wound down: requests black-holed, clock frozen
+	crashEl atomic.Int64  // when it crashed (time since the start)
 	dead    chan struct{} // closed at wind-down: the crash's freeze ends
 	nreq    atomic.Uint64
 
@@ -255,6 +256,16 @@ func (w *world) busyLimit() int {
 		return 50
 	}
 	return max(50, int(8*100*time.Millisecond/w.plan.Retry))
+}
+
+// pausedFrom returns the start of the pause in force at d.
+func (r *replicaState) pausedFrom(d time.Duration) time.Duration {
+	for _, p := range r.pauses {
+		if d >= p.From && d < p.To {
+			return p.From
+		}
+	}
+	return d
 }
 
 // pausedUntil returns the end of the pause in force at d, or 0.
@@ -307,9 +318,19 @@ func (r *replicaState) hold(ctx context.Context) {
 // bubble's and do not move, as a process's monotonic clock does not move
 // when NTP steps the wall clock.
 func (r *replicaState) now() time.Time {
-	r.hold(nil)
-	t := time.Now()
-	el := t.Sub(r.w.start)
+	// The clock reads what it read when the process stopped, without
+	// blocking: the library may read it while holding its handle's mutex,
+	// and a goroutine waiting for that mutex is not durably blocked, so a
+	// blocking read would stop virtual time. What a user observes of a
+	// stopped process is held instead (hold in fn, in the IsLeader sampler
+	// and where a leader context's end is recorded).
+	el := r.w.since()
+	if r.crashed.Load() {
+		el = time.Duration(r.crashEl.Load())
+	} else if until := r.pausedUntil(el); until != 0 {
+		el = r.pausedFrom(el)
+	}
+	t := r.w.start.Add(el)
 	off := r.clock.Offset + time.Duration(float64(el)*(r.clock.Rate-1))
 	t = t.Add(off)
 	r.mu.Lock()
