@@ -21,8 +21,8 @@
 // crashes (the replica's clock freezes, its network black-holes new
 // requests while requests already in flight still land, its fn is never
 // told; at the end it is wound down so that the bubble can exit, and it is
-// excluded from the checks from the crash on) and pauses (its clock,
-// requests, answers and fn are held). Users misbehave as real ones do:
+// excluded from the checks from the crash on) and pauses (its clock
+// frozen; its requests, answers and fn held). Users misbehave as real ones do:
 // Resign while Run leads, two Run calls on one handle, a panic in fn
 // recovered by a supervisor that calls Run again, slots whose fn fails.
 // After FaultEnd the plan is quiet; then every live replica is shut down by
@@ -109,9 +109,10 @@
 // A client that retries without waiting would spin at one virtual instant:
 // past 50 requests in 100ms a replica's requests take 10ms, and the
 // busy-loop is reported. A seed that still does not end in real time
-// (-sim.stuck, default 2m) stops the run with its plan. One such stop is
-// known, on a mutant (d11, seed 567): a paused replica's Options.Now
-// blocks until the pause ends, and the library reads the clock under its
-// handle's mutex when a tenure's deadline timer fires, while another of
-// its goroutines waited for that mutex.
+// (-sim.stuck, default 2m) stops the run with its plan. For the same
+// reason a paused or crashed replica's Options.Now does not block: it
+// reads the value it had when the process stopped (the library reads the
+// clock under its handle's mutex), and what a user observes of the
+// stopped process is held instead: fn, the IsLeader samples and the
+// recording of a leader context's end.
 package sim
