@@ -309,3 +309,47 @@ func TestNoRunWhenClaimAnsweredAfterDeadline(t *testing.T) {
 	assert.Equal(t, ddblease.RunAbandoned, runStatus(), "the next tenure marks the run abandoned")
 	require.NoError(t, stop())
 }
+
+// TestOrphanKeptThroughFailedCatchUps: the catch-up that should find a
+// run an older tenure left running cannot read its slots back, and
+// neither can the next ones (the job's firings overrun and skip slots).
+// Once reads work again, the orphan is still marked abandoned.
+func TestOrphanKeptThroughFailedCatchUps(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table, faults, faulty := tableWithFaults(t)
+	db := srv.Client(nil)
+	sched := ddblease.Every(200 * time.Millisecond)
+	a := newLease(t, db, table, "job", fast("a"))
+	_, err := a.TryAcquire(ctx)
+	require.NoError(t, err)
+	orphan, err := a.Claim(ctx, time.Now().Truncate(200*time.Millisecond))
+	require.NoError(t, err) // left running: a dies mid-run
+	require.NoError(t, a.Resign(ctx))
+
+	// b's clock is 5 s ahead: its first catch-up reads back the orphan's
+	// slot. Every read back fails until three firings have run, each
+	// overrunning the next slot.
+	faults.Set(func(op string) ddbtest.Action {
+		if op == "BatchGetItem" {
+			return ddbtest.ServerError
+		}
+		return ddbtest.Pass
+	})
+	b := newLease(t, faulty, table, "job", fast("b"), offset(5*time.Second))
+	var firings atomic.Int32
+	stop := runScheduleAsync(ctx, b, sched, func(ctx context.Context, run *ddblease.JobRun) error {
+		if firings.Add(1) == 3 {
+			faults.Clear()
+		}
+		time.Sleep(300 * time.Millisecond)
+		return nil
+	})
+	defer func() { assert.NoError(t, stop()) }()
+	eventually(t, "the orphan marked abandoned", func() bool {
+		runs, err := a.ListRuns(ctx, sched, orphan.Slot(), orphan.Slot())
+		require.NoError(t, err)
+		return len(runs) == 1 && runs[0].Status == ddblease.RunAbandoned
+	})
+	assert.GreaterOrEqual(t, faults.Faulted("BatchGetItem"), 3, "the catch-ups' reads failed")
+}

@@ -48,7 +48,7 @@ func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n in
 			return err
 		})
 		if err != nil {
-			r.unswept = append(append(r.unswept[:0], older[:end]...), again...)
+			r.unswept = append(append(r.unswept, older[:end]...), again...)
 			l.notify.emit(l.event(EventSlotsMissed, Event{Slot: latest, Fence: fence, Missed: -1, Err: err}))
 			return -1
 		}
@@ -118,6 +118,11 @@ func (r *runner) resweep(ctx context.Context, fence int64) {
 	}
 	floor := r.l.opts.Now().Add(-r.o.CatchUpWindow)
 	slots := slices.DeleteFunc(r.unswept, func(s time.Time) bool { return s.Before(floor) })
+	slices.SortFunc(slots, time.Time.Compare)
+	slots = slices.CompactFunc(slots, time.Time.Equal)
+	if len(slots) > maxSweep {
+		slots = slots[len(slots)-maxSweep:] // the latest, as a catch-up reads
+	}
 	r.unswept = nil
 	for start := 0; start < len(slots); start += 100 {
 		chunk := slots[start:min(start+100, len(slots))]
