@@ -37,7 +37,7 @@ type Options struct {
 	LeaseDuration time.Duration
 
 	// HeartbeatInterval is how often the leader renews the lease; it must be
-	// below LeaseDuration/2. Default LeaseDuration/3.
+	// at least 1ms and below LeaseDuration/2. Default LeaseDuration/3.
 	HeartbeatInterval time.Duration
 
 	// RetryInterval is how often a standby polls the lease, less a random
@@ -108,6 +108,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.HeartbeatInterval == 0 {
 		o.HeartbeatInterval = o.LeaseDuration / 3
+	}
+	if o.HeartbeatInterval < time.Millisecond {
+		return invalid("HeartbeatInterval %v is below 1ms", o.HeartbeatInterval)
 	}
 	if o.HeartbeatInterval*2 >= o.LeaseDuration {
 		return invalid("HeartbeatInterval %v must be below LeaseDuration/2 (%v)", o.HeartbeatInterval, o.LeaseDuration/2)
