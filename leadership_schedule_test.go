@@ -145,18 +145,13 @@ func TestCatchUpOverManySlots(t *testing.T) {
 	ctx := withTimeout(t, 30*time.Second)
 	table, db := tableAndClient(t)
 	sched := ddblease.Every(time.Second)
-	a := newLease(t, db, table, "job", fast("a"))
-	_, err := a.TryAcquire(ctx)
-	require.NoError(t, err)
-	orphan, err := a.Claim(ctx, time.Now().Truncate(time.Second))
-	require.NoError(t, err) // left running: a dies mid-run
-	require.NoError(t, a.Resign(ctx))
+	_, orphan := leaveOrphan(ctx, t, db, table, time.Second)
 
 	// b's clock is 150 s ahead: 150 one-second slots fell due since.
 	b := newLease(t, db, table, "job", fast("b"), offset(150*time.Second))
 	fired := make(chan *ddblease.JobRun, 1)
 	rctx, cancel := context.WithCancel(ctx)
-	err = b.RunSchedule(rctx, sched, func(ctx context.Context, run *ddblease.JobRun) error {
+	err := b.RunSchedule(rctx, sched, func(ctx context.Context, run *ddblease.JobRun) error {
 		fired <- run
 		cancel()
 		return nil
@@ -181,12 +176,7 @@ func TestOrphanMarkedAfterFailedMarking(t *testing.T) {
 	table, faults, faulty := tableWithFaults(t)
 	db := srv.Client(nil)
 	sched := ddblease.Every(time.Second)
-	a := newLease(t, db, table, "job", fast("a"))
-	_, err := a.TryAcquire(ctx)
-	require.NoError(t, err)
-	orphan, err := a.Claim(ctx, time.Now().Truncate(time.Second))
-	require.NoError(t, err) // left running: a dies mid-run
-	require.NoError(t, a.Resign(ctx))
+	_, orphan := leaveOrphan(ctx, t, db, table, time.Second)
 
 	// b's clock is 5 s ahead, so the orphan's slot is among those its
 	// first catch-up reads back; the first UpdateItem after that read (the
@@ -320,12 +310,7 @@ func TestOrphanKeptThroughFailedCatchUps(t *testing.T) {
 	table, faults, faulty := tableWithFaults(t)
 	db := srv.Client(nil)
 	sched := ddblease.Every(200 * time.Millisecond)
-	a := newLease(t, db, table, "job", fast("a"))
-	_, err := a.TryAcquire(ctx)
-	require.NoError(t, err)
-	orphan, err := a.Claim(ctx, time.Now().Truncate(200*time.Millisecond))
-	require.NoError(t, err) // left running: a dies mid-run
-	require.NoError(t, a.Resign(ctx))
+	a, orphan := leaveOrphan(ctx, t, db, table, 200*time.Millisecond)
 
 	// b's clock is 5 s ahead: its first catch-up reads back the orphan's
 	// slot. Every read back fails until three firings have run, each
@@ -352,4 +337,18 @@ func TestOrphanKeptThroughFailedCatchUps(t *testing.T) {
 		return len(runs) == 1 && runs[0].Status == ddblease.RunAbandoned
 	})
 	assert.GreaterOrEqual(t, faults.Faulted("BatchGetItem"), 3, "the catch-ups' reads failed")
+}
+
+// leaveOrphan has a replica "a" take the lease of "job", claim the current
+// slot of an every-unit schedule and resign without finishing it, as one
+// that died mid-run: the run stays running.
+func leaveOrphan(ctx context.Context, t *testing.T, db ddblease.DynamoDBAPI, table string, unit time.Duration) (*ddblease.Lease, *ddblease.JobRun) {
+	t.Helper()
+	a := newLease(t, db, table, "job", fast("a"))
+	_, err := a.TryAcquire(ctx)
+	require.NoError(t, err)
+	orphan, err := a.Claim(ctx, time.Now().Truncate(unit))
+	require.NoError(t, err)
+	require.NoError(t, a.Resign(ctx))
+	return a, orphan
 }
