@@ -339,6 +339,49 @@ func TestOrphanKeptThroughFailedCatchUps(t *testing.T) {
 	assert.GreaterOrEqual(t, faults.Faulted("BatchGetItem"), 3, "the catch-ups' reads failed")
 }
 
+// TestOrphanMarkedAfterItsWindow: every read back of the slot holding a
+// run an older tenure left running fails until that slot has left the
+// catch-up window. Once reads work again, the orphan is still marked
+// abandoned, although its slot is never fired again.
+func TestOrphanMarkedAfterItsWindow(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table, faults, faulty := tableWithFaults(t)
+	db := srv.Client(nil)
+	sched := ddblease.Every(200 * time.Millisecond)
+	a, orphan := leaveOrphan(ctx, t, db, table, 200*time.Millisecond)
+
+	// b's clock is 5 s ahead and its window 5.4 s: its first catch-up
+	// reads back the orphan's slot, which leaves the window 0.4 s later.
+	// Reads back fail until b fires a slot a second past that.
+	const window = 5400 * time.Millisecond
+	faults.Set(func(op string) ddbtest.Action {
+		if op == "BatchGetItem" {
+			return ddbtest.ServerError
+		}
+		return ddbtest.Pass
+	})
+	b := newLease(t, faulty, table, "job", fast("b"), offset(5*time.Second))
+	outside := orphan.Slot().Add(window + time.Second)
+	var cleared atomic.Bool
+	stop := async(ctx, func(ctx context.Context) error {
+		return b.RunSchedule(ctx, sched, func(ctx context.Context, run *ddblease.JobRun) error {
+			if !run.Slot().Before(outside) && !cleared.Swap(true) {
+				faults.Clear()
+			}
+			return nil
+		}, func(o *ddblease.JobOptions) { o.CatchUpWindow = window })
+	})
+	defer func() { assert.NoError(t, stop()) }()
+	eventually(t, "reads back work again", cleared.Load)
+	eventually(t, "the orphan marked abandoned", func() bool {
+		runs, err := a.ListRuns(ctx, sched, orphan.Slot(), orphan.Slot())
+		require.NoError(t, err)
+		return len(runs) == 1 && runs[0].Status == ddblease.RunAbandoned
+	})
+	assert.GreaterOrEqual(t, faults.Faulted("BatchGetItem"), 3, "the reads back failed while the slot was in the window")
+}
+
 // leaveOrphan has a replica "a" take the lease of "job", claim the current
 // slot of an every-unit schedule and resign without finishing it, as one
 // that died mid-run: the run stays running.

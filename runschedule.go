@@ -55,8 +55,10 @@ const (
 // missed slot by the catch-up that follows (abandoned if its claim landed).
 // A claim answered after the tenure's deadline (a slow answer, a paused
 // process) does not run fn: the run is left for the next tenure to mark
-// abandoned. A run that could not be marked abandoned is tried again after
-// each firing while its slot is in the window.
+// abandoned. A skipped slot that could not be read back, or whose run
+// could not be marked abandoned, is tried again after each firing until it
+// is (the latest 1,000 such slots are kept), even once it has left the
+// catch-up window.
 //
 // Clock steps. Slots are read off the wall clock (Options.Now). A clock
 // stepped forward fires the slots it passes early (each once: their runs
@@ -112,9 +114,9 @@ type runner struct {
 	givenUp []string
 	// unswept holds skipped slots a catch-up could not read back, or
 	// whose orphaned run it could not mark abandoned: they are read again
-	// after each firing, until they are swept or fall out of the window,
-	// so that a run an older tenure left running there is still marked
-	// abandoned.
+	// after each firing until they are swept (the latest maxSweep are
+	// kept), so that a run an older tenure left running there is still
+	// marked abandoned.
 	unswept []time.Time
 	ctl     runnerControl // operator controls (control.go)
 }

@@ -109,15 +109,16 @@ func (r *runner) abandonOrphan(ctx context.Context, fence int64, slot time.Time,
 	return ok, false
 }
 
-// resweep reads back the slots a catch-up could not, those still in the
-// window, and marks orphaned runs among them abandoned; what it cannot read
-// or mark it keeps for the next time.
+// resweep reads back the slots a catch-up could not, and marks orphaned
+// runs among them abandoned; what it cannot read or mark it keeps for the
+// next time, the latest maxSweep slots, whatever their age: a slot that
+// left the catch-up window while its reads failed is never fired again,
+// but its run, if left running, must still be marked.
 func (r *runner) resweep(ctx context.Context, fence int64) {
 	if len(r.unswept) == 0 || ctx.Err() != nil {
 		return
 	}
-	floor := r.l.opts.Now().Add(-r.o.CatchUpWindow)
-	slots := slices.DeleteFunc(r.unswept, func(s time.Time) bool { return s.Before(floor) })
+	slots := r.unswept
 	slices.SortFunc(slots, time.Time.Compare)
 	slots = slices.CompactFunc(slots, time.Time.Equal)
 	if len(slots) > maxSweep {

@@ -3,8 +3,10 @@ package sim
 import (
 	"fmt"
 	"hash/fnv"
+	"math"
 	"math/rand/v2"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -105,9 +107,7 @@ func (p *Plan) end() time.Duration { return p.FaultEnd + p.Quiet }
 // decide picks the fault for the n-th request of rep, op at d, from a hash
 // of the seed so that it does not depend on other replicas' requests.
 func (p *Plan) decide(rep int, op string, d time.Duration, n uint64, resolve func(fault int) int) Fault {
-	h := fnv.New64a()
-	fmt.Fprintf(h, "%d/%d/%s/%d", p.Seed, rep, op, n)
-	u := float64(h.Sum64()>>11) / (1 << 53)
+	u := p.draw(rep, op, n)
 	for i, f := range p.Faults {
 		if f.Rep == leader {
 			f.Rep = resolve(i)
@@ -127,6 +127,20 @@ func (p *Plan) decide(rep int, op string, d time.Duration, n uint64, resolve fun
 		u = (u - f.P) / (1 - f.P + 1e-12)
 	}
 	return Fault{}
+}
+
+// draw returns a number in [0, 1) for the n-th request of rep, op. FNV-1a
+// alone is not enough: the top bits of its hash barely change with the
+// last characters hashed, so requests 10 to 99 would all draw about the
+// same number. The splitmix64 finalizer spreads every bit of it.
+func (p *Plan) draw(rep int, op string, n uint64) float64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d/%d/%s/%d", p.Seed, rep, op, n)
+	z := h.Sum64()
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	z ^= z >> 31
+	return float64(z>>11) / (1 << 53)
 }
 
 // wild reports whether the clocks ever differ by MaxClockSkew or more, or
@@ -460,4 +474,42 @@ func repName(rep int) string {
 		return "leader"
 	}
 	return fmt.Sprintf("r%d", rep)
+}
+
+// TestDrawsAreSpread checks the fault draws of consecutive requests: a
+// fault of probability p must hit about a fraction p of them, in streaks
+// no longer than chance makes likely.
+func TestDrawsAreSpread(t *testing.T) {
+	for _, seed := range []uint64{1, 131741, 1 << 40} {
+		p := &Plan{Seed: seed}
+		for rep := range 3 {
+			for _, op := range []string{"UpdateItem", "BatchGetItem"} {
+				hits, streak, longest, close := 0, 0, 0, 0
+				prev := -1.0
+				for n := range uint64(2000) {
+					u := p.draw(rep, op, n)
+					if u < 0 || u >= 1 {
+						t.Fatalf("seed %d %s r%d request %d: draw %v outside [0, 1)", seed, op, rep, n, u)
+					}
+					if u < 0.7 {
+						hits++
+						streak++
+						longest = max(longest, streak)
+					} else {
+						streak = 0
+					}
+					if math.Abs(u-prev) < 0.01 {
+						close++
+					}
+					prev = u
+				}
+				// p = 0.7 over 2,000 draws: 1,400 ± 20 expected; a streak
+				// of 50 has odds below 1 in 10^4 here.
+				if hits < 1300 || hits > 1500 || longest >= 50 || close > 100 {
+					t.Errorf("seed %d %s r%d: %d of 2000 draws below 0.7, longest streak %d, %d consecutive pairs within 0.01 (about 40 expected)",
+						seed, op, rep, hits, longest, close)
+				}
+			}
+		}
+	}
 }
