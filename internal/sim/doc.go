@@ -13,7 +13,12 @@
 // holes (no answer until the request's context ends), answers lost after the
 // server applied the request (hang or reset), delays before or after the
 // server, 500, 503, throttling and TransactionConflict answers with the
-// bodies DynamoDB sends, and connection resets. It also sets each replica's
+// bodies DynamoDB sends, and connection resets. Whether a fault of
+// probability p hits a request is drawn from a hash of the seed, the
+// replica, the operation and the request's number, so that it does not
+// depend on other replicas' requests; the hash is passed through a
+// finalizer, so that consecutive requests draw independent numbers
+// (TestDrawsAreSpread). It also sets each replica's
 // clock (offset and rate, through Options.Now, within or beyond
 // MaxClockSkew), wall-clock steps (Options.Now shifted for a while; the
 // runtime clock the library's timers use does not move, as a process's
