@@ -315,12 +315,7 @@ func TestOrphanKeptThroughFailedCatchUps(t *testing.T) {
 	// b's clock is 5 s ahead: its first catch-up reads back the orphan's
 	// slot. Every read back fails until three firings have run, each
 	// overrunning the next slot.
-	faults.Set(func(op string) ddbtest.Action {
-		if op == "BatchGetItem" {
-			return ddbtest.ServerError
-		}
-		return ddbtest.Pass
-	})
+	failReadsBack(faults)
 	b := newLease(t, faulty, table, "job", fast("b"), offset(5*time.Second))
 	var firings atomic.Int32
 	stop := runScheduleAsync(ctx, b, sched, func(ctx context.Context, run *ddblease.JobRun) error {
@@ -331,11 +326,7 @@ func TestOrphanKeptThroughFailedCatchUps(t *testing.T) {
 		return nil
 	})
 	defer func() { assert.NoError(t, stop()) }()
-	eventually(t, "the orphan marked abandoned", func() bool {
-		runs, err := a.ListRuns(ctx, sched, orphan.Slot(), orphan.Slot())
-		require.NoError(t, err)
-		return len(runs) == 1 && runs[0].Status == ddblease.RunAbandoned
-	})
+	eventuallyAbandoned(ctx, t, a, sched, orphan)
 	assert.GreaterOrEqual(t, faults.Faulted("BatchGetItem"), 3, "the catch-ups' reads failed")
 }
 
@@ -355,12 +346,7 @@ func TestOrphanMarkedAfterItsWindow(t *testing.T) {
 	// reads back the orphan's slot, which leaves the window 0.4 s later.
 	// Reads back fail until b fires a slot a second past that.
 	const window = 5400 * time.Millisecond
-	faults.Set(func(op string) ddbtest.Action {
-		if op == "BatchGetItem" {
-			return ddbtest.ServerError
-		}
-		return ddbtest.Pass
-	})
+	failReadsBack(faults)
 	b := newLease(t, faulty, table, "job", fast("b"), offset(5*time.Second))
 	outside := orphan.Slot().Add(window + time.Second)
 	var cleared atomic.Bool
@@ -374,12 +360,30 @@ func TestOrphanMarkedAfterItsWindow(t *testing.T) {
 	})
 	defer func() { assert.NoError(t, stop()) }()
 	eventually(t, "reads back work again", cleared.Load)
+	eventuallyAbandoned(ctx, t, a, sched, orphan)
+	assert.GreaterOrEqual(t, faults.Faulted("BatchGetItem"), 3, "the reads back failed while the slot was in the window")
+}
+
+// failReadsBack fails every BatchGetItem, the read back of skipped slots,
+// with a 500.
+func failReadsBack(faults *ddbtest.Faults) {
+	faults.Set(func(op string) ddbtest.Action {
+		if op == "BatchGetItem" {
+			return ddbtest.ServerError
+		}
+		return ddbtest.Pass
+	})
+}
+
+// eventuallyAbandoned waits until the run of orphan's slot is marked
+// abandoned, as l lists it.
+func eventuallyAbandoned(ctx context.Context, t *testing.T, l *ddblease.Lease, sched ddblease.Schedule, orphan *ddblease.JobRun) {
+	t.Helper()
 	eventually(t, "the orphan marked abandoned", func() bool {
-		runs, err := a.ListRuns(ctx, sched, orphan.Slot(), orphan.Slot())
+		runs, err := l.ListRuns(ctx, sched, orphan.Slot(), orphan.Slot())
 		require.NoError(t, err)
 		return len(runs) == 1 && runs[0].Status == ddblease.RunAbandoned
 	})
-	assert.GreaterOrEqual(t, faults.Faulted("BatchGetItem"), 3, "the reads back failed while the slot was in the window")
 }
 
 // leaveOrphan has a replica "a" take the lease of "job", claim the current
