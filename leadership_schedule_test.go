@@ -364,6 +364,94 @@ func TestOrphanMarkedAfterItsWindow(t *testing.T) {
 	assert.GreaterOrEqual(t, faults.Faulted("BatchGetItem"), 3, "the reads back failed while the slot was in the window")
 }
 
+// TestOrphanBehindLaterRunMarked: an older tenure left a run running and
+// then ran a later slot to the end. The next tenure's catch-up reads the
+// skipped slots back 100 at a time and stops after the batch holding the
+// latest run, not at that run: the orphan, in the same batch, is marked
+// abandoned.
+func TestOrphanBehindLaterRunMarked(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table, db := tableAndClient(t)
+	sched := ddblease.Every(200 * time.Millisecond)
+	a := newLease(t, db, table, "job", fast("a"))
+	_, err := a.TryAcquire(ctx)
+	require.NoError(t, err)
+	orphan, err := a.Claim(ctx, time.Now().Truncate(200*time.Millisecond))
+	require.NoError(t, err)
+	later, err := a.Claim(ctx, orphan.Slot().Add(200*time.Millisecond))
+	require.NoError(t, err)
+	require.NoError(t, later.Finish(ctx, nil))
+	require.NoError(t, a.Resign(ctx))
+
+	// b's clock is 5 s ahead: both slots are among those its first
+	// catch-up skips, the finished one the later.
+	b := newLease(t, db, table, "job", fast("b"), offset(5*time.Second))
+	stop := runScheduleAsync(ctx, b, sched, func(ctx context.Context, run *ddblease.JobRun) error { return nil })
+	defer func() { assert.NoError(t, stop()) }()
+	eventuallyAbandoned(ctx, t, a, sched, orphan)
+}
+
+// TestOrphanFoundByClaimMarkedAfterFailedMarking: the slot a new tenure
+// fires first holds a run an older tenure left running, so its claim finds
+// the slot taken and marks the run abandoned; that write fails once. The
+// slot is not run, and the run is still marked after the next firing.
+func TestOrphanFoundByClaimMarkedAfterFailedMarking(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table, faults, faulty := tableWithFaults(t)
+	db := srv.Client(nil)
+	a := newLease(t, db, table, "job", fast("a"))
+	_, err := a.TryAcquire(ctx)
+	require.NoError(t, err)
+	// Slots every second from the orphan's: the orphan's is the one due
+	// when b starts.
+	first := time.Now().Round(time.Millisecond)
+	sched := ddblease.ScheduleFunc(func(t time.Time) time.Time {
+		if t.Before(first) {
+			return first
+		}
+		return first.Add(t.Sub(first).Truncate(time.Second) + time.Second)
+	})
+	orphan, err := a.Claim(ctx, first)
+	require.NoError(t, err)
+	require.NoError(t, a.Resign(ctx))
+
+	// The first UpdateItem after b's claim (the marking) fails, and the
+	// client does not retry it; b's heartbeats are too far apart to come
+	// between.
+	var mu sync.Mutex
+	claimed, failed := false, false
+	faults.Set(func(op string) ddbtest.Action {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case op == "TransactWriteItems":
+			claimed = true
+		case op == "UpdateItem" && claimed && !failed:
+			failed = true
+			return ddbtest.ServerError
+		}
+		return ddbtest.Pass
+	})
+	once := dynamodb.New(faulty.Options(), func(o *dynamodb.Options) { o.RetryMaxAttempts = 1 })
+	b := newLease(t, once, table, "job", fast("b"), func(o *ddblease.Options) {
+		o.LeaseDuration, o.HeartbeatInterval = 6*time.Second, 2*time.Second
+	})
+	var slots sync.Map
+	stop := runScheduleAsync(ctx, b, sched, func(ctx context.Context, run *ddblease.JobRun) error {
+		slots.Store(run.Slot(), true)
+		return nil
+	})
+	defer func() { assert.NoError(t, stop()) }()
+	eventuallyAbandoned(ctx, t, a, sched, orphan)
+	mu.Lock()
+	assert.True(t, failed, "the marking write was failed")
+	mu.Unlock()
+	_, ran := slots.Load(first)
+	assert.False(t, ran, "fn called for the orphan's slot")
+}
+
 // failReadsBack fails every BatchGetItem, the read back of skipped slots,
 // with a 500.
 func failReadsBack(faults *ddbtest.Faults) {

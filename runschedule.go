@@ -55,10 +55,11 @@ const (
 // missed slot by the catch-up that follows (abandoned if its claim landed).
 // A claim answered after the tenure's deadline (a slow answer, a paused
 // process) does not run fn: the run is left for the next tenure to mark
-// abandoned. A skipped slot that could not be read back, or whose run
-// could not be marked abandoned, is tried again after each firing until it
-// is (the latest 1,000 such slots are kept), even once it has left the
-// catch-up window.
+// abandoned. A skipped slot that could not be read back, and a slot whose
+// run an older tenure left running could not be marked abandoned (by a
+// catch-up, or by the claim that found it), is tried again after each
+// firing until it is (the latest 1,000 such slots are kept), even once it
+// has left the catch-up window.
 //
 // Clock steps. Slots are read off the wall clock (Options.Now). A clock
 // stepped forward fires the slots it passes early (each once: their runs
@@ -112,11 +113,11 @@ type runner struct {
 	// claims with unknown outcomes: a sweep abandons such a claim if it did
 	// land.
 	givenUp []string
-	// unswept holds skipped slots a catch-up could not read back, or
-	// whose orphaned run it could not mark abandoned: they are read again
-	// after each firing until they are swept (the latest maxSweep are
-	// kept), so that a run an older tenure left running there is still
-	// marked abandoned.
+	// unswept holds skipped slots a catch-up could not read back, and
+	// slots whose orphaned run a catch-up or a claim could not mark
+	// abandoned (keepOrphan): they are read again after each firing until
+	// they are swept (the latest maxSweep are kept), so that a run an
+	// older tenure left running there is still marked abandoned.
 	unswept []time.Time
 	ctl     runnerControl // operator controls (control.go)
 }
@@ -276,6 +277,7 @@ func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed i
 		switch {
 		case errors.Is(err, ErrSlotTaken):
 			l.log.Debug("ddblease: slot already handled", "slot", fmtSlot(slot), "err", err)
+			r.keepOrphan(err, fence, slot)
 			return true, nil
 		case errors.Is(err, ErrLost), errors.Is(err, ErrNotLeader):
 			// The tenure is over: its timer cancels ctx, and Run campaigns

@@ -179,6 +179,7 @@ func (r *runner) catchUp(ctx context.Context, fence int64, c Control) {
 					r.runAndFinish(ctx, fence, run)
 				case errors.Is(err, ErrSlotTaken), errors.Is(err, ErrMalformedItem):
 					l.log.Info("ddblease: catch-up: the slot was already handled", "slot", fmtSlot(latest), "err", err)
+					r.keepOrphan(err, fence, latest)
 				default:
 					if ctx.Err() == nil && !errors.Is(err, ErrLost) && !errors.Is(err, ErrNotLeader) {
 						l.log.Warn("ddblease: catch-up claim failed; will try again", "slot", fmtSlot(latest), "err", err)
@@ -223,6 +224,7 @@ func (r *runner) skip(ctx context.Context, fence int64, slot time.Time) bool {
 		l.log.Info("ddblease: slot skipped: the job is paused", "slot", fmtSlot(slot), "fence", fence)
 		return true
 	case errors.Is(err, ErrSlotTaken), errors.Is(err, ErrMalformedItem):
+		r.keepOrphan(err, fence, slot)
 		return true
 	case ctx.Err() == nil && !errors.Is(err, ErrLost) && !errors.Is(err, ErrNotLeader):
 		// Recorded at the next catch-up, like a slot whose claim failed.

@@ -2,6 +2,7 @@ package ddblease
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"time"
 
@@ -107,6 +108,16 @@ func (r *runner) abandonOrphan(ctx context.Context, fence int64, slot time.Time,
 		return false, retryable(err)
 	}
 	return ok, false
+}
+
+// keepOrphan keeps slot for the next resweep when err, from its claim,
+// says that the slot holds a run an older tenure left running, which the
+// claim could not mark abandoned.
+func (r *runner) keepOrphan(err error, fence int64, slot time.Time) {
+	var taken *SlotTakenError
+	if errors.As(err, &taken) && !taken.Abandoned && taken.Run.Status == RunRunning && taken.Run.Fence < fence {
+		r.unswept = append(r.unswept, slot)
+	}
 }
 
 // resweep reads back the slots a catch-up could not, and marks orphaned
