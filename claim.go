@@ -19,7 +19,8 @@ import (
 // years outside 0001-9999 are errors wrapping ErrInvalid.
 //
 // Only the current holder can claim: a handle with no tenure, or past its
-// local deadline, gets ErrNotLeader; where the server supports transactions
+// local deadline by Options.Now or by the runtime's clock, gets
+// ErrNotLeader; where the server supports transactions
 // the write carries a check that the lease item still names this owner and
 // fence, and a deposed holder gets ErrLost (its tenure ends). The write
 // succeeds only if the slot has no run, or, under the Rerun policy, a run
@@ -72,7 +73,7 @@ func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, tok
 	}
 	now := l.opts.Now()
 	t := l.current()
-	if !t.held || !now.Before(t.deadline) {
+	if !t.held || l.left(t.deadline, t.realDeadline) <= 0 {
 		return nil, fmt.Errorf("%w: claim %q slot %s", ErrNotLeader, l.job, id)
 	}
 	key := map[string]types.AttributeValue{attrPK: avS(runItemKey(l.job, id))}

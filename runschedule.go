@@ -54,8 +54,9 @@ const (
 // tenure ended, is given up once the next slot is due, and is swept like a
 // missed slot by the catch-up that follows (abandoned if its claim landed).
 // A claim answered after the tenure's deadline (a slow answer, a paused
-// process) does not run fn: the run is left for the next tenure to mark
-// abandoned. A skipped slot that could not be read back, and a slot whose
+// process) does not run fn: the run is given up, and marked abandoned
+// after a later firing (by this replica, or by a newer tenure's catch-up).
+// A skipped slot that could not be read back, and a slot whose
 // run an older tenure left running could not be marked abandoned (by a
 // catch-up, or by the claim that found it), is tried again after each
 // firing until it is (the latest 1,000 such slots are kept), even once it
@@ -294,10 +295,7 @@ func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed i
 		}
 		if next, nerr := nextSlot(r.sched, slot); nerr == nil && !next.IsZero() && !next.After(l.opts.Now()) {
 			l.log.Warn("ddblease: slot given up: the next one is due", "slot", fmtSlot(slot), "err", err)
-			r.givenUp = append(r.givenUp, token)
-			if len(r.givenUp) > maxGivenUp {
-				r.givenUp = r.givenUp[1:]
-			}
+			r.giveUp(token)
 			return false, nil
 		}
 		l.notify.emit(l.event(EventRetry, Event{Op: "claim", Fence: fence, Slot: slot, Err: err}))
@@ -308,15 +306,28 @@ func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed i
 	if !l.leads(fence) {
 		// The tenure's deadline passed while the claim was in flight (a
 		// slow answer, a paused process): fn is not called on a tenure
-		// that is over. The run, claimed, is left for a newer tenure's
-		// catch-up to mark abandoned.
+		// that is over. The run, claimed, is given up: the next resweep
+		// marks it abandoned, whichever slot is handled next. Then wait
+		// for the tenure's timer to cancel ctx, as for ErrLost.
 		l.log.Warn("ddblease: slot not run: the tenure ended while it was being claimed", "slot", fmtSlot(slot), "fence", fence)
+		r.giveUp(token)
+		r.unswept = append(r.unswept, slot)
+		_ = sleep(ctx, l.opts.RetryInterval)
 		return false, nil
 	}
 	// A run whose outcome could not be recorded is not handled: the slot
 	// stays due, so that a newer tenure's catch-up finds the run left
 	// running and marks it abandoned.
 	return r.runAndFinish(ctx, fence, run), nil
+}
+
+// giveUp remembers the token of a claim given up, so that a sweep marks
+// its run abandoned if the claim landed.
+func (r *runner) giveUp(token string) {
+	r.givenUp = append(r.givenUp, token)
+	if len(r.givenUp) > maxGivenUp {
+		r.givenUp = r.givenUp[1:]
+	}
 }
 
 // call calls fn for run. If fn panics, the run is recorded as failed with

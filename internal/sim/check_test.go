@@ -414,7 +414,9 @@ func (c *checker) liveness(samples []sample, shutdown map[int]time.Duration) {
 		for _, x := range byT[t] {
 			led = led || x.leader
 		}
-		if !led && t >= p.FaultEnd+p.liveBound() && !reported {
+		// No leader yet since the faults ended. A later pause between
+		// tenures (a panic, a resignation) is judged as a gap.
+		if !led && !hadLeader && t >= p.FaultEnd+p.liveBound() && !reported {
 			c.fail(VNoLeader, "no replica led at %v (faults ended at %v, bound %v)", t, p.FaultEnd, p.liveBound())
 			reported = true
 		}

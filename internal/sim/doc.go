@@ -71,6 +71,7 @@
 //
 //   - no-leader: a replica leads within LiveBound (LeaseDuration +
 //     2*MaxClockSkew + RetryInterval + 2*CallTimeout + LeaseDuration/20);
+//     a leaderless moment after that first leader is judged as a gap;
 //   - gap: no leaderless gap longer than GapBound (LeaseDuration/10 +
 //     2*MaxClockSkew + RetryInterval + 2*CallTimeout + LeaseDuration/20),
 //     by IsLeader samples, and no tenure that ends after the faults ended
