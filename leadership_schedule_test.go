@@ -181,20 +181,7 @@ func TestOrphanMarkedAfterFailedMarking(t *testing.T) {
 	// b's clock is 5 s ahead, so the orphan's slot is among those its
 	// first catch-up reads back; the first UpdateItem after that read (the
 	// marking) fails, once, and the client does not retry it.
-	var mu sync.Mutex
-	swept, failed := false, false
-	faults.Set(func(op string) ddbtest.Action {
-		mu.Lock()
-		defer mu.Unlock()
-		switch {
-		case op == "BatchGetItem":
-			swept = true
-		case op == "UpdateItem" && swept && !failed:
-			failed = true
-			return ddbtest.ServerError
-		}
-		return ddbtest.Pass
-	})
+	failed := failUpdateAfter(faults, "BatchGetItem")
 	once := dynamodb.New(faulty.Options(), func(o *dynamodb.Options) { o.RetryMaxAttempts = 1 })
 	b := newLease(t, once, table, "job", fast("b"), offset(5*time.Second))
 	rctx, cancel := context.WithCancel(ctx)
@@ -214,9 +201,7 @@ func TestOrphanMarkedAfterFailedMarking(t *testing.T) {
 		})
 	}()
 	require.Eventually(t, func() bool { return firings.Load() >= 2 }, 20*time.Second, 20*time.Millisecond)
-	mu.Lock()
-	assert.True(t, failed, "the marking write was failed")
-	mu.Unlock()
+	assert.True(t, failed(), "the marking write was failed")
 	assert.Equal(t, ddblease.RunAbandoned, status(), "the orphan is marked after a later firing")
 	cancel()
 	require.NoError(t, <-done)
@@ -420,20 +405,7 @@ func TestOrphanFoundByClaimMarkedAfterFailedMarking(t *testing.T) {
 	// The first UpdateItem after b's claim (the marking) fails, and the
 	// client does not retry it; b's heartbeats are too far apart to come
 	// between.
-	var mu sync.Mutex
-	claimed, failed := false, false
-	faults.Set(func(op string) ddbtest.Action {
-		mu.Lock()
-		defer mu.Unlock()
-		switch {
-		case op == "TransactWriteItems":
-			claimed = true
-		case op == "UpdateItem" && claimed && !failed:
-			failed = true
-			return ddbtest.ServerError
-		}
-		return ddbtest.Pass
-	})
+	failed := failUpdateAfter(faults, "TransactWriteItems")
 	once := dynamodb.New(faulty.Options(), func(o *dynamodb.Options) { o.RetryMaxAttempts = 1 })
 	b := newLease(t, once, table, "job", fast("b"), func(o *ddblease.Options) {
 		o.LeaseDuration, o.HeartbeatInterval = 6*time.Second, 2*time.Second
@@ -445,11 +417,33 @@ func TestOrphanFoundByClaimMarkedAfterFailedMarking(t *testing.T) {
 	})
 	defer func() { assert.NoError(t, stop()) }()
 	eventuallyAbandoned(ctx, t, a, sched, orphan)
-	mu.Lock()
-	assert.True(t, failed, "the marking write was failed")
-	mu.Unlock()
+	assert.True(t, failed(), "the marking write was failed")
 	_, ran := slots.Load(first)
 	assert.False(t, ran, "fn called for the orphan's slot")
+}
+
+// failUpdateAfter fails, with a 500, the first UpdateItem after the first
+// request of operation after; the result reports whether it has.
+func failUpdateAfter(faults *ddbtest.Faults, after string) (failed func() bool) {
+	var mu sync.Mutex
+	seen, done := false, false
+	faults.Set(func(op string) ddbtest.Action {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case op == after:
+			seen = true
+		case op == "UpdateItem" && seen && !done:
+			done = true
+			return ddbtest.ServerError
+		}
+		return ddbtest.Pass
+	})
+	return func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return done
+	}
 }
 
 // failReadsBack fails every BatchGetItem, the read back of skipped slots,
