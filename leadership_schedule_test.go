@@ -237,7 +237,9 @@ func (c *clockJumpOnClaim) RoundTrip(r *http.Request) (*http.Response, error) {
 		claim = op == "TransactWriteItems" || op == "UpdateItem" && bytes.Contains(body, []byte(`"running"`))
 	}
 	resp, err := c.next.RoundTrip(r)
-	if claim && err == nil && c.armed.CompareAndSwap(true, false) {
+	// Only a claim that landed: on a server without transactions the
+	// first attempt is refused, and the claim is then sent as UpdateItem.
+	if claim && err == nil && resp.StatusCode == http.StatusOK && c.armed.CompareAndSwap(true, false) {
 		c.jumped.Store(true)
 	}
 	return resp, err
