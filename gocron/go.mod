@@ -7,7 +7,7 @@ replace github.com/ddblease/ddblease => ../
 require (
 	github.com/aws/aws-sdk-go-v2 v1.48.0
 	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.74.0
-	github.com/ddblease/ddblease v0.0.0
+	github.com/ddblease/ddblease v0.1.0
 	github.com/go-co-op/gocron/v2 v2.21.2
 	github.com/google/uuid v1.6.0
 	github.com/jonboulle/clockwork v0.5.0

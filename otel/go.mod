@@ -6,7 +6,7 @@ replace github.com/ddblease/ddblease => ../
 
 require (
 	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.74.0
-	github.com/ddblease/ddblease v0.0.0
+	github.com/ddblease/ddblease v0.1.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
 	go.opentelemetry.io/otel/sdk/metric v1.47.0

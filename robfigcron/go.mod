@@ -7,7 +7,7 @@ replace github.com/ddblease/ddblease => ../
 require (
 	github.com/aws/aws-sdk-go-v2 v1.48.0
 	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.74.0
-	github.com/ddblease/ddblease v0.0.0
+	github.com/ddblease/ddblease v0.1.0
 	github.com/robfig/cron/v3 v3.0.1
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0

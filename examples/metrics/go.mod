@@ -8,8 +8,8 @@ replace (
 )
 
 require (
-	github.com/ddblease/ddblease v0.0.0
-	github.com/ddblease/ddblease/otel v0.0.0
+	github.com/ddblease/ddblease v0.1.0
+	github.com/ddblease/ddblease/otel v0.1.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.0

@@ -7,7 +7,7 @@ require (
 	github.com/aws/aws-sdk-go-v2/config v1.33.18
 	github.com/aws/aws-sdk-go-v2/credentials v1.21.0
 	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.74.0
-	github.com/ddblease/ddblease v0.0.0
+	github.com/ddblease/ddblease v0.1.0
 	github.com/stretchr/testify v1.12.1
 )
 
