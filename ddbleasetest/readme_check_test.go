@@ -7,10 +7,10 @@ import (
 	"testing"
 )
 
-// TestREADMEShowsUserTest fails when the README's test example and
-// user_test.go differ: the README's go block under "### Tests of your own"
-// must be the text between user_test.go's markers.
-func TestREADMEShowsUserTest(t *testing.T) {
+// TestDocsShowUserTest fails when the test example of docs/testing.md and
+// user_test.go differ: the go block under "## Tests of your own" must be
+// the text between user_test.go's markers.
+func TestDocsShowUserTest(t *testing.T) {
 	src, err := os.ReadFile("user_test.go")
 	if err != nil {
 		t.Fatal(err)
@@ -19,15 +19,15 @@ func TestREADMEShowsUserTest(t *testing.T) {
 	if m == nil {
 		t.Fatal("user_test.go has no readme:begin/end markers")
 	}
-	readme, err := os.ReadFile("../README.md")
+	doc, err := os.ReadFile("../docs/testing.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := regexp.MustCompile("(?s)### Tests of your own\n.*?```go\n(.*?)```\n").FindSubmatch(readme)
+	r := regexp.MustCompile("(?s)\n## Tests of your own\n.*?```go\n(.*?)```\n").FindSubmatch(doc)
 	if r == nil {
-		t.Fatal(`README.md has no go block under "### Tests of your own"`)
+		t.Fatal(`docs/testing.md has no go block under "## Tests of your own"`)
 	}
 	if want, got := strings.TrimSpace(string(m[1])), strings.TrimSpace(string(r[1])); want != got {
-		t.Errorf("README.md's test example differs from ddbleasetest/user_test.go; copy the text between the markers into the README\nREADME:\n%s\nuser_test.go:\n%s", got, want)
+		t.Errorf("docs/testing.md's test example differs from ddbleasetest/user_test.go; copy the text between the markers into it\ndocs/testing.md:\n%s\nuser_test.go:\n%s", got, want)
 	}
 }

@@ -1,6 +1,6 @@
 package ddbleasetest_test
 
-// readme:begin (README.md shows this file from here to readme:end)
+// readme:begin (docs/testing.md shows this file from here to readme:end)
 import (
 	"context"
 	"errors"

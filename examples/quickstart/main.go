@@ -1,6 +1,4 @@
-// quickstart:begin (README.md shows this file from here to quickstart:end)
-
-// Command quickstart is ddblease's quick start: a replica that leads the job
+// Command quickstart is ddblease's full quick start: a replica that leads the job
 // "billing-nightly" and writes one invoice per slot of a short schedule,
 // fenced, then resigns.
 //
@@ -80,8 +78,9 @@ func run(ctx context.Context, endpoint, region string, every time.Duration, runs
 	// replica started at noon waits twelve hours, silently. A slot that came
 	// due while no one led still runs late if it is at most CatchUpWindow
 	// old (15 minutes by default: started at 00:10, it runs the midnight
-	// slot at once); older ones are skipped, with a warning. Here the
-	// window is one period, so a start runs at most the slot just past.
+	// slot at once); older ones are skipped (a replica that led before logs
+	// how many). Here the window is one period, so a start runs at most the
+	// slot just past.
 	sched := ddblease.Every(every)
 	start := time.Now()
 	ctx, finish := context.WithCancel(ctx)
@@ -170,5 +169,3 @@ func client(ctx context.Context, endpoint, region string) (*dynamodb.Client, fun
 		o.BaseEndpoint = aws.String(endpoint)
 	}), func() {}, nil
 }
-
-// quickstart:end

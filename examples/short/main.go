@@ -1,9 +1,5 @@
-// Command short is the README's quick start: a replica that campaigns for
-// the job "billing-nightly" and, while it leads, writes one invoice per slot
-// through the guard. Start two or three; SIGTERM or Ctrl-C hands over at once.
-//
-//	go run ./examples/short                                               # in-process server
-//	DDBLEASE_TEST_ENDPOINT=http://localhost:8000 go run ./examples/short  # another server
+// Command short is the README's quick start: while it leads the job
+// "billing-nightly", it writes one invoice per slot through the guard.
 package main
 
 import (
