@@ -59,7 +59,14 @@ func (e *StaleFenceError) Unwrap() []error {
 // DefaultGuardCallTimeout is the default of GuardOptions.CallTimeout.
 const DefaultGuardCallTimeout = 5 * time.Second
 
-// DefaultGuardTokenAttribute is the default of GuardOptions.TokenAttribute.
+// DefaultGuardFenceAttribute is the default of GuardOptions.FenceAttribute
+// and CommitOptions.FenceAttribute: the attribute of a guarded item that
+// holds its fence high-water mark.
+const DefaultGuardFenceAttribute = "fence"
+
+// DefaultGuardTokenAttribute is the default of GuardOptions.TokenAttribute
+// and CommitOptions.TokenAttribute: the attribute of a guarded item that
+// holds the token of the write that wrote it last.
 const DefaultGuardTokenAttribute = "fenceWrite"
 
 // MaxGuardedItems is the most writes Guard.TransactWrite accepts: DynamoDB's
@@ -73,24 +80,28 @@ type GuardOptions struct {
 	// Guard.TransactWrite). Default 5s; negative is an error.
 	CallTimeout time.Duration
 
-	// FenceAttribute names the attribute in which Put and Update keep the
-	// target item's fence high-water mark (a number). Default "fence".
+	// FenceAttribute names the attribute in which Put, Update and the
+	// actions of TransactWrite keep the target item's fence high-water mark
+	// (a number). Every writer of an item must use the same name: a
+	// JobRun.Commit of the same items too (CommitOptions). Default "fence".
 	FenceAttribute string
 
-	// TokenAttribute names the attribute in which Put and Update store a
-	// random token of each write (a string) on the item they write, so that
-	// a write whose answer was lost, or whose SDK retry failed its
-	// condition because the first attempt had landed, is recognised as
-	// applied. Guarded items carry it as long as they carry the fence mark.
-	// It must differ from FenceAttribute. Default "fenceWrite".
+	// TokenAttribute names the attribute in which Put, Update and the
+	// actions of TransactWrite store a random token of each write (a
+	// string) on the item they write, so that a write whose answer was
+	// lost, or whose SDK retry failed its condition because the first
+	// attempt had landed, is recognised as applied. Guarded items carry it
+	// as long as they carry the fence mark. It must differ from
+	// FenceAttribute. Default "fenceWrite".
 	TokenAttribute string
 
 	// Observer, if not nil, is told of every write the guard refuses for a
 	// stale fence (EventStaleFence) and of every DynamoDB request it makes
 	// (EventCall). Events are delivered one at a time, in the order they
 	// happened, by the goroutine that made the request (or, when methods
-	// run concurrently, by one already delivering). It must not block: a slow observer delays the guarded
-	// call. A panic in it is not recovered. Default nil.
+	// run concurrently, by one already delivering). It must not block: a
+	// slow observer delays the guarded call. A panic in it is not
+	// recovered. Default nil.
 	Observer func(Event)
 }
 
@@ -120,6 +131,7 @@ type Guard struct {
 	job   string
 	key   map[string]types.AttributeValue
 	opts  GuardOptions
+	mark  marker
 	keys  sync.Map // table name -> []string, its key attributes
 	obs   notifier
 }
@@ -148,23 +160,13 @@ func NewGuard(db DynamoDBAPI, table, job string, optFns ...func(*GuardOptions)) 
 	if o.CallTimeout == 0 {
 		o.CallTimeout = DefaultGuardCallTimeout
 	}
-	if o.FenceAttribute == "" {
-		o.FenceAttribute = attrFence
-	}
-	if o.TokenAttribute == "" {
-		o.TokenAttribute = DefaultGuardTokenAttribute
-	}
-	if err := checkName("FenceAttribute", o.FenceAttribute, 255); err != nil {
+	m, err := newMarker("GuardOptions", o.FenceAttribute, o.TokenAttribute)
+	if err != nil {
 		return nil, err
 	}
-	if err := checkName("TokenAttribute", o.TokenAttribute, 255); err != nil {
-		return nil, err
-	}
-	if o.TokenAttribute == o.FenceAttribute {
-		return nil, invalid("GuardOptions: TokenAttribute and FenceAttribute are both %q", o.FenceAttribute)
-	}
+	o.FenceAttribute, o.TokenAttribute = m.fence, m.token
 	g := &Guard{db: db, table: table, job: job, key: map[string]types.AttributeValue{attrPK: avS(leaseKey(job))},
-		opts: o, obs: notifier{fn: o.Observer}}
+		opts: o, mark: m, obs: notifier{fn: o.Observer}}
 	if o.Observer != nil {
 		g.db = observedDB{db: db, now: time.Now, report: func(e Event) {
 			e.Kind, e.Job, e.Time = EventCall, job, time.Now()
@@ -241,15 +243,31 @@ func (g *Guard) Do(ctx context.Context, fence int64, fn func(ctx context.Context
 
 // TransactWrite applies items in one TransactWriteItems together with a
 // ConditionCheck that the job's lease item holds exactly fence: it refuses
-// any fence but the current one, whichever items it writes. When a newer
-// fence exists, nothing is written and the error is a *StaleFenceError
-// carrying the current fence (from the check's ALL_OLD item, or a
-// consistent read). A failed condition among items is returned as the
-// SDK's TransactionCanceledException (errors.As), whose CancellationReasons
-// list the guard's check first and then items in order. An item acting on
-// the job's lease item is an error wrapping ErrInvalid. A server without
-// transactions gets an error wrapping ErrTransactionsUnsupported; use Put
-// or Update there.
+// any fence but the current one, whichever items it writes.
+//
+// Every item it writes carries the fence high-water mark as Put and Update
+// keep it, so that the forms can be mixed on one item: each Put and Update
+// action sets the item's fence attribute (GuardOptions.FenceAttribute) to
+// fence and its token attribute to a token of this call, on condition that
+// the stored item has no fence attribute or one not above fence (and does
+// not carry this call's token); each Delete action is on the first of these
+// conditions. The action's own ConditionExpression is ANDed with them, and
+// its expressions are checked as Put's and Update's are (an error wrapping
+// ErrInvalid, before any request). A later Put or Update of one of these
+// items with a lower fence is refused, and this call refuses to write over
+// a mark above fence (left by another job's guard sharing the item).
+// ConditionCheck actions are sent as they are. Each action's
+// ReturnValuesOnConditionCheckFailure is ALL_OLD. items are not modified.
+//
+// When a newer fence exists, nothing is written and the error is a
+// *StaleFenceError carrying the current fence (from the check's ALL_OLD
+// item, or a consistent read); when an item's mark is above fence, the
+// same error carrying that mark. A failed condition among items that is
+// the caller's own is returned as the SDK's TransactionCanceledException
+// (errors.As), whose CancellationReasons list the guard's check first and
+// then items in order. An item acting on the job's lease item is an error
+// wrapping ErrInvalid. A server without transactions gets an error
+// wrapping ErrTransactionsUnsupported; use Put or Update there.
 //
 // DynamoDB cancels a transaction that touches an item another transaction
 // or write is using (TransactionConflict), such as the lease item while its
@@ -261,10 +279,14 @@ func (g *Guard) Do(ctx context.Context, fence int64, fn func(ctx context.Context
 // carries the same ClientRequestToken, so DynamoDB applies the transaction
 // at most once (within its ten-minute idempotency window). A server that
 // ignores the token (minidyn, dynalite) may apply an attempt whose answer
-// was lost and then report the retry's conditions failing.
+// was lost; the retry then fails the token condition, and the token found
+// on the item shows that the transaction was applied.
 //
 // One request per attempt (each costs twice the write units of plain
-// writes, as every transaction does).
+// writes, as every transaction does); when it fails its conditions and the
+// server returned no item with the failure, a consistent GetItem of the
+// lease item or of the refused item (and the first time for a table a
+// DescribeTable).
 func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.TransactWriteItem) error {
 	if fence < 1 {
 		return invalid("TransactWrite: fence %d is below 1", fence)
@@ -275,10 +297,15 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 	if i := onItem(items, g.table, g.key); i >= 0 {
 		return invalid("TransactWrite: item %d acts on the job's lease item", i)
 	}
+	tok := randomID(16)
+	marked, err := g.mark.transactItems("TransactWrite", items, fence, tok)
+	if err != nil {
+		return err
+	}
 	all := make([]types.TransactWriteItem, 0, len(items)+1)
 	all = append(all, types.TransactWriteItem{ConditionCheck: fenceCheck(g.table, g.key, fence)})
-	all = append(all, items...)
-	err := transactRetrying(ctx, g.db, all, g.retry())
+	all = append(all, marked...)
+	err = transactRetrying(ctx, g.db, all, g.retry())
 	if err == nil {
 		return nil
 	}
@@ -292,7 +319,32 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 		}
 		return errors.Join(g.stale("TransactWrite", &StaleFenceError{Job: g.job, Fence: fence, Current: cur, err: err}), cerr)
 	}
+	applied, mark, merr := g.mark.markRefusal(err, 1, items, fence, tok, g.readFor(ctx))
+	switch {
+	case applied:
+		return nil
+	case mark > 0:
+		return g.stale("TransactWrite", &StaleFenceError{Job: g.job, Fence: fence, Current: mark, err: err})
+	case merr != nil:
+		return fmt.Errorf("ddblease: guarded transaction %q refused: %w", g.job, errors.Join(err, merr))
+	}
 	return fmt.Errorf("ddblease: guarded transaction %q: %w", g.job, err)
+}
+
+// readFor returns a reader of the stored item behind an action of a
+// guarded transaction (see marker.markRefusal), with the guard's key
+// schemas.
+func (g *Guard) readFor(ctx context.Context) func(string, map[string]types.AttributeValue, bool) (map[string]types.AttributeValue, error) {
+	return func(table string, item map[string]types.AttributeValue, keyed bool) (map[string]types.AttributeValue, error) {
+		key := item
+		if !keyed {
+			var err error
+			if key, err = g.keyOf(ctx, table, item); err != nil {
+				return nil, err
+			}
+		}
+		return g.readItem(ctx, table, key)
+	}
 }
 
 // refusal explains a failed guarded write from the stored item: a fence
@@ -300,14 +352,12 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 // failed and err is returned.
 func (g *Guard) refusal(op string, fence int64, item map[string]types.AttributeValue, err error) error {
 	what := strings.ToLower(op)
-	if _, ok := item[g.opts.FenceAttribute]; ok {
-		mark, merr := num(item, g.opts.FenceAttribute)
-		if merr != nil {
-			return fmt.Errorf("ddblease: guarded %s %q refused: %w: target item: %v (%w)", what, g.job, ErrMalformedItem, merr, err)
-		}
-		if mark > fence {
-			return g.stale(op, &StaleFenceError{Job: g.job, Fence: fence, Current: mark, err: err})
-		}
+	mark, up, merr := g.mark.above(item, fence)
+	switch {
+	case merr != nil:
+		return fmt.Errorf("ddblease: guarded %s %q refused: %w (%w)", what, g.job, merr, err)
+	case up:
+		return g.stale(op, &StaleFenceError{Job: g.job, Fence: fence, Current: mark, err: err})
 	}
 	return fmt.Errorf("ddblease: guarded %s %q: %w", what, g.job, err)
 }
@@ -331,20 +381,36 @@ func (g *Guard) keyOf(ctx context.Context, table string, item map[string]types.A
 	if v, ok := g.keys.Load(table); ok {
 		names = v.([]string)
 	} else {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.opts.CallTimeout)
-		out, err := g.db.DescribeTable(cctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("describe table %q: %w", table, err)
-		}
-		if out.Table == nil || len(out.Table.KeySchema) == 0 {
-			return nil, fmt.Errorf("describe table %q: no key schema returned", table)
-		}
-		for _, k := range out.Table.KeySchema {
-			names = append(names, aws.ToString(k.AttributeName))
+		var err error
+		if names, err = keySchema(ctx, g.db, table, g.opts.CallTimeout); err != nil {
+			return nil, err
 		}
 		g.keys.Store(table, names)
 	}
+	return keyFrom(item, names)
+}
+
+// keySchema returns the names of a table's key attributes, from
+// DescribeTable, even when ctx has ended.
+func keySchema(ctx context.Context, db DynamoDBAPI, table string, timeout time.Duration) ([]string, error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	out, err := db.DescribeTable(cctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("describe table %q: %w", table, err)
+	}
+	if out.Table == nil || len(out.Table.KeySchema) == 0 {
+		return nil, fmt.Errorf("describe table %q: no key schema returned", table)
+	}
+	var names []string
+	for _, k := range out.Table.KeySchema {
+		names = append(names, aws.ToString(k.AttributeName))
+	}
+	return names, nil
+}
+
+// keyFrom returns the attributes of item that names lists.
+func keyFrom(item map[string]types.AttributeValue, names []string) (map[string]types.AttributeValue, error) {
 	key := make(map[string]types.AttributeValue, len(names))
 	for _, n := range names {
 		v, ok := item[n]

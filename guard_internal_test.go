@@ -53,7 +53,7 @@ func FuzzGuardCondition(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, cond string) {
-		c, names, values, err := g.fenceCondition("Put", aws.String(cond), nil, nil, 3, "tok")
+		c, names, values, err := g.mark.condition("Put", aws.String(cond), nil, nil, 3, "tok")
 		if err != nil {
 			if !errors.Is(err, ErrInvalid) {
 				t.Fatalf("refusal %v does not wrap ErrInvalid", err)

@@ -9,9 +9,41 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// fenceCondition adds the fence high-water check and the token check to a
-// user's condition, after checking that it cannot escape them.
-func (g *Guard) fenceCondition(what string, cond *string, names map[string]string, values map[string]types.AttributeValue,
+// marker keeps the fence high-water mark of guarded items: the attributes
+// in which every guarded Put, Update and Delete finds and sets it, and the
+// conditions that refuse a lower fence. A Guard has one (GuardOptions), and
+// JobRun.Commit makes one (CommitOptions); every form writes the mark
+// through it, so that forms mixed on one item agree.
+type marker struct {
+	fence string // the mark's attribute (GuardOptions.FenceAttribute)
+	token string // the write token's attribute (GuardOptions.TokenAttribute)
+}
+
+// newMarker checks the names of a mark's attributes, taking the defaults
+// for empty ones; what names the options for errors.
+func newMarker(what, fence, token string) (marker, error) {
+	if fence == "" {
+		fence = DefaultGuardFenceAttribute
+	}
+	if token == "" {
+		token = DefaultGuardTokenAttribute
+	}
+	if err := checkName(what+".FenceAttribute", fence, 255); err != nil {
+		return marker{}, err
+	}
+	if err := checkName(what+".TokenAttribute", token, 255); err != nil {
+		return marker{}, err
+	}
+	if fence == token {
+		return marker{}, invalid("%s: TokenAttribute and FenceAttribute are both %q", what, fence)
+	}
+	return marker{fence: fence, token: token}, nil
+}
+
+// condition adds the fence high-water check and, unless tok is empty, the
+// token check to a user's condition, after checking that it cannot escape
+// them.
+func (m marker) condition(what string, cond *string, names map[string]string, values map[string]types.AttributeValue,
 	fence int64, tok string) (*string, map[string]string, map[string]types.AttributeValue, error) {
 	for k := range names {
 		if reservedIn(k) {
@@ -35,14 +67,155 @@ func (g *Guard) fenceCondition(what string, cond *string, names map[string]strin
 	if values == nil {
 		values = map[string]types.AttributeValue{}
 	}
-	names[fenceName], names[tokenName] = g.opts.FenceAttribute, g.opts.TokenAttribute
-	values[fenceValue], values[tokenValue] = avN(fence), avS(tok)
-	c := "(attribute_not_exists(" + fenceName + ") OR " + fenceName + " <= " + fenceValue + ") AND " +
-		"(attribute_not_exists(" + tokenName + ") OR " + tokenName + " <> " + tokenValue + ")"
+	names[fenceName], values[fenceValue] = m.fence, avN(fence)
+	c := "(attribute_not_exists(" + fenceName + ") OR " + fenceName + " <= " + fenceValue + ")"
+	if tok != "" {
+		names[tokenName], values[tokenValue] = m.token, avS(tok)
+		c += " AND (attribute_not_exists(" + tokenName + ") OR " + tokenName + " <> " + tokenValue + ")"
+	}
 	if uc != "" {
 		c += " AND (" + uc + ")"
 	}
 	return aws.String(c), names, values, nil
+}
+
+// item returns a copy of a Put's item carrying the mark and the token; an
+// item that holds the token attribute already is refused.
+func (m marker) item(what string, item map[string]types.AttributeValue, fence int64, tok string) (map[string]types.AttributeValue, error) {
+	if _, ok := item[m.token]; ok {
+		return nil, invalid("%s: the item holds attribute %q, which the guard reserves for its write token (TokenAttribute)", what, m.token)
+	}
+	item = maps.Clone(item)
+	item[m.fence] = avN(fence)
+	item[m.token] = avS(tok)
+	return item, nil
+}
+
+// update returns an Update's expression with the assignments of the mark
+// and the token added; one that uses the guard's placeholders, or refers to
+// the mark's or the token's attribute at the top level (which could lower
+// or remove the mark), is refused.
+func (m marker) update(what string, expr *string, names map[string]string) (*string, error) {
+	e := aws.ToString(expr)
+	if reservedIn(e) {
+		return nil, invalid("%s: the UpdateExpression uses a placeholder starting with #%s or :%s, which the guard reserves",
+			what, reservedPrefix, reservedPrefix)
+	}
+	for _, a := range []string{m.fence, m.token} {
+		if ref, ok := refersTo(e, names, a); ok {
+			return nil, invalid("%s: the UpdateExpression refers to attribute %q (as %s), which the guard keeps", what, a, ref)
+		}
+	}
+	return aws.String(withFenceSet(e)), nil
+}
+
+// transactItems returns items as a guarded transaction writes them: every
+// Put and Update sets the mark to fence and the token to tok, and every
+// Put, Update and Delete carries the high-water condition (and, but for
+// Delete, the token condition) before its own, and returns the stored item
+// when a condition fails. ConditionChecks are left as they are. what names
+// the call for errors.
+func (m marker) transactItems(what string, items []types.TransactWriteItem, fence int64, tok string) ([]types.TransactWriteItem, error) {
+	out := make([]types.TransactWriteItem, len(items))
+	for i, it := range items {
+		w := fmt.Sprintf("%s: item %d", what, i)
+		var err error
+		switch {
+		case it.Put != nil:
+			p := *it.Put
+			if p.Item, err = m.item(w, it.Put.Item, fence, tok); err == nil {
+				p.ConditionExpression, p.ExpressionAttributeNames, p.ExpressionAttributeValues, err =
+					m.condition(w, p.ConditionExpression, p.ExpressionAttributeNames, p.ExpressionAttributeValues, fence, tok)
+			}
+			p.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
+			it.Put = &p
+		case it.Update != nil:
+			u := *it.Update
+			if u.UpdateExpression, err = m.update(w, it.Update.UpdateExpression, it.Update.ExpressionAttributeNames); err == nil {
+				u.ConditionExpression, u.ExpressionAttributeNames, u.ExpressionAttributeValues, err =
+					m.condition(w, u.ConditionExpression, u.ExpressionAttributeNames, u.ExpressionAttributeValues, fence, tok)
+			}
+			u.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
+			it.Update = &u
+		case it.Delete != nil:
+			d := *it.Delete
+			d.ConditionExpression, d.ExpressionAttributeNames, d.ExpressionAttributeValues, err =
+				m.condition(w, d.ConditionExpression, d.ExpressionAttributeNames, d.ExpressionAttributeValues, fence, "")
+			d.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
+			it.Delete = &d
+		}
+		if err != nil {
+			return nil, err
+		}
+		out[i] = it
+	}
+	return out, nil
+}
+
+// above reports whether a stored item's mark is above fence, and returns
+// the mark; an item without a mark has none above any fence.
+func (m marker) above(item map[string]types.AttributeValue, fence int64) (int64, bool, error) {
+	if _, ok := item[m.fence]; !ok {
+		return 0, false, nil
+	}
+	mark, err := num(item, m.fence)
+	if err != nil {
+		return 0, false, fmt.Errorf("%w: target item: %v", ErrMalformedItem, err)
+	}
+	return mark, mark > fence, nil
+}
+
+// carries reports whether a stored item carries the write token tok.
+func (m marker) carries(item map[string]types.AttributeValue, tok string) bool {
+	t, ok := item[m.token].(*types.AttributeValueMemberS)
+	return ok && tok != "" && t.Value == tok
+}
+
+// markRefusal explains a cancelled guarded transaction whose guarded items
+// are items, from action off on: applied when an item that failed its
+// condition carries tok (an earlier attempt of the transaction landed, and
+// its answer was lost); otherwise the mark above fence of the first item
+// refused by it (mark > 0), or neither (a condition of the caller's failed,
+// or the transaction was not cancelled by a condition). An item the server
+// did not return with the failure is read with readFn. A malformed mark is
+// an error.
+func (m marker) markRefusal(err error, off int, items []types.TransactWriteItem, fence int64, tok string,
+	readFn func(table string, item map[string]types.AttributeValue, keyed bool) (map[string]types.AttributeValue, error)) (applied bool, mark int64, rerr error) {
+	for i, it := range items {
+		got, failed := conditionFailed(err, off+i)
+		if !failed || it.ConditionCheck != nil {
+			continue
+		}
+		if len(got) == 0 {
+			var table *string
+			var from map[string]types.AttributeValue
+			keyed := true
+			switch {
+			case it.Put != nil:
+				table, from, keyed = it.Put.TableName, it.Put.Item, false
+			case it.Update != nil:
+				table, from = it.Update.TableName, it.Update.Key
+			case it.Delete != nil:
+				table, from = it.Delete.TableName, it.Delete.Key
+			default:
+				continue
+			}
+			if got, rerr = readFn(aws.ToString(table), from, keyed); rerr != nil {
+				return false, 0, fmt.Errorf("cannot tell why item %d was refused: %w", i, rerr)
+			}
+		}
+		if m.carries(got, tok) {
+			return true, 0, nil
+		}
+		hw, up, aerr := m.above(got, fence)
+		if aerr != nil {
+			return false, 0, fmt.Errorf("item %d: %w", i, aerr)
+		}
+		if up && mark == 0 {
+			mark = hw
+		}
+	}
+	return false, mark, nil
 }
 
 // checkCondition refuses a caller's condition expression that could escape

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -68,17 +67,14 @@ func (g *Guard) Put(ctx context.Context, fence int64, in *dynamodb.PutItemInput)
 	if in == nil || aws.ToString(in.TableName) == "" || len(in.Item) == 0 {
 		return nil, invalid("Put: the input needs a table name and an item")
 	}
-	if _, ok := in.Item[g.opts.TokenAttribute]; ok {
-		return nil, invalid("Put: the item holds attribute %q, which the guard reserves for its write token (GuardOptions.TokenAttribute)", g.opts.TokenAttribute)
-	}
 	tok := randomID(16)
 	p := *in
-	p.Item = maps.Clone(in.Item)
-	p.Item[g.opts.FenceAttribute] = avN(fence)
-	p.Item[g.opts.TokenAttribute] = avS(tok)
 	var err error
+	if p.Item, err = g.mark.item("Put", in.Item, fence, tok); err != nil {
+		return nil, err
+	}
 	if p.ConditionExpression, p.ExpressionAttributeNames, p.ExpressionAttributeValues, err =
-		g.fenceCondition("Put", in.ConditionExpression, in.ExpressionAttributeNames, in.ExpressionAttributeValues, fence, tok); err != nil {
+		g.mark.condition("Put", in.ConditionExpression, in.ExpressionAttributeNames, in.ExpressionAttributeValues, fence, tok); err != nil {
 		return nil, err
 	}
 	p.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
@@ -125,21 +121,14 @@ func (g *Guard) Update(ctx context.Context, fence int64, in *dynamodb.UpdateItem
 	if in == nil || aws.ToString(in.TableName) == "" || len(in.Key) == 0 {
 		return nil, invalid("Update: the input needs a table name and a key")
 	}
-	if reservedIn(aws.ToString(in.UpdateExpression)) {
-		return nil, invalid("Update: the UpdateExpression uses a placeholder starting with #%s or :%s, which the guard reserves",
-			reservedPrefix, reservedPrefix)
-	}
-	for _, a := range []string{g.opts.FenceAttribute, g.opts.TokenAttribute} {
-		if ref, ok := refersTo(aws.ToString(in.UpdateExpression), in.ExpressionAttributeNames, a); ok {
-			return nil, invalid("Update: the UpdateExpression refers to attribute %q (as %s), which the guard keeps", a, ref)
-		}
-	}
 	tok := randomID(16)
 	u := *in
-	u.UpdateExpression = aws.String(withFenceSet(aws.ToString(in.UpdateExpression)))
 	var err error
+	if u.UpdateExpression, err = g.mark.update("Update", in.UpdateExpression, in.ExpressionAttributeNames); err != nil {
+		return nil, err
+	}
 	if u.ConditionExpression, u.ExpressionAttributeNames, u.ExpressionAttributeValues, err =
-		g.fenceCondition("Update", in.ConditionExpression, in.ExpressionAttributeNames, in.ExpressionAttributeValues, fence, tok); err != nil {
+		g.mark.condition("Update", in.ConditionExpression, in.ExpressionAttributeNames, in.ExpressionAttributeValues, fence, tok); err != nil {
 		return nil, err
 	}
 	u.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
@@ -197,7 +186,7 @@ func (g *Guard) resolve(ctx context.Context, op string, fence int64, tok string,
 			return nil, fmt.Errorf("ddblease: guarded %s %q: outcome unknown: %w", what, g.job, errors.Join(err, rerr))
 		}
 	}
-	if t, ok := item[g.opts.TokenAttribute].(*types.AttributeValueMemberS); ok && t.Value == tok {
+	if g.mark.carries(item, tok) {
 		return item, nil
 	}
 	if !failed {

@@ -95,6 +95,22 @@ func (r *JobRun) Finish(ctx context.Context, runErr error) error {
 	return r.finish(ctx, st, runErr, nil)
 }
 
+// CommitOptions configures one JobRun.Commit. A zero field takes its
+// default.
+type CommitOptions struct {
+	// FenceAttribute names the attribute in which Commit keeps the fence
+	// high-water mark of the items it writes, as a Guard does: give it the
+	// GuardOptions.FenceAttribute of every guard that writes the same
+	// items. Default DefaultGuardFenceAttribute ("fence").
+	FenceAttribute string
+
+	// TokenAttribute names the attribute in which Commit stores the token
+	// of its write on the items it writes (GuardOptions.TokenAttribute); it
+	// must differ from FenceAttribute. Default DefaultGuardTokenAttribute
+	// ("fenceWrite").
+	TokenAttribute string
+}
+
 // Commit applies items (Put, Update, Delete or ConditionCheck, at most
 // MaxCommitItems) and marks the run succeeded in one TransactWriteItems,
 // with a check that the lease item still holds the run's fence. Either all
@@ -102,11 +118,21 @@ func (r *JobRun) Finish(ctx context.Context, runErr error) error {
 // even under the Rerun policy: a newer tenure re-runs a slot only while its
 // run is still running, that is, while its effect is not committed.
 //
+// The items carry the fence high-water mark as Guard.TransactWrite's do
+// (see there): each Put and Update sets the item's fence attribute
+// (CommitOptions.FenceAttribute) to the run's fence, each Put, Update and
+// Delete is on condition that the stored mark is not above it, so that a
+// stale Guard.Put or Guard.Update of a committed item is refused, and a
+// commit never writes over a higher mark.
+//
 // items must not act on the lease item or the run's own item (an error
-// wrapping ErrInvalid). A stale claimant gets a *StaleFenceError and
-// nothing is written; a failed condition among items is returned as the
-// SDK's TransactionCanceledException, whose CancellationReasons list the
-// lease check first, then the run's update, then items in order. A server
+// wrapping ErrInvalid), and their expressions are checked as
+// Guard.TransactWrite checks them. A stale claimant gets a
+// *StaleFenceError and nothing is written; so does a commit refused by an
+// item's mark, with that mark as Current. A failed condition among items
+// that is the caller's own is returned as the SDK's
+// TransactionCanceledException, whose CancellationReasons list the lease
+// check first, then the run's update, then items in order. A server
 // without transactions gets an error wrapping ErrTransactionsUnsupported.
 //
 // A transaction cancelled by a conflict with another write to one of its
@@ -117,7 +143,7 @@ func (r *JobRun) Finish(ctx context.Context, runErr error) error {
 // the run stays running. Whatever the failure, the run item is read back:
 // a commit found applied (an earlier attempt whose answer was lost)
 // counts as success.
-func (r *JobRun) Commit(ctx context.Context, items []types.TransactWriteItem) error {
+func (r *JobRun) Commit(ctx context.Context, items []types.TransactWriteItem, optFns ...func(*CommitOptions)) error {
 	if len(items) == 0 || len(items) > MaxCommitItems {
 		return invalid("Commit: %d items; between 1 and %d are allowed", len(items), MaxCommitItems)
 	}
@@ -127,15 +153,38 @@ func (r *JobRun) Commit(ctx context.Context, items []types.TransactWriteItem) er
 	if i := onItem(items, r.l.table, r.key); i >= 0 {
 		return invalid("Commit: item %d acts on the run's own item", i)
 	}
-	return r.finish(ctx, RunSucceeded, nil, items)
+	var o CommitOptions
+	for _, fn := range optFns {
+		if fn != nil {
+			fn(&o)
+		}
+	}
+	m, err := newMarker("CommitOptions", o.FenceAttribute, o.TokenAttribute)
+	if err != nil {
+		return err
+	}
+	tok := randomID(16)
+	marked, err := m.transactItems("Commit", items, r.fence, tok)
+	if err != nil {
+		return err
+	}
+	return r.finish(ctx, RunSucceeded, nil, &commit{mark: m, tok: tok, items: items, marked: marked})
 }
 
-func (r *JobRun) finish(ctx context.Context, st RunStatus, runErr error, items []types.TransactWriteItem) error {
+// commit is what a Commit writes beside the run's update: the caller's
+// items, and the same items marked (marker.transactItems) with tok.
+type commit struct {
+	mark          marker
+	tok           string
+	items, marked []types.TransactWriteItem
+}
+
+func (r *JobRun) finish(ctx context.Context, st RunStatus, runErr error, c *commit) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	l := r.l
 	what := "finish"
-	if items != nil {
+	if c != nil {
 		what = "commit"
 	}
 	if r.finished {
@@ -162,10 +211,10 @@ func (r *JobRun) finish(ctx context.Context, st RunStatus, runErr error, items [
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	}
 	var err error
-	if items == nil {
+	if c == nil {
 		err = r.finishWrite(ctx, upd, st)
 	} else {
-		err = r.commitWrite(ctx, upd, items)
+		err = r.commitWrite(ctx, upd, c)
 	}
 	if err == nil {
 		r.finished = true
@@ -199,11 +248,11 @@ func (r *JobRun) finishWrite(ctx context.Context, upd *types.Update, st RunStatu
 
 // commitWrite applies the run's final update, the user's items and a check
 // on the lease item's fence in one transaction.
-func (r *JobRun) commitWrite(ctx context.Context, upd *types.Update, items []types.TransactWriteItem) error {
+func (r *JobRun) commitWrite(ctx context.Context, upd *types.Update, c *commit) error {
 	l := r.l
-	all := make([]types.TransactWriteItem, 0, len(items)+2)
+	all := make([]types.TransactWriteItem, 0, len(c.marked)+2)
 	all = append(all, types.TransactWriteItem{ConditionCheck: fenceCheck(l.table, l.key, r.fence)}, types.TransactWriteItem{Update: upd})
-	all = append(all, items...)
+	all = append(all, c.marked...)
 	err := transactRetrying(ctx, l.db, all, txRetry{now: l.opts.Now, deadline: l.opts.Now().Add(l.opts.CallTimeout), timeout: l.opts.CallTimeout})
 	if err == nil || errors.Is(err, ErrTransactionsUnsupported) {
 		return err
@@ -224,7 +273,25 @@ func (r *JobRun) commitWrite(ctx context.Context, upd *types.Update, items []typ
 	if _, ok := conditionFailed(err, 1); ok && rerr == nil {
 		return r.refusedRecord(rec, present, RunSucceeded, err)
 	}
-	return errors.Join(err, rerr)
+	// The run's own update passed: an item refused it, by its mark or by
+	// the caller's condition. (A token found on an item would mean the
+	// transaction landed, which the run item already ruled out.)
+	_, mark, merr := c.mark.markRefusal(err, 2, c.items, r.fence, "", func(table string, item map[string]types.AttributeValue, keyed bool) (map[string]types.AttributeValue, error) {
+		if !keyed {
+			names, err := keySchema(ctx, l.db, table, l.opts.CallTimeout)
+			if err != nil {
+				return nil, err
+			}
+			if item, err = keyFrom(item, names); err != nil {
+				return nil, err
+			}
+		}
+		return getItem(context.WithoutCancel(ctx), l.db, table, item, l.opts.CallTimeout)
+	})
+	if mark > 0 {
+		return &StaleFenceError{Job: l.job, Fence: r.fence, Current: mark, err: err}
+	}
+	return errors.Join(err, rerr, merr)
 }
 
 // refused explains a failed condition on the run item, given the item the

@@ -360,19 +360,14 @@ func (s sink) entry(form string, fence int64, slot time.Time) *types.AttributeVa
 
 func slotAttr(slot time.Time) string { return "s" + strconv.FormatInt(slot.UnixNano(), 10) }
 
-// update is the append as an update: with hw, it also sets the high-water
-// mark (the transactions, whose fence check is on the lease item).
-func (s sink) update(form string, fence int64, slot time.Time, hw bool) (expr, cond string, names map[string]string, values map[string]types.AttributeValue) {
+// update is the append as an update.
+func (s sink) update(form string, fence int64, slot time.Time) (expr, cond string, names map[string]string, values map[string]types.AttributeValue) {
 	expr = "SET #log = list_append(if_not_exists(#log, :empty), :entry), #slot = :f, #ver = if_not_exists(#ver, :zero) + :one"
 	names = map[string]string{"#log": "log", "#slot": slotAttr(slot), "#ver": "ver"}
 	values = map[string]types.AttributeValue{
 		":empty": &types.AttributeValueMemberL{Value: []types.AttributeValue{}},
 		":entry": &types.AttributeValueMemberL{Value: []types.AttributeValue{s.entry(form, fence, slot)}},
 		":f":     avN(fence), ":zero": avN(0), ":one": avN(1),
-	}
-	if hw {
-		expr += ", #hw = :f"
-		names["#hw"] = HWAttribute
 	}
 	return expr, "attribute_not_exists(#slot)", names, values
 }
@@ -436,22 +431,24 @@ func (s sink) write1(ctx context.Context, form string, run *ddblease.JobRun) (ch
 	case FormPut:
 		return false, s.put(ctx, fence, slot)
 	case FormUpdate:
-		expr, cond, names, values := s.update(form, fence, slot, false)
+		expr, cond, names, values := s.update(form, fence, slot)
 		_, err := s.guard.Update(ctx, fence, &dynamodb.UpdateItemInput{TableName: table, Key: key,
 			UpdateExpression: &expr, ConditionExpression: &cond, ExpressionAttributeNames: names, ExpressionAttributeValues: values})
 		return false, err
 	case FormTransact, FormCommit:
-		expr, cond, names, values := s.update(form, fence, slot, true)
+		// The guard, and Commit, set the high-water mark of the items they
+		// write, as Put and Update do.
+		expr, cond, names, values := s.update(form, fence, slot)
 		items := []types.TransactWriteItem{{Update: &types.Update{TableName: table, Key: key,
 			UpdateExpression: &expr, ConditionExpression: &cond, ExpressionAttributeNames: names, ExpressionAttributeValues: values}}}
 		if form == FormCommit {
-			return false, run.Commit(ctx, items)
+			return false, run.Commit(ctx, items, func(o *ddblease.CommitOptions) { o.FenceAttribute = HWAttribute })
 		}
 		return false, s.guard.TransactWrite(ctx, fence, items)
 	case FormCheck, FormDo:
 		plain := func(ctx context.Context, fence int64) error {
 			checked = true
-			expr, cond, names, values := s.update(form, fence, slot, false)
+			expr, cond, names, values := s.update(form, fence, slot)
 			_, err := s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: table, Key: key,
 				UpdateExpression: &expr, ConditionExpression: &cond, ExpressionAttributeNames: names, ExpressionAttributeValues: values})
 			return err
