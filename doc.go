@@ -82,7 +82,8 @@
 // JobRun.Commit) checks the lease item's fence in the same transaction as
 // the writes, and refuses any fence but the current one. Put and Update
 // keep a fence high-water mark in the item they write, and refuse only a
-// fence lower than the highest that wrote that item: a stale leader may
+// fence lower than the highest that wrote that item (by any form: the
+// actions of TransactWrite and Commit keep the same mark): a stale leader may
 // still write an item no newer tenure has written (under NeverRerun, the
 // item of a slot the newer tenure abandoned). Check and Do refuse any fence
 // but the current one at the instant of their read, and are not atomic:

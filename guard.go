@@ -32,9 +32,11 @@ type StaleFenceError struct {
 	Job   string
 	Fence int64 // the fence that was refused
 	// Current is the newer fence that refused it: the job's current fence
-	// (0 if the job has no lease item), the high-water mark of the item that
-	// Guard.Put or Guard.Update targeted, or, for JobRun.Finish, the fence of
-	// the tenure that claimed the slot again or abandoned the run.
+	// (0 if the job has no lease item), the high-water mark of an item that
+	// the write targeted (Guard.Put, Guard.Update, an action of
+	// Guard.TransactWrite or JobRun.Commit), or, for JobRun.Finish and
+	// JobRun.Commit, the fence of the tenure that claimed the slot again or
+	// abandoned the run.
 	Current int64
 
 	err error
@@ -119,6 +121,10 @@ type GuardOptions struct {
 //     item. A stale leader may still write an item that no newer fence has
 //     written (under NeverRerun, a newer tenure never writes the slot it
 //     abandons). They need no transactions.
+//   - Every form that writes an item keeps the same mark: the Put and
+//     Update actions of TransactWrite and Commit set it, under the same
+//     condition, and their Delete actions are refused by a higher one. A
+//     sink may mix the forms on one item; the newer write is never lost.
 //   - Check and Do read the lease item and refuse any fence but the current
 //     one, but are not atomic with what follows: they are for sinks outside
 //     DynamoDB.

@@ -29,7 +29,8 @@ const (
 // — and that in's own ConditionExpression, if any, holds.
 //
 // What it refuses: a fence lower than the highest fence that wrote THIS
-// item, with a *StaleFenceError whose Current is that high-water mark. It
+// item, by any form (TransactWrite's and Commit's actions keep the same
+// mark), with a *StaleFenceError whose Current is that high-water mark. It
 // does not refuse a stale leader writing an item that no newer fence has
 // written: under NeverRerun the newer tenure abandons the slot and never
 // writes its item, so a stale leader's Put of that slot's item is
