@@ -303,6 +303,9 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 	if i := onItem(items, g.table, g.key); i >= 0 {
 		return invalid("TransactWrite: item %d acts on the job's lease item", i)
 	}
+	if i := libraryItem(items, g.table); i >= 0 {
+		return invalid("TransactWrite: item %d acts on a lease or job-run item, which the library keeps", i)
+	}
 	tok := randomID(16)
 	marked, err := g.mark.transactItems("TransactWrite", items, fence, tok)
 	if err != nil {

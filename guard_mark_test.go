@@ -250,3 +250,39 @@ func TestGuardTransactionLandedAnswerLost(t *testing.T) {
 	assert.Equal(t, 2, diff(before, faults.Counts())["TransactWriteItems"], "the SDK retried the transaction whose answer was lost")
 	assert.Equal(t, nAttr("1"), getRaw(t, db, table, "counter#1")["n"], "applied once")
 }
+
+// The mark is the attribute in which lease and job-run items keep their
+// fence: no guarded write may act on such an item of the lease table, of
+// any job, or it would write over that fence.
+func TestGuardRefusesLibraryItems(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 20*time.Second)
+	table, faults, db := tableWithFaults(t)
+	l := newLease(t, db, table, "billing", fast("a"), slowLease)
+	fence, err := l.TryAcquire(ctx)
+	require.NoError(t, err)
+	other := newLease(t, db, table, "ledger", fast("b"), slowLease)
+	_, err = other.TryAcquire(ctx)
+	require.NoError(t, err)
+	slot := time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC)
+	run, err := l.Claim(ctx, slot)
+	require.NoError(t, err)
+	g, err := ddblease.NewGuard(db, table, "billing")
+	require.NoError(t, err)
+	before := total(faults.Counts())
+	for _, pk := range []string{"lease#ledger", "jobrun#ledger#2026-11-30T02:00:00Z", "jobrun#billing#2026-11-30T03:00:00Z"} {
+		t.Run(pk, func(t *testing.T) {
+			_, err := g.Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", pk)})
+			require.ErrorIs(t, err, ddblease.ErrInvalid)
+			_, err = g.Update(ctx, fence, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: key(pk), UpdateExpression: aws.String("SET v = :v"),
+				ExpressionAttributeValues: map[string]types.AttributeValue{":v": sAttr("x")}})
+			require.ErrorIs(t, err, ddblease.ErrInvalid)
+			items := []types.TransactWriteItem{{Update: &types.Update{TableName: aws.String(table), Key: key(pk), UpdateExpression: aws.String("SET v = :v"),
+				ExpressionAttributeValues: map[string]types.AttributeValue{":v": sAttr("x")}}}}
+			require.ErrorIs(t, g.TransactWrite(ctx, fence, items), ddblease.ErrInvalid)
+			require.ErrorIs(t, run.Commit(ctx, items), ddblease.ErrInvalid)
+		})
+	}
+	assert.Equal(t, before, total(faults.Counts()), "refused before any request")
+	assert.Equal(t, nAttr("1"), rawLease(t, db, table, "ledger")["fence"])
+}

@@ -311,6 +311,31 @@ func onItem(items []types.TransactWriteItem, table string, key map[string]types.
 	return -1
 }
 
+// libraryItem returns the index of the first of items that acts on an
+// item the library keeps in the lease table (the lease or job-run item of
+// any job), or -1: the guard's mark would write over their fence.
+func libraryItem(items []types.TransactWriteItem, table string) int {
+	for i, it := range items {
+		switch {
+		case it.Put != nil && keptItem(it.Put.TableName, it.Put.Item, table),
+			it.Update != nil && keptItem(it.Update.TableName, it.Update.Key, table),
+			it.Delete != nil && keptItem(it.Delete.TableName, it.Delete.Key, table):
+			return i
+		}
+	}
+	return -1
+}
+
+// keptItem reports whether the item of key k in table t is a lease or
+// job-run item of the lease table.
+func keptItem(t *string, k map[string]types.AttributeValue, table string) bool {
+	if aws.ToString(t) != table {
+		return false
+	}
+	pk, ok := k[attrPK].(*types.AttributeValueMemberS)
+	return ok && (strings.HasPrefix(pk.Value, leaseKey("")) || strings.HasPrefix(pk.Value, strings.TrimSuffix(runItemKey("", ""), "#")))
+}
+
 // reservedIn reports whether s holds a placeholder reserved for the guard:
 // one starting with #ddblease or :ddblease, in any case.
 func reservedIn(s string) bool {

@@ -43,7 +43,8 @@ const (
 // weaken them: one whose parentheses do not balance, or that uses a
 // placeholder starting with #ddblease or :ddblease, is refused with an
 // error wrapping ErrInvalid before any request. in.Item must not hold the
-// token attribute. in is not modified.
+// token attribute, nor be a lease or job-run item of the lease table. in is
+// not modified.
 //
 // A write is applied at most once, and a write that landed is reported as
 // landed: the condition also refuses an item that already carries this
@@ -67,6 +68,9 @@ func (g *Guard) Put(ctx context.Context, fence int64, in *dynamodb.PutItemInput)
 	}
 	if in == nil || aws.ToString(in.TableName) == "" || len(in.Item) == 0 {
 		return nil, invalid("Put: the input needs a table name and an item")
+	}
+	if keptItem(in.TableName, in.Item, g.table) {
+		return nil, invalid("Put: the item is a lease or job-run item, which the library keeps")
 	}
 	tok := randomID(16)
 	p := *in
@@ -107,7 +111,8 @@ func (g *Guard) Put(ctx context.Context, fence int64, in *dynamodb.PutItemInput)
 // starting with #ddblease or :ddblease, and its UpdateExpression must not
 // refer to the fence or token attribute at the top level (by name or
 // through a placeholder), which could lower or remove the mark; either is
-// an error wrapping ErrInvalid, before any request. in is not modified.
+// an error wrapping ErrInvalid, before any request, as is a key of a lease
+// or job-run item of the lease table. in is not modified.
 //
 // A write that landed is reported as landed, as with Put; the output then
 // holds, when in.ReturnValues is ALL_NEW, the item as read back (which
@@ -121,6 +126,9 @@ func (g *Guard) Update(ctx context.Context, fence int64, in *dynamodb.UpdateItem
 	}
 	if in == nil || aws.ToString(in.TableName) == "" || len(in.Key) == 0 {
 		return nil, invalid("Update: the input needs a table name and a key")
+	}
+	if keptItem(in.TableName, in.Key, g.table) {
+		return nil, invalid("Update: the item is a lease or job-run item, which the library keeps")
 	}
 	tok := randomID(16)
 	u := *in

@@ -125,8 +125,8 @@ type CommitOptions struct {
 // stale Guard.Put or Guard.Update of a committed item is refused, and a
 // commit never writes over a higher mark.
 //
-// items must not act on the lease item or the run's own item (an error
-// wrapping ErrInvalid), and their expressions are checked as
+// items must not act on a lease or job-run item of the lease table (the
+// job's, the run's own or another's: an error wrapping ErrInvalid), and their expressions are checked as
 // Guard.TransactWrite checks them. A stale claimant gets a
 // *StaleFenceError and nothing is written; so does a commit refused by an
 // item's mark, with that mark as Current. A failed condition among items
@@ -152,6 +152,9 @@ func (r *JobRun) Commit(ctx context.Context, items []types.TransactWriteItem, op
 	}
 	if i := onItem(items, r.l.table, r.key); i >= 0 {
 		return invalid("Commit: item %d acts on the run's own item", i)
+	}
+	if i := libraryItem(items, r.l.table); i >= 0 {
+		return invalid("Commit: item %d acts on a lease or job-run item, which the library keeps", i)
 	}
 	var o CommitOptions
 	for _, fn := range optFns {
