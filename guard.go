@@ -271,9 +271,10 @@ func (g *Guard) Do(ctx context.Context, fence int64, fn func(ctx context.Context
 // same error carrying that mark. A failed condition among items that is
 // the caller's own is returned as the SDK's TransactionCanceledException
 // (errors.As), whose CancellationReasons list the guard's check first and
-// then items in order. An item acting on the job's lease item is an error
-// wrapping ErrInvalid. A server without transactions gets an error
-// wrapping ErrTransactionsUnsupported; use Put or Update there.
+// then items in order. An item acting on a lease or job-run item of the
+// lease table (any job's) is an error wrapping ErrInvalid. A server
+// without transactions gets an error wrapping ErrTransactionsUnsupported;
+// use Put or Update there.
 //
 // DynamoDB cancels a transaction that touches an item another transaction
 // or write is using (TransactionConflict), such as the lease item while its

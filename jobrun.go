@@ -126,8 +126,9 @@ type CommitOptions struct {
 // commit never writes over a higher mark.
 //
 // items must not act on a lease or job-run item of the lease table (the
-// job's, the run's own or another's: an error wrapping ErrInvalid), and their expressions are checked as
-// Guard.TransactWrite checks them. A stale claimant gets a
+// job's, the run's own or another's: an error wrapping ErrInvalid), and
+// their expressions are checked as Guard.TransactWrite checks them. A
+// stale claimant gets a
 // *StaleFenceError and nothing is written; so does a commit refused by an
 // item's mark, with that mark as Current. A failed condition among items
 // that is the caller's own is returned as the SDK's
@@ -171,14 +172,13 @@ func (r *JobRun) Commit(ctx context.Context, items []types.TransactWriteItem, op
 	if err != nil {
 		return err
 	}
-	return r.finish(ctx, RunSucceeded, nil, &commit{mark: m, tok: tok, items: items, marked: marked})
+	return r.finish(ctx, RunSucceeded, nil, &commit{mark: m, items: items, marked: marked})
 }
 
 // commit is what a Commit writes beside the run's update: the caller's
-// items, and the same items marked (marker.transactItems) with tok.
+// items, and the same items marked (marker.transactItems).
 type commit struct {
 	mark          marker
-	tok           string
 	items, marked []types.TransactWriteItem
 }
 
@@ -276,9 +276,9 @@ func (r *JobRun) commitWrite(ctx context.Context, upd *types.Update, c *commit) 
 	if _, ok := conditionFailed(err, 1); ok && rerr == nil {
 		return r.refusedRecord(rec, present, RunSucceeded, err)
 	}
-	// The run's own update passed: an item refused it, by its mark or by
-	// the caller's condition. (A token found on an item would mean the
-	// transaction landed, which the run item already ruled out.)
+	// Otherwise an item's condition may have refused it: its mark, or the
+	// caller's own. Whether the commit landed is the run item's to say,
+	// not the items' tokens.
 	_, mark, merr := c.mark.markRefusal(err, 2, c.items, r.fence, "", func(table string, item map[string]types.AttributeValue, keyed bool) (map[string]types.AttributeValue, error) {
 		if !keyed {
 			names, err := keySchema(ctx, l.db, table, l.opts.CallTimeout)
