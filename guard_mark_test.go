@@ -1,7 +1,13 @@
 package ddblease_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"hash/crc32"
+	"io"
+	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -285,4 +291,85 @@ func TestGuardRefusesLibraryItems(t *testing.T) {
 	}
 	assert.Equal(t, before, total(faults.Counts()), "refused before any request")
 	assert.Equal(t, nAttr("1"), rawLease(t, db, table, "ledger")["fence"])
+}
+
+// noReasonItems drops the items from the cancellation reasons of every
+// refused TransactWriteItems, as a server that ignores
+// ReturnValuesOnConditionCheckFailure would.
+type noReasonItems struct{ next http.RoundTripper }
+
+func (n noReasonItems) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := n.next.RoundTrip(r)
+	if err != nil || ddbtest.Op(r) != "TransactWriteItems" || resp.StatusCode == http.StatusOK {
+		return resp, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if json.Unmarshal(body, &m) == nil {
+		if reasons, ok := m["CancellationReasons"].([]any); ok {
+			for _, r := range reasons {
+				if r, ok := r.(map[string]any); ok {
+					delete(r, "Item")
+				}
+			}
+			body, _ = json.Marshal(m)
+		}
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	resp.ContentLength = int64(len(body))
+	resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	resp.Header.Set("X-Amz-Crc32", strconv.FormatUint(uint64(crc32.ChecksumIEEE(body)), 10))
+	return resp, nil
+}
+
+// Where the server returns no item with a refused action, the guard reads
+// the item (learning a Put's key from the table's schema) to tell a mark
+// above the fence from the caller's own condition.
+func TestGuardTransactionReadsRefusedItems(t *testing.T) {
+	t.Parallel()
+	srv.Require(t, srv.Caps(t).Transactions, "TransactWriteItems")
+	ctx := withTimeout(t, 30*time.Second)
+	table := srv.NewTable(t)
+	faults := ddbtest.NewFaults(nil)
+	db := srv.Client(func(rt http.RoundTripper) http.RoundTripper { return faults.Wrap(noReasonItems{rt}) })
+	ledger := newLease(t, db, table, "ledger", fast("l"), slowLease)
+	_, err := ledger.TryAcquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, ledger.Resign(ctx))
+	_, err = ledger.TryAcquire(ctx)
+	require.NoError(t, err)
+	billing := newLease(t, db, table, "billing", fast("b"), slowLease)
+	fence, err := billing.TryAcquire(ctx)
+	require.NoError(t, err)
+	run, err := billing.Claim(ctx, time.Date(2026, 11, 30, 5, 0, 0, 0, time.UTC))
+	require.NoError(t, err)
+	gl, err := ddblease.NewGuard(db, table, "ledger")
+	require.NoError(t, err)
+	gb, err := ddblease.NewGuard(db, table, "billing")
+	require.NoError(t, err)
+	_, err = gl.Put(ctx, 2, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "shared#1", "v", "ledger")})
+	require.NoError(t, err)
+
+	put := []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table), Item: item("pk", "shared#1", "v", "billing")}}}
+	before := faults.Counts()
+	staleFence(t, gb.TransactWrite(ctx, fence, put), 1, 2)
+	n := diff(before, faults.Counts())
+	assert.Equal(t, 1, n["DescribeTable"], "the Put's key is learnt from the table")
+	assert.Equal(t, 1, n["GetItem"], "the refused item is read")
+	staleFence(t, run.Commit(ctx, put), 1, 2)
+	assert.Equal(t, sAttr("ledger"), getRaw(t, db, table, "shared#1")["v"])
+
+	cond := []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table), Item: item("pk", "fresh#1"),
+		ConditionExpression: aws.String("attribute_exists(pk)")}}}
+	var tce *types.TransactionCanceledException
+	err = gb.TransactWrite(ctx, fence, cond)
+	require.ErrorAs(t, err, &tce)
+	assert.NotErrorIs(t, err, ddblease.ErrStaleFence)
+	err = run.Commit(ctx, cond)
+	require.ErrorAs(t, err, &tce)
+	assert.NotErrorIs(t, err, ddblease.ErrStaleFence)
 }
