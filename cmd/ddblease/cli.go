@@ -38,6 +38,7 @@ commands:
   resume JOB [--catch-up]            fire slots again; --catch-up runs the latest one skipped
   trigger JOB [--wait]               run the job once now, as an extra run
   watch JOB                          follow holder and run changes until interrupted
+  exec JOB [--every D] -- COMMAND    run COMMAND while leading, or once per slot (see docs/exec.md)
 
 flags (before or after the command):
 `
@@ -72,6 +73,9 @@ type command struct {
 	// noTable marks a command that needs no table (create-table --print).
 	needsAPI func() bool
 	long     bool // not bounded by --timeout
+	// dashDash keeps "--" among the positional arguments, where it ends
+	// the flags (exec: what follows is a command line).
+	dashDash bool
 }
 
 // env is what a command runs with.
@@ -100,6 +104,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var u *usageError
 	if errors.As(err, &u) {
 		return 2
+	}
+	var x interface{ ExitCode() int } // exec: COMMAND's status
+	if errors.As(err, &x) {
+		return x.ExitCode()
 	}
 	return 1
 }
@@ -141,7 +149,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if cmd.flags != nil {
 		cmd.flags(fs)
 	}
-	pos, err := parseInterspersed(fs, rest[1:])
+	pos, err := parseInterspersed(fs, rest[1:], cmd.dashDash)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(stdout, "usage: ddblease %s %s\n", name, cmd.args)
@@ -176,22 +184,25 @@ func globalArgs(fs *flag.FlagSet) []string {
 }
 
 // parseInterspersed parses flags anywhere among the positional arguments
-// ("--" ends the flags).
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+// ("--" ends the flags, and is kept among them if keepDash).
+func parseInterspersed(fs *flag.FlagSet, args []string, keepDash bool) ([]string, error) {
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
 			return nil, err
 		}
-		args = fs.Args()
-		if len(args) == 0 {
+		rest := fs.Args()
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" { // Parse took it
+			if keepDash {
+				pos = append(pos, "--")
+			}
+			return append(pos, rest...), nil
+		}
+		if len(rest) == 0 {
 			return pos, nil
 		}
-		if args[0] == "--" {
-			return append(pos, args[1:]...), nil
-		}
-		pos = append(pos, args[0])
-		args = args[1:]
+		pos = append(pos, rest[0])
+		args = rest[1:]
 	}
 }
 

@@ -69,6 +69,7 @@ func commands() map[string]*command {
 			run:  func(e *env, ctx context.Context, args []string) error { return e.trigger(ctx, args, wait) },
 			long: true,
 		},
+		"exec": execCommand(),
 		"watch": {
 			name: "watch", args: "JOB",
 			flags: func(fs *flag.FlagSet) {

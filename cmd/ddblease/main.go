@@ -17,6 +17,7 @@
 //	resume JOB [--catch-up]         fire slots again (and run the latest one skipped)
 //	trigger JOB [--wait]            run the job once now, outside its schedule
 //	watch JOB                       follow holder and run changes until interrupted
+//	exec JOB [--every D] -- COMMAND run COMMAND while leading, or once per slot
 //
 // Flags, accepted before or after the command: --table (or DDBLEASE_TABLE),
 // --endpoint (or the SDK's AWS_ENDPOINT_URL_DYNAMODB / AWS_ENDPOINT_URL),
