@@ -131,11 +131,12 @@ func freeAddr(t *testing.T) string {
 func TestExecSchedule(t *testing.T) {
 	table := newTable(t)
 	dir := t.TempDir()
-	out := filepath.Join(dir, "slots")
+	out, done := filepath.Join(dir, "slots"), filepath.Join(dir, "done")
 	// Slots at an even second fail with status 3 and a line on stderr.
 	script := `echo "$DDBLEASE_FENCE $DDBLEASE_SLOT $$ $DDBLEASE_JOB $DDBLEASE_TABLE $DDBLEASE_IDEMPOTENCY_KEY" >> ` + out + `
 s=${DDBLEASE_SLOT%Z}; s=${s##*:}; s=${s%%.*}; s=${s#0}
 sleep 0.4
+echo "$DDBLEASE_SLOT" >> ` + done + `
 if [ $((s % 2)) -eq 0 ]; then echo "even slot $DDBLEASE_SLOT" >&2; exit 3; fi`
 	args := withFast("nightly", "--every", "1s", "--drain-timeout", "5s", "--", "sh", "-c", script)
 	reps := map[string]*execReplica{
@@ -176,6 +177,7 @@ if [ $((s % 2)) -eq 0 ]; then echo "even slot $DDBLEASE_SLOT" >&2; exit 3; fi`
 	require.NoError(t, err)
 	waitFor(t, "the killed replica's COMMAND is gone", func() bool { return !alive(pid) })
 	gone := time.Now()
+	assert.NotContains(t, lines(t, done), last[1], "the killed replica's COMMAND was stopped, not left to finish")
 	// The tenure's deadline is a tenth of the lease before the expiry
 	// written by its last renewal.
 	assert.True(t, gone.Before(st.ExpiresAt.Add(-200*time.Millisecond)),
@@ -402,4 +404,20 @@ func TestExecBadInput(t *testing.T) {
 		})
 	}
 	assert.Contains(t, ok(t, cli(t, env, "-h")), "exec JOB [--every D] -- COMMAND")
+}
+
+// A signal goes to COMMAND's whole process group: here a shell that
+// waits for its child, which drains on SIGTERM.
+func TestExecSignalsTheGroup(t *testing.T) {
+	table := newTable(t)
+	out := filepath.Join(t.TempDir(), "out")
+	script := `trap ":" TERM
+(trap 'echo "grandchild stopped" >> ` + out + `; exit 0' TERM; echo started >> ` + out + `; while :; do sleep 0.05; done) &
+wait; wait`
+	r := startExec(t, srv.URL, table, "r1", withFast("worker", "--drain-timeout", "30s", "--", "sh", "-c", script)...)
+	waitFor(t, "the grandchild starts", func() bool { return len(lines(t, out)) == 1 })
+	r.signal(t, syscall.SIGTERM)
+	assert.Equal(t, 0, r.exited(t))
+	assert.Equal(t, []string{"started", "grandchild stopped"}, lines(t, out))
+	assert.NotContains(t, r.stderr.String(), "did not exit in time")
 }
