@@ -121,7 +121,7 @@ func (c utcCron) Next(t time.Time) time.Time { return c.s.Next(t.UTC()) }
 type exitStatus struct {
 	job  string
 	code int
-	why  string // "exited with status 3", "was killed by signal terminated"
+	why  string // "exited with status 3", "was killed by SIGTERM"
 }
 
 func (x *exitStatus) Error() string { return fmt.Sprintf("exec %s: COMMAND %s", x.job, x.why) }
@@ -139,7 +139,7 @@ func status(job string, err error) *exitStatus {
 		return &exitStatus{job: job, code: 1, why: "failed: " + err.Error()}
 	}
 	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return &exitStatus{job: job, code: 128 + int(ws.Signal()), why: "was killed by signal " + ws.Signal().String()}
+		return &exitStatus{job: job, code: 128 + int(ws.Signal()), why: "was killed by " + sigName(ws.Signal())}
 	}
 	return &exitStatus{job: job, code: ee.ExitCode(), why: fmt.Sprintf("exited with status %d", ee.ExitCode())}
 }
@@ -365,6 +365,10 @@ func sigName(sig syscall.Signal) string {
 		return "SIGTERM"
 	case syscall.SIGINT:
 		return "SIGINT"
+	case syscall.SIGKILL:
+		return "SIGKILL"
+	case syscall.SIGHUP:
+		return "SIGHUP"
 	}
 	return sig.String()
 }

@@ -221,7 +221,7 @@ if [ $((s % 2)) -eq 0 ]; then echo "even slot $DDBLEASE_SLOT" >&2; exit 3; fi`
 		switch {
 		case i == len(slots)-1:
 			assert.Equal(t, "running", r.Status, "the killed replica's run is left running")
-		case strings.Contains(r.Error, "killed by signal terminated"):
+		case strings.Contains(r.Error, "killed by SIGTERM"):
 			signalled++ // the run that SIGTERM stopped
 			assert.Equal(t, "failed", r.Status)
 		case slot.Second()%2 == 0:
