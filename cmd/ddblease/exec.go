@@ -129,19 +129,17 @@ func (x *exitStatus) Error() string { return fmt.Sprintf("exec %s: COMMAND %s", 
 // ExitCode is the exit status of ddblease exec.
 func (x *exitStatus) ExitCode() int { return x.code }
 
-// status describes how a child ended; nil when it exited with status 0.
-func status(job string, err error) *exitStatus {
-	var ee *exec.ExitError
-	if err == nil {
-		return nil
+// status describes how COMMAND ended; nil when it exited with status 0.
+func status(job string, end procEnd) *exitStatus {
+	switch {
+	case end.err != nil:
+		return &exitStatus{job: job, code: end.code, why: "failed to run: " + end.err.Error()}
+	case end.sig != 0:
+		return &exitStatus{job: job, code: end.code, why: "was killed by " + sigName(end.sig)}
+	case end.code != 0:
+		return &exitStatus{job: job, code: end.code, why: fmt.Sprintf("exited with status %d", end.code)}
 	}
-	if !errors.As(err, &ee) {
-		return &exitStatus{job: job, code: 1, why: "failed: " + err.Error()}
-	}
-	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return &exitStatus{job: job, code: 128 + int(ws.Signal()), why: "was killed by " + sigName(ws.Signal())}
-	}
-	return &exitStatus{job: job, code: ee.ExitCode(), why: fmt.Sprintf("exited with status %d", ee.ExitCode())}
+	return nil
 }
 
 // execer runs COMMAND for the tenures of one lease.
@@ -309,7 +307,7 @@ func (x *execer) start(fence int64, run *ddblease.JobRun, tail int) (*proc, erro
 
 // wait waits for the child to exit, stopping it if the tenure ends first
 // (ctx is the leader context). It reports how the child ended.
-func (x *execer) wait(ctx context.Context, fence int64, c *proc) error {
+func (x *execer) wait(ctx context.Context, fence int64, c *proc) procEnd {
 	defer func() {
 		x.mu.Lock()
 		x.child = nil
@@ -317,7 +315,7 @@ func (x *execer) wait(ctx context.Context, fence int64, c *proc) error {
 	}()
 	select {
 	case <-c.done:
-		return c.err
+		return c.end
 	case <-ctx.Done():
 	}
 	// The tenure is ending: a shutdown, an operator's resign request (the
@@ -344,7 +342,7 @@ func (x *execer) wait(ctx context.Context, fence int64, c *proc) error {
 		timer.Reset(time.Until(killAt))
 		select {
 		case <-c.done:
-			return c.err
+			return c.end
 		case <-x.changed:
 			continue
 		case <-timer.C:
@@ -355,7 +353,7 @@ func (x *execer) wait(ctx context.Context, fence int64, c *proc) error {
 		c.signal(syscall.SIGKILL)
 		<-c.done
 		x.logf("COMMAND (pid %d) did not exit in time: killed", c.pid)
-		return c.err
+		return c.end
 	}
 }
 

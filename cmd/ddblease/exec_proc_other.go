@@ -13,6 +13,12 @@ import (
 type proc struct {
 	pid  int
 	done chan struct{}
+	end  procEnd
+}
+
+type procEnd struct {
+	code int
+	sig  syscall.Signal
 	err  error
 }
 

@@ -2,9 +2,17 @@
 
 package main
 
-import "syscall"
+import (
+	"os"
+	"os/exec"
+	"syscall"
+)
 
-// sysProcAttr puts the child in a process group of its own.
-func sysProcAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: true}
+// childCommand returns the process that runs argv: argv itself, leading a
+// process group of its own. If ddblease exec is killed, COMMAND is not.
+func childCommand(argv, env []string) (*exec.Cmd, []*os.File, error) {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	return cmd, nil, nil
 }

@@ -133,7 +133,9 @@ func TestExecSchedule(t *testing.T) {
 	dir := t.TempDir()
 	out, done := filepath.Join(dir, "slots"), filepath.Join(dir, "done")
 	// Slots at an even second fail with status 3 and a line on stderr.
-	script := `echo "$DDBLEASE_FENCE $DDBLEASE_SLOT $$ $DDBLEASE_JOB $DDBLEASE_TABLE $DDBLEASE_IDEMPOTENCY_KEY" >> ` + out + `
+	// Each run leaves a process behind in the background.
+	script := `sleep 30 &
+echo "$DDBLEASE_FENCE $DDBLEASE_SLOT $$ $! $DDBLEASE_JOB $DDBLEASE_TABLE $DDBLEASE_IDEMPOTENCY_KEY" >> ` + out + `
 s=${DDBLEASE_SLOT%Z}; s=${s##*:}; s=${s%%.*}; s=${s#0}
 sleep 0.4
 echo "$DDBLEASE_SLOT" >> ` + done + `
@@ -175,8 +177,10 @@ if [ $((s % 2)) -eq 0 ]; then echo "even slot $DDBLEASE_SLOT" >&2; exit 3; fi`
 	last := strings.Fields(ls[len(ls)-1])
 	pid, err := strconv.Atoi(last[2])
 	require.NoError(t, err)
-	waitFor(t, "the killed replica's COMMAND is gone", func() bool { return !alive(pid) })
-	gone := time.Now()
+	bg, err := strconv.Atoi(last[3])
+	require.NoError(t, err)
+	waitFor(t, "the killed replica's COMMAND and its child are gone", func() bool { return !alive(pid) && !alive(bg) })
+	gone := time.Now() // both
 	assert.NotContains(t, lines(t, done), last[1], "the killed replica's COMMAND was stopped, not left to finish")
 	// The tenure's deadline is a tenth of the lease before the expiry
 	// written by its last renewal.
@@ -188,14 +192,17 @@ if [ $((s % 2)) -eq 0 ]; then echo "even slot $DDBLEASE_SLOT" >&2; exit 3; fi`
 	var fences []int64
 	for _, l := range ls {
 		f := strings.Fields(l)
-		require.Len(t, f, 6, l)
+		require.Len(t, f, 7, l)
 		fence, err := strconv.ParseInt(f[0], 10, 64)
 		require.NoError(t, err)
 		slot, err := time.Parse(time.RFC3339Nano, f[1])
 		require.NoError(t, err, l)
-		assert.Equal(t, "nightly", f[3])
-		assert.Equal(t, table, f[4])
-		assert.Equal(t, "nightly#"+f[1], f[5], "DDBLEASE_IDEMPOTENCY_KEY")
+		assert.Equal(t, "nightly", f[4])
+		assert.Equal(t, table, f[5])
+		assert.Equal(t, "nightly#"+f[1], f[6], "DDBLEASE_IDEMPOTENCY_KEY")
+		bg, err := strconv.Atoi(f[3])
+		require.NoError(t, err)
+		assert.False(t, alive(bg), "what the run of %v left behind is gone", slot)
 		if len(slots) > 0 {
 			assert.Equal(t, time.Second, slot.Sub(slots[len(slots)-1]), "slot %v follows %v", slot, slots[len(slots)-1])
 			assert.GreaterOrEqual(t, fence, fences[len(fences)-1], "fences never go down")
