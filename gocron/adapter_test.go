@@ -303,3 +303,68 @@ func TestLockerBurst(t *testing.T) {
 	cancel()
 	require.NoError(t, lk.Wait())
 }
+
+// TestLockerTask runs a real gocron DurationJob made with Locker.Task: fn
+// gets the run its firing claimed, and its error is recorded in the run
+// without an AfterJobRunsWithError listener. A Task that runs without a
+// run of its job in flight returns an error and does not call fn; a nil
+// fn is refused by NewJob.
+func TestLockerTask(t *testing.T) {
+	table := srv.NewTable(t)
+	lk, err := ddbleasegocron.NewLocker(srv.Client(nil), table, fastOpts("a"))
+	require.NoError(t, err)
+	every := ddblease.Every(time.Second)
+	require.NoError(t, lk.Add("tick", ddbleasegocron.Job{Schedule: every}))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	require.NoError(t, lk.Start(ctx))
+	waitUntil(t, func() bool { return lk.Elector("tick").Lease().IsLeader() })
+
+	start, err := ddbleasegocron.AlignedStart(time.Second, time.Now())
+	require.NoError(t, err)
+	s, err := gocron.NewScheduler(gocron.WithDistributedLocker(lk))
+	require.NoError(t, err)
+	_, err = s.NewJob(gocron.DurationJob(time.Second), lk.Task("tick", nil), gocron.WithName("tick"))
+	assert.Error(t, err, "a nil fn")
+	slots := make(chan time.Time, 10)
+	_, err = s.NewJob(gocron.DurationJob(time.Second), lk.Task("tick", func(ctx context.Context, run *ddblease.JobRun) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		slots <- run.Slot()
+		if len(slots) == 1 {
+			return errors.New("first run fails")
+		}
+		return nil
+	}), gocron.WithName("tick"), start)
+	require.NoError(t, err)
+	unlocked := make(chan error, 10)
+	called := false
+	_, err = s.NewJob(gocron.DurationJob(time.Second), lk.Task("tick", func(context.Context, *ddblease.JobRun) error {
+		called = true
+		return nil
+	}), gocron.WithName("unlocked"), gocron.WithDisabledDistributedJobLocker(true), start,
+		gocron.WithEventListeners(gocron.AfterJobRunsWithError(func(_ uuid.UUID, _ string, err error) { unlocked <- err })))
+	require.NoError(t, err)
+	s.Start()
+	waitUntil(t, func() bool { return len(slots) >= 2 && len(unlocked) >= 1 })
+	require.NoError(t, s.Shutdown())
+	cancel()
+	require.NoError(t, lk.Wait())
+	assert.ErrorIs(t, <-unlocked, ddblease.ErrInvalid, "a Task with no run in flight")
+	assert.False(t, called)
+
+	close(slots)
+	var got []time.Time
+	for s := range slots {
+		got = append(got, s)
+	}
+	runs, err := lk.Elector("tick").Lease().ListRuns(context.Background(), every, got[0], got[len(got)-1])
+	require.NoError(t, err)
+	require.Len(t, runs, len(got))
+	assert.Equal(t, ddblease.RunFailed, runs[0].Status)
+	assert.Equal(t, "first run fails", runs[0].Error)
+	for _, r := range runs[1:] {
+		assert.Equal(t, ddblease.RunSucceeded, r.Status, "slot %s", r.Slot)
+	}
+}
