@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,42 +22,6 @@ func fastOpts(owner string) func(*ddblease.Options) {
 		o.LeaseDuration, o.HeartbeatInterval, o.RetryInterval = 1500*time.Millisecond, 400*time.Millisecond, 100*time.Millisecond
 		o.CallTimeout, o.MaxClockSkew = 300*time.Millisecond, 300*time.Millisecond
 	}
-}
-
-func TestNearestSlot(t *testing.T) {
-	base := time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC)
-	every := ddblease.Every(time.Minute)
-	for _, tc := range []struct {
-		name string
-		now  time.Time
-		tol  time.Duration
-		want time.Time
-		err  error
-	}{
-		{"on time", base, time.Second, base, nil},
-		{"late", base.Add(800 * time.Millisecond), time.Second, base, nil},
-		{"early", base.Add(-800 * time.Millisecond), time.Second, base, nil},
-		{"too late", base.Add(2 * time.Second), time.Second, time.Time{}, ddbleasegocron.ErrNoSlot},
-		{"nearest of two", base.Add(20 * time.Second), 50 * time.Second, base, nil},
-		{"nearest of two, later", base.Add(40 * time.Second), 50 * time.Second, base.Add(time.Minute), nil},
-		{"negative tolerance", base, -time.Second, time.Time{}, ddblease.ErrInvalid},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := ddbleasegocron.NearestSlot(every, tc.now, tc.tol)
-			if tc.err != nil {
-				assert.ErrorIs(t, err, tc.err)
-				return
-			}
-			require.NoError(t, err)
-			assert.Equal(t, tc.want, got)
-		})
-	}
-	_, err := ddbleasegocron.NearestSlot(ddblease.ScheduleFunc(func(t time.Time) time.Time { return t }), base, time.Second)
-	assert.ErrorIs(t, err, ddblease.ErrInvalid, "a Next that does not move forward")
-	_, err = ddbleasegocron.NearestSlot(ddblease.ScheduleFunc(func(time.Time) time.Time { panic("boom") }), base, time.Second)
-	assert.ErrorIs(t, err, ddblease.ErrInvalid, "a Next that panics")
-	_, err = ddbleasegocron.NearestSlot(nil, base, time.Second)
-	assert.ErrorIs(t, err, ddblease.ErrInvalid)
 }
 
 func TestCronSchedule(t *testing.T) {
@@ -268,6 +233,131 @@ func TestLockerDurationJob(t *testing.T) {
 		if i > 0 {
 			assert.Equal(t, time.Second, s.Sub(got[i-1]), "consecutive slots")
 		}
+	}
+	runs, err := lk.Elector("tick").Lease().ListRuns(context.Background(), every, got[0], got[len(got)-1])
+	require.NoError(t, err)
+	require.Len(t, runs, len(got))
+	assert.Equal(t, ddblease.RunFailed, runs[0].Status)
+	assert.Equal(t, "first run fails", runs[0].Error)
+	for _, r := range runs[1:] {
+		assert.Equal(t, ddblease.RunSucceeded, r.Status, "slot %s", r.Slot)
+	}
+}
+
+// TestLockerBurst locks firings of the burst "0,1 * * * * *" (seconds 0
+// and 1 of every minute) by a lease clock set to each firing's time: a
+// firing 600ms after second 0, nearer second 1 than second 0, matches no
+// slot (ErrNoSlot) instead of claiming second 1, whose own firing then
+// claims it.
+func TestLockerBurst(t *testing.T) {
+	table := srv.NewTable(t)
+	minute := time.Now().Truncate(time.Minute).Add(time.Hour)
+	var off atomic.Int64 // lease clock - system clock
+	setClock := func(at time.Time) { off.Store(int64(time.Until(at))) }
+	setClock(minute.Add(-2 * time.Second))
+	lk, err := ddbleasegocron.NewLocker(srv.Client(nil), table, fastOpts("a"), func(o *ddblease.Options) {
+		o.Now = func() time.Time { return time.Now().Add(time.Duration(off.Load())) }
+		// The clock jumps forward below: a long lease keeps the tenure.
+		o.LeaseDuration, o.HeartbeatInterval = 20*time.Second, 2*time.Second
+	})
+	require.NoError(t, err)
+	sched, err := ddbleasegocron.CronSchedule("0,1 * * * * *", true, time.UTC)
+	require.NoError(t, err)
+	require.NoError(t, lk.Add("burst", ddbleasegocron.Job{Schedule: sched}))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	require.NoError(t, lk.Start(ctx))
+	waitUntil(t, func() bool { return lk.Elector("burst").Lease().IsLeader() })
+
+	lockAt := func(at time.Time) (time.Time, error) {
+		setClock(at)
+		lock, err := lk.Lock(ctx, "burst")
+		if err != nil {
+			return time.Time{}, err
+		}
+		run, ok := lk.Run("burst")
+		require.True(t, ok)
+		require.NoError(t, lock.Unlock(ctx))
+		return run.Slot(), nil
+	}
+	slot, err := lockAt(minute.Add(200 * time.Millisecond))
+	require.NoError(t, err, "second 0, 200ms late")
+	assert.Equal(t, minute.UTC(), slot)
+	// Second 0 fired again, 600ms late (a retried firing, a replica
+	// whose timer is late): nearer second 1, but not near enough.
+	_, err = lockAt(minute.Add(600 * time.Millisecond))
+	assert.ErrorIs(t, err, ddbleasegocron.ErrNoSlot, "second 0, 600ms late")
+	assert.ErrorIs(t, err, ddblease.ErrNoSlot)
+	slot, err = lockAt(minute.Add(1050 * time.Millisecond))
+	require.NoError(t, err, "second 1, 50ms late")
+	assert.Equal(t, minute.Add(time.Second).UTC(), slot)
+
+	runs, err := lk.Elector("burst").Lease().ListRuns(ctx, sched, minute, minute.Add(time.Second))
+	require.NoError(t, err)
+	var got []time.Time
+	for _, r := range runs {
+		got = append(got, r.Slot)
+		assert.Equal(t, ddblease.RunSucceeded, r.Status, "slot %s", r.Slot)
+	}
+	assert.Equal(t, []time.Time{minute.UTC(), minute.Add(time.Second).UTC()}, got)
+	cancel()
+	require.NoError(t, lk.Wait())
+}
+
+// TestLockerTask runs a real gocron DurationJob made with Locker.Task: fn
+// gets the run its firing claimed, and its error is recorded in the run
+// without an AfterJobRunsWithError listener. A Task that runs without a
+// run of its job in flight returns an error and does not call fn; a nil
+// fn is refused by NewJob.
+func TestLockerTask(t *testing.T) {
+	table := srv.NewTable(t)
+	lk, err := ddbleasegocron.NewLocker(srv.Client(nil), table, fastOpts("a"))
+	require.NoError(t, err)
+	every := ddblease.Every(time.Second)
+	require.NoError(t, lk.Add("tick", ddbleasegocron.Job{Schedule: every}))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	require.NoError(t, lk.Start(ctx))
+	waitUntil(t, func() bool { return lk.Elector("tick").Lease().IsLeader() })
+
+	start, err := ddbleasegocron.AlignedStart(time.Second, time.Now())
+	require.NoError(t, err)
+	s, err := gocron.NewScheduler(gocron.WithDistributedLocker(lk))
+	require.NoError(t, err)
+	_, err = s.NewJob(gocron.DurationJob(time.Second), lk.Task("tick", nil), gocron.WithName("tick"))
+	assert.Error(t, err, "a nil fn")
+	slots := make(chan time.Time, 10)
+	_, err = s.NewJob(gocron.DurationJob(time.Second), lk.Task("tick", func(ctx context.Context, run *ddblease.JobRun) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		slots <- run.Slot()
+		if len(slots) == 1 {
+			return errors.New("first run fails")
+		}
+		return nil
+	}), gocron.WithName("tick"), start)
+	require.NoError(t, err)
+	unlocked := make(chan error, 10)
+	called := false
+	_, err = s.NewJob(gocron.DurationJob(time.Second), lk.Task("tick", func(context.Context, *ddblease.JobRun) error {
+		called = true
+		return nil
+	}), gocron.WithName("unlocked"), gocron.WithDisabledDistributedJobLocker(true), start,
+		gocron.WithEventListeners(gocron.AfterJobRunsWithError(func(_ uuid.UUID, _ string, err error) { unlocked <- err })))
+	require.NoError(t, err)
+	s.Start()
+	waitUntil(t, func() bool { return len(slots) >= 2 && len(unlocked) >= 1 })
+	require.NoError(t, s.Shutdown())
+	cancel()
+	require.NoError(t, lk.Wait())
+	assert.ErrorIs(t, <-unlocked, ddblease.ErrInvalid, "a Task with no run in flight")
+	assert.False(t, called)
+
+	close(slots)
+	var got []time.Time
+	for s := range slots {
+		got = append(got, s)
 	}
 	runs, err := lk.Elector("tick").Lease().ListRuns(context.Background(), every, got[0], got[len(got)-1])
 	require.NoError(t, err)

@@ -221,7 +221,7 @@ func (c *cluster) job(r *replica) func(ctx context.Context) error {
 				return err // lost between IsLeader and here
 			}
 			fence = f
-			if slot, err = ddbleasegocron.NearestSlot(c.sched, c.now(r), 400*time.Millisecond); err != nil {
+			if slot, err = ddblease.MatchSlot(c.sched, c.now(r), 400*time.Millisecond); err != nil {
 				c.fail(fmt.Errorf("%s: %w", r.name, err))
 				return err
 			}

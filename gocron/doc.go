@@ -12,9 +12,11 @@
 //     each firing claims a ddblease job run for its slot (the schedule's
 //     nominal time, matched from the firing time), so a slot runs once
 //     however the replicas' clocks and start times differ within
-//     MaxClockSkew. Run gives the claimed run (its fence and idempotency
-//     key) to the job; RecordError, as gocron's AfterJobRunsWithError
-//     listener, records a failed job's error in the run.
+//     MaxClockSkew. Task makes the job's gocron task: it hands the job the
+//     claimed run (its fence and idempotency key) and the run's context,
+//     which lives until the run's tenure is lost or its drain times out
+//     (not until gocron's Shutdown, which cancels gocron's own job
+//     context), and records the job's error in the run.
 //
 // docs/schedulers.md in the repository shows the change for an existing
 // gocron user. The guarantees are ddblease's: fenced writes are safe

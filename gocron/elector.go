@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/ddblease/ddblease"
@@ -34,6 +35,7 @@ var ErrStopped = errors.New("ddbleasegocron: stopped")
 // a Locker for exactly once per slot.
 type Elector struct {
 	lease *ddblease.Lease
+	ts    *tenures // a Locker job's runs, or nil
 
 	mu      sync.Mutex
 	started bool
@@ -50,11 +52,21 @@ var _ gocron.Elector = (*Elector)(nil)
 // begins the campaign. The Options.Observer, if set, is still called: the
 // Elector wraps it to learn who leads.
 func NewElector(db ddblease.DynamoDBAPI, table, job string, optFns ...func(*ddblease.Options)) (*Elector, error) {
-	e := &Elector{done: make(chan struct{})}
-	optFns = append(optFns, func(o *ddblease.Options) {
+	return newElector(db, table, job, nil, optFns)
+}
+
+// newElector returns an Elector whose tenures are led by ts (a Locker
+// job's), or, if ts is nil, by a function that holds the lease until the
+// tenure ends.
+func newElector(db ddblease.DynamoDBAPI, table, job string, ts *tenures, optFns []func(*ddblease.Options)) (*Elector, error) {
+	e := &Elector{done: make(chan struct{}), ts: ts}
+	optFns = append(slices.Clip(optFns), func(o *ddblease.Options) {
 		user := o.Observer
 		o.Observer = func(ev ddblease.Event) {
 			e.observe(ev)
+			if ts != nil {
+				ts.observe(ev)
+			}
 			if user != nil {
 				user(ev)
 			}
@@ -65,6 +77,9 @@ func NewElector(db ddblease.DynamoDBAPI, table, job string, optFns ...func(*ddbl
 		return nil, err
 	}
 	e.lease = l
+	if ts != nil {
+		ts.lease = l
+	}
 	return e, nil
 }
 
@@ -99,10 +114,14 @@ func (e *Elector) Start(ctx context.Context) error {
 	}
 	e.started = true
 	go func() {
-		err := e.lease.Run(ctx, func(ctx context.Context, _ int64) error {
+		lead := func(ctx context.Context, _ int64) error {
 			<-ctx.Done() // the tenure: IsLeader reads it from the lease
 			return nil
-		})
+		}
+		if e.ts != nil {
+			lead = e.ts.lead
+		}
+		err := e.lease.Run(ctx, lead)
 		e.mu.Lock()
 		e.err = err
 		e.mu.Unlock()

@@ -12,9 +12,15 @@ import (
 	"github.com/google/uuid"
 )
 
-// DefaultTolerance is how far from a slot a firing may be and still be
-// matched to it, when Job.Tolerance is zero.
-const DefaultTolerance = 2 * time.Second
+// DefaultTolerance is the widest tolerance a job has when Job.Tolerance is
+// zero (ddblease.DefaultSlotTolerance; see ddblease.MatchSlot).
+const DefaultTolerance = ddblease.DefaultSlotTolerance
+
+// ErrNoSlot reports that a firing could not be matched to a slot of its
+// job's schedule: no slot lies within the tolerance of the time it fired.
+// The Lock fails, so gocron does not run the job for that firing. It is
+// ddblease.ErrNoSlot.
+var ErrNoSlot = ddblease.ErrNoSlot
 
 // Job describes one gocron job to a Locker: when its slots fall due, and
 // how they are claimed. All replicas must describe a job the same way.
@@ -30,10 +36,11 @@ type Job struct {
 	// be and still be matched to it: it must cover how late gocron fires
 	// (timer delay, a job waiting for a concurrency limit) and any offset
 	// between the scheduler's clock and the lease's (none when both are
-	// the system clock). It must stay below half the shortest gap between
-	// slots, or a late firing is taken for the next slot. Default
-	// DefaultTolerance, or a quarter of the gap between the next two slots
-	// if that is smaller.
+	// the system clock). It must stay below half the gaps on both sides of
+	// every slot, or a late firing is taken for the next slot. Zero: the
+	// rule of ddblease.MatchSlot, DefaultTolerance or a quarter of each gap
+	// next to the slot nearest the firing if that is smaller (250ms for
+	// the seconds 0 and 1 of "0,1 * * * * *").
 	Tolerance time.Duration
 
 	// Options configures the claims (rerun policy, retention of the run
@@ -49,7 +56,7 @@ type Job struct {
 // background; Lock claims the run on the replica that holds it.
 //
 // Lock matches the firing to a slot: the job's Schedule slot nearest to the
-// lease's clock, within the Tolerance (NearestSlot). It then claims that
+// lease's clock, within the Tolerance (ddblease.MatchSlot). It then claims that
 // slot (Lease.Claim, one conditional write, a transaction with a check on
 // the lease item where the server has them). So a slot runs once, on the
 // leader, however the replicas' clocks (within MaxClockSkew) and start
@@ -65,10 +72,18 @@ type Job struct {
 // runs for it; a job the Locker was not told about, one wrapping
 // ddblease.ErrInvalid.
 //
+// Give the job its function through Task: it is called with the claimed
+// run and the run's context, which ends when the tenure is lost, or
+// DrainTimeout after the Locker's context ended, and never by gocron's
+// Shutdown (which cancels gocron's own job context before it waits for the
+// running jobs). A run in flight when the replica shuts down thus finishes
+// its effect under the lease it was claimed with.
+//
 // Unlock records the run as finished (Lease.Claim's JobRun.Finish):
-// succeeded, or failed with the error that RecordError saw. Register
-// RecordError as the job's gocron.AfterJobRunsWithError listener, which
-// gocron calls before it unlocks.
+// succeeded, or failed with the error Task's function returned. For a job
+// given as a plain gocron task, register RecordError as its
+// gocron.AfterJobRunsWithError listener, which gocron calls before it
+// unlocks.
 //
 // What it does not do: slots that fall due while no replica leads the job
 // (during a failover, one LeaseDuration at most) are not run later, and a
@@ -88,6 +103,7 @@ type Locker struct {
 type lockerJob struct {
 	Job
 	el *Elector
+	ts *tenures
 }
 
 var _ gocron.Locker = (*Locker)(nil)
@@ -113,7 +129,8 @@ func (l *Locker) Add(key string, job Job) error {
 	if job.Tolerance < 0 {
 		return fmt.Errorf("%w: job %q: Tolerance %v is negative", ddblease.ErrInvalid, key, job.Tolerance)
 	}
-	el, err := NewElector(l.db, l.table, key, l.optFns...)
+	ts := &tenures{}
+	el, err := newElector(l.db, l.table, key, ts, l.optFns)
 	if err != nil {
 		return err
 	}
@@ -125,14 +142,21 @@ func (l *Locker) Add(key string, job Job) error {
 	case l.jobs[key] != nil:
 		return fmt.Errorf("%w: job %q added twice", ddblease.ErrInvalid, key)
 	}
-	l.jobs[key] = &lockerJob{Job: job, el: el}
+	l.jobs[key] = &lockerJob{Job: job, el: el, ts: ts}
 	return nil
 }
 
 // Start begins campaigning, in the background, for the lease of every job
-// added, until ctx ends; it returns at once. When ctx ends each lease is
-// resigned (see Elector.Start); shut the gocron scheduler down first so
-// that running jobs finish while their leases are held. Start may be
+// added, until ctx ends; it returns at once. When ctx ends (SIGTERM through
+// signal.NotifyContext), each lease that this replica holds drains: Lock
+// claims no new run (its error wraps ddblease.ErrNotLeader), the runs in
+// flight keep their context (Task) until they return and Unlock records
+// their outcome, and then the lease is resigned, so that a standby takes
+// over at once. The drain ends early if the lease is lost; past the
+// lease's DrainTimeout the runs' context is cancelled and the lease lapses
+// at its expiry (Wait returns an error wrapping ddblease.ErrDrainTimeout).
+// Shut the scheduler down when ctx ends too (Scheduler.Shutdown: no new
+// firing, and it waits for the running jobs), then Wait. Start may be
 // called once.
 func (l *Locker) Start(ctx context.Context) error {
 	l.mu.Lock()
@@ -200,47 +224,38 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	if _, err := j.el.Fence(); err != nil {
 		return nil, err
 	}
-	lease := j.el.Lease()
-	now := lease.Options().Now()
-	tol := j.Tolerance
-	if tol == 0 {
-		tol = defaultTolerance(j.Schedule, now)
-	}
-	slot, err := NearestSlot(j.Schedule, now, tol)
-	if err != nil {
-		return nil, fmt.Errorf("job %q: %w", key, err)
-	}
-	opts := j.Options
-	run, err := lease.Claim(ctx, slot, func(o *ddblease.JobOptions) { *o = opts })
+	t, err := j.ts.join()
 	if err != nil {
 		return nil, err
 	}
-	lk := &runLock{l: l, key: key, run: run}
+	lease := j.el.Lease()
+	slot, err := ddblease.MatchSlot(j.Schedule, lease.Options().Now(), j.Tolerance)
+	if err != nil {
+		t.runs.Done()
+		return nil, fmt.Errorf("job %q: %w", key, err)
+	}
+	opts := j.Options
+	// Claimed under the tenure's context, not gocron's: a firing that
+	// gocron has begun runs, also when its shutdown has begun.
+	run, err := lease.Claim(t.ctx, slot, func(o *ddblease.JobOptions) { *o = opts })
+	if err != nil {
+		t.runs.Done()
+		return nil, err
+	}
+	lk := &runLock{l: l, key: key, run: run, ten: t}
 	l.mu.Lock()
 	l.inflight[key] = append(l.inflight[key], lk)
 	l.mu.Unlock()
 	return lk, nil
 }
 
-// defaultTolerance is DefaultTolerance, or a quarter of the gap between
-// the two slots after now if that is smaller.
-func defaultTolerance(s ddblease.Schedule, now time.Time) time.Duration {
-	a, err := safeNext(s, now)
-	if err != nil || a.IsZero() {
-		return DefaultTolerance
-	}
-	b, err := safeNext(s, a)
-	if err != nil || b.IsZero() {
-		return DefaultTolerance
-	}
-	return min(DefaultTolerance, b.Sub(a)/4)
-}
-
 // Run returns the run that key's job is running on this replica: the one
-// its latest Lock claimed and Unlock has not finished. A job calls it for
-// the fence to pass to a ddblease.Guard (JobRun.Fence) and the slot's
-// idempotency key (JobRun.IdempotencyKey). ok is false when no run of key
-// is in flight here.
+// its latest Lock claimed and Unlock has not finished, for its fence
+// (JobRun.Fence, for a ddblease.Guard) and the slot's idempotency key
+// (JobRun.IdempotencyKey). ok is false when no run of key is in flight
+// here. Task passes the run to the job's function, with the context to
+// write with; gocron's own job context is cancelled when its Shutdown
+// begins.
 func (l *Locker) Run(key string) (run *ddblease.JobRun, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -261,7 +276,8 @@ func (l *Locker) Run(key string) (run *ddblease.JobRun, ok bool) {
 // gocron calls it after the job function returned and before Unlock. When
 // several runs of one job are in flight on the replica (a job that
 // overruns its period, without gocron.WithSingletonMode), the error goes to
-// the oldest of them that has none yet.
+// the oldest of them that has none yet. A job made with Task needs no
+// listener: the runs its function ran are left alone.
 func (l *Locker) RecordError(_ uuid.UUID, jobName string, err error) {
 	if err == nil {
 		return
@@ -269,29 +285,98 @@ func (l *Locker) RecordError(_ uuid.UUID, jobName string, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, lk := range l.inflight[jobName] {
-		if lk.err == nil {
+		if lk.err == nil && !lk.task {
 			lk.err = err
 			return
 		}
 	}
 }
 
+// Task returns the gocron task of the job named key, for
+// Scheduler.NewJob with gocron.WithName(key): each time the job runs, it
+// calls fn with the run its firing's Lock claimed and that run's context,
+// and records fn's error in the run (failed), or success.
+//
+// The run's context ends when the tenure the run was claimed under is lost
+// (its cause wraps ddblease.ErrLost; the fence is refused by a Guard from
+// then on), or when the lease's DrainTimeout has passed since the
+// Locker's context ended (ddblease.ErrDrainTimeout). It does not end when
+// gocron shuts down, nor when the Locker's context ends: on SIGTERM, the
+// run in flight completes and is recorded before the lease is resigned.
+// Write the run's effects with it, fenced (JobRun.Fence) and keyed by slot
+// (JobRun.IdempotencyKey).
+//
+// fn must not be nil (NewJob then refuses the task). A task run without a
+// run of key in flight (a scheduler without this Locker, a job of another
+// name, or gocron.WithDisabledDistributedJobLocker) returns an error
+// wrapping ddblease.ErrInvalid and does not call fn. When several runs of
+// the job are in flight (a job that overruns its period without
+// gocron.WithSingletonMode), fn gets the latest that no task has taken.
+func (l *Locker) Task(key string, fn func(ctx context.Context, run *ddblease.JobRun) error) gocron.Task {
+	if fn == nil {
+		return nil
+	}
+	return gocron.NewTask(func() error {
+		lk, err := l.take(key)
+		if err != nil {
+			return err
+		}
+		ctx := lk.ten.ctx
+		err = fn(ctx, lk.run)
+		if err != nil && ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+			err = fmt.Errorf("%w (%v)", err, context.Cause(ctx))
+		}
+		if err != nil {
+			l.mu.Lock()
+			lk.err = err
+			l.mu.Unlock()
+		}
+		return err
+	})
+}
+
+// take returns the latest run of key in flight that no task has taken,
+// and marks it taken.
+func (l *Locker) take(key string) (*runLock, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	runs := l.inflight[key]
+	for i := len(runs) - 1; i >= 0; i-- {
+		if lk := runs[i]; !lk.task {
+			lk.task = true
+			return lk, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: Task %q ran with no run of %q in flight: give the scheduler this Locker "+
+		"(gocron.WithDistributedLocker) and the job the name %q (gocron.WithName)", ddblease.ErrInvalid, key, key, key)
+}
+
 // runLock is the gocron.Lock of one claimed run.
 type runLock struct {
-	l   *Locker
-	key string
-	run *ddblease.JobRun
-	err error // guarded by l.mu
+	l    *Locker
+	key  string
+	run  *ddblease.JobRun
+	ten  *tenure // the tenure it was claimed under
+	err  error   // guarded by l.mu
+	task bool    // a Task runs it; guarded by l.mu
+	// unlocked is set by Unlock; guarded by l.mu
+	unlocked bool
 }
 
 // Unlock records the run as finished: succeeded, or failed with the error
-// RecordError recorded. It is bounded by the lease's CallTimeout and made
-// even when ctx has ended (gocron passes the job's context, which its
-// shutdown cancels). A run that a newer tenure took over or marked
-// abandoned is refused with an error wrapping ddblease.ErrStaleFence.
-func (lk *runLock) Unlock(ctx context.Context) error {
+// its Task's function returned or RecordError recorded. It is bounded by
+// the lease's CallTimeout and made even when ctx has ended (gocron passes
+// its job context, which its shutdown cancels). A run that a newer tenure
+// took over or marked abandoned is refused with an error wrapping
+// ddblease.ErrStaleFence. Then the run leaves its tenure's drain.
+func (lk *runLock) Unlock(context.Context) error {
 	l := lk.l
 	l.mu.Lock()
+	if lk.unlocked {
+		l.mu.Unlock()
+		return fmt.Errorf("%w: the run of %q slot %s was already unlocked", ddblease.ErrInvalid, lk.key, lk.run.Slot().Format(time.RFC3339Nano))
+	}
+	lk.unlocked = true
 	runs := l.inflight[lk.key]
 	for i, r := range runs {
 		if r == lk {
@@ -304,5 +389,6 @@ func (lk *runLock) Unlock(ctx context.Context) error {
 	}
 	runErr := lk.err
 	l.mu.Unlock()
-	return lk.run.Finish(context.WithoutCancel(ctx), runErr)
+	defer lk.ten.runs.Done()
+	return lk.run.Finish(context.WithoutCancel(lk.ten.ctx), runErr)
 }

@@ -7,8 +7,10 @@
 // method turns a function into a cron.Job that, each time the cron fires
 // it, matches the firing to the entry schedule's slot (its nominal time),
 // claims that slot's run (ddblease's Lease.Claim) and runs the function
-// with the leader context and the run (JobRun.Fence for a ddblease.Guard,
-// JobRun.IdempotencyKey for the sink). A replica that does not lead, or
+// with the run (JobRun.Fence for a ddblease.Guard, JobRun.IdempotencyKey
+// for the sink) and the run's context, which lives until the run's tenure
+// is lost or its drain times out: a shutdown lets the run in flight
+// finish before the lease is resigned. A replica that does not lead, or
 // whose slot is already claimed, skips the firing.
 //
 // robfig's Schedule has the Next method that ddblease.Schedule names, so a

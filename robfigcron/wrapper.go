@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,9 +15,15 @@ import (
 // ErrNotStarted reports a Wait before Start.
 var ErrNotStarted = errors.New("ddbleaserobfig: not started")
 
-// DefaultTolerance is how far from a slot a firing may be and still be
-// matched to it, when JobOptions.Tolerance is zero.
-const DefaultTolerance = 2 * time.Second
+// DefaultTolerance is the widest tolerance a job has when
+// JobOptions.Tolerance is zero (ddblease.DefaultSlotTolerance; see
+// ddblease.MatchSlot).
+const DefaultTolerance = ddblease.DefaultSlotTolerance
+
+// ErrNoSlot reports that a firing could not be matched to a slot of its
+// job's schedule: no slot lies within the tolerance of the time it fired.
+// Nothing runs for that firing. It is ddblease.ErrNoSlot.
+var ErrNoSlot = ddblease.ErrNoSlot
 
 // JobOptions configures one job of a Wrapper.
 type JobOptions struct {
@@ -24,10 +31,11 @@ type JobOptions struct {
 	// be and still be matched to it. It must cover how late the cron fires
 	// (robfig fires on time or late, never early, by its own clock) and any
 	// offset between the cron's clock and the lease's (none when both are
-	// the system clock), and stay below half the shortest gap between
-	// slots. Default DefaultTolerance, or a quarter of the gap between the
-	// next two slots if that is smaller. Ignored for a
-	// cron.ConstantDelaySchedule (see Wrapper.Job).
+	// the system clock), and stay below half the gaps on both sides of
+	// every slot. Zero: the rule of ddblease.MatchSlot, DefaultTolerance
+	// or a quarter of each gap next to the slot nearest the firing if that
+	// is smaller (250ms for the seconds 0 and 1 of "0,1 * * * * *").
+	// Ignored for a cron.ConstantDelaySchedule (see Wrapper.Job).
 	Tolerance time.Duration
 
 	// Job configures the claims (rerun policy, retention, transactions);
@@ -60,25 +68,15 @@ func New(db ddblease.DynamoDBAPI, table string, optFns ...func(*ddblease.Options
 	return &Wrapper{db: db, table: table, optFns: optFns, names: map[string]bool{}}, nil
 }
 
-// job is one wrapped job: its lease and the tenure it currently holds.
+// job is one wrapped job: its lease and the tenures its firings run under.
 type job struct {
 	w     *Wrapper
 	lease *ddblease.Lease
+	ts    *tenures
 	sched ddblease.Schedule
-	tol   time.Duration // 0: computed per firing
+	tol   time.Duration // 0: the rule of ddblease.MatchSlot
 	o     ddblease.JobOptions
 	fn    func(context.Context, *ddblease.JobRun) error
-
-	mu  sync.Mutex
-	ten *tenure // nil when not leading
-}
-
-// tenure is one leadership of a job. Firings hold rw for reading while
-// they run; the tenure's end takes it for writing, so that Run's drain
-// waits for them.
-type tenure struct {
-	ctx context.Context
-	rw  sync.RWMutex
 }
 
 // Job returns a cron.Job that runs fn once per slot of sched across the
@@ -87,17 +85,23 @@ type tenure struct {
 // fires it, the job
 //
 //   - skips the firing (logged at debug level) unless this replica leads
-//     the job's lease;
+//     the job's lease and is not draining it for a shutdown;
 //   - matches the firing to the slot of sched nearest to the lease's
 //     clock within the tolerance; a firing with no slot near it is logged
 //     as an error and nothing runs (a schedule that differs from the
 //     cron's, or a firing delayed past the tolerance);
 //   - claims the slot's run (Lease.Claim); a slot already claimed is
 //     skipped (logged at debug level);
-//   - calls fn with the leader context, cancelled the moment leadership is
-//     lost or the Wrapper's context ends, and the run; and records fn's
+//   - calls fn with the run and the run's context, and records fn's
 //     outcome with Finish unless fn finished the run itself (JobRun.Finish
 //     or Commit).
+//
+// The run's context ends the moment the tenure it was claimed under is
+// lost (its cause wraps ddblease.ErrLost), or when the lease's
+// DrainTimeout has passed since the Wrapper's context ended (its cause
+// wraps ddblease.ErrDrainTimeout). It does not end when the Wrapper's
+// context ends: on SIGTERM, the firing in flight completes its effect and
+// is recorded before the lease is resigned (see Start).
 //
 // A cron.ConstantDelaySchedule (@every) is anchored at the time each
 // replica's cron started, so replicas do not agree on its firing times; its
@@ -119,11 +123,22 @@ func (w *Wrapper) Job(name string, sched cron.Schedule, fn func(ctx context.Cont
 	if o.Tolerance < 0 {
 		return nil, fmt.Errorf("%w: job %q: Tolerance %v is negative", ddblease.ErrInvalid, name, o.Tolerance)
 	}
-	l, err := ddblease.New(w.db, w.table, name, w.optFns...)
+	ts := &tenures{}
+	optFns := append(slices.Clip(w.optFns), func(o *ddblease.Options) {
+		user := o.Observer
+		o.Observer = func(ev ddblease.Event) {
+			ts.observe(ev)
+			if user != nil {
+				user(ev)
+			}
+		}
+	})
+	l, err := ddblease.New(w.db, w.table, name, optFns...)
 	if err != nil {
 		return nil, err
 	}
-	j := &job{w: w, lease: l, sched: sched, tol: o.Tolerance, o: o.Job, fn: fn}
+	ts.lease = l
+	j := &job{w: w, lease: l, ts: ts, sched: sched, tol: o.Tolerance, o: o.Job, fn: fn}
 	if cd, ok := sched.(cron.ConstantDelaySchedule); ok {
 		j.sched, j.tol = ddblease.Every(cd.Delay), cd.Delay/2
 	}
@@ -154,11 +169,15 @@ func (w *Wrapper) Lease(name string) *ddblease.Lease {
 }
 
 // Start campaigns, in the background, for the lease of every job, until
-// ctx ends; it returns at once. When ctx ends, each leader's running
-// firing has its context cancelled and is waited for (at most the lease's
-// DrainTimeout while the lease is kept alive), and the lease is resigned
-// so that a standby takes over at once. Stop the cron first (cron.Stop)
-// so that it starts no new firing. Start may be called once.
+// ctx ends; it returns at once. When ctx ends (SIGTERM through
+// signal.NotifyContext), each lease this replica holds drains: a new
+// firing runs nothing, the firings in flight keep their context until
+// they return and their outcome is recorded, and then the lease is
+// resigned, so that a standby takes over at once. The drain ends early if
+// the lease is lost; past the lease's DrainTimeout the firings' context is
+// cancelled and the lease lapses at its expiry (Wait returns an error
+// wrapping ddblease.ErrDrainTimeout). Stop the cron when ctx ends too
+// (cron.Stop: no new firing), then Wait. Start may be called once.
 func (w *Wrapper) Start(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -173,7 +192,7 @@ func (w *Wrapper) Start(ctx context.Context) error {
 		w.wg.Add(1)
 		go func() {
 			defer w.wg.Done()
-			if err := j.lease.Run(ctx, j.lead); err != nil {
+			if err := j.lease.Run(ctx, j.ts.lead); err != nil {
 				w.mu.Lock()
 				w.errs = append(w.errs, fmt.Errorf("job %q: %w", j.lease.Job(), err))
 				w.mu.Unlock()
@@ -200,45 +219,17 @@ func (w *Wrapper) Wait() error {
 	return errors.Join(w.errs...)
 }
 
-// lead is the function given to Lease.Run: it publishes the tenure for
-// the firings, and at its end waits for those running.
-func (j *job) lead(ctx context.Context, _ int64) error {
-	t := &tenure{ctx: ctx}
-	j.mu.Lock()
-	j.ten = t
-	j.mu.Unlock()
-	<-ctx.Done()
-	j.mu.Lock()
-	j.ten = nil
-	j.mu.Unlock()
-	t.rw.Lock() // wait for the running firings (their context is done)
-	t.rw.Unlock()
-	return nil
-}
-
 // Run implements cron.Job: one firing.
 func (j *job) Run() {
 	l := j.lease
 	log := l.Options().Logger.With("job", l.Job())
-	j.mu.Lock()
-	t := j.ten
-	j.mu.Unlock()
-	if t == nil {
-		log.Debug("ddbleaserobfig: firing skipped: this replica does not lead", "err", notLeader(l))
+	t, err := j.ts.join()
+	if err != nil {
+		log.Debug("ddbleaserobfig: firing skipped", "err", err)
 		return
 	}
-	t.rw.RLock()
-	defer t.rw.RUnlock()
-	if t.ctx.Err() != nil {
-		log.Debug("ddbleaserobfig: firing skipped: the tenure ended", "err", context.Cause(t.ctx))
-		return
-	}
-	now := l.Options().Now()
-	tol := j.tol
-	if tol == 0 {
-		tol = defaultTolerance(j.sched, now)
-	}
-	slot, err := NearestSlot(j.sched, now, tol)
+	defer t.runs.Done()
+	slot, err := ddblease.MatchSlot(j.sched, l.Options().Now(), j.tol)
 	if err != nil {
 		log.Error("ddbleaserobfig: firing not run: no slot of the schedule near it", "err", err)
 		return
@@ -264,8 +255,4 @@ func (j *job) Run() {
 		// ErrInvalid: fn already finished the run (Finish or Commit).
 		log.Warn("ddbleaserobfig: could not record the run's outcome", "slot", slot, "fence", run.Fence(), "err", err)
 	}
-}
-
-func notLeader(l *ddblease.Lease) error {
-	return fmt.Errorf("%w: %q: %q does not hold the lease", ddblease.ErrNotLeader, l.Job(), l.Owner())
 }

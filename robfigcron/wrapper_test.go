@@ -3,6 +3,7 @@ package ddbleaserobfig_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -94,18 +95,36 @@ func TestWrapperFiring(t *testing.T) {
 	assert.NoError(t, wb.Wait())
 }
 
-// TestWrapperDrain: when the Wrapper's context ends, a running firing has
-// its context cancelled and is waited for before the lease is resigned.
+// drainingObserver returns an option whose Observer closes the returned
+// channel when the lease starts draining.
+func drainingObserver() (func(*ddblease.Options), <-chan struct{}) {
+	ch := make(chan struct{})
+	var once sync.Once
+	return func(o *ddblease.Options) {
+		o.Observer = func(ev ddblease.Event) {
+			if ev.Kind == ddblease.EventDraining {
+				once.Do(func() { close(ch) })
+			}
+		}
+	}, ch
+}
+
+// TestWrapperDrain: when the Wrapper's context ends, a running firing keeps
+// its context, completes its work and is recorded succeeded, and only then
+// is the lease resigned.
 func TestWrapperDrain(t *testing.T) {
 	table := srv.NewTable(t)
-	w, err := ddbleaserobfig.New(srv.Client(nil), table, fast("a", nil))
+	observe, draining := drainingObserver()
+	w, err := ddbleaserobfig.New(srv.Client(nil), table, fast("a", nil), observe)
 	require.NoError(t, err)
-	started, returned := make(chan struct{}), make(chan time.Time, 1)
+	started, returned := make(chan *ddblease.JobRun, 1), make(chan struct{})
+	var ctxErr error
 	j, err := w.Job("drain", cron.Every(time.Second), func(ctx context.Context, run *ddblease.JobRun) error {
-		close(started)
-		<-ctx.Done()
-		time.Sleep(200 * time.Millisecond) // cleaning up
-		returned <- time.Now()
+		started <- run
+		<-draining                         // the shutdown lands mid-run
+		time.Sleep(200 * time.Millisecond) // the run's work
+		ctxErr = context.Cause(ctx)
+		close(returned)
 		return ctx.Err()
 	})
 	require.NoError(t, err)
@@ -114,7 +133,7 @@ func TestWrapperDrain(t *testing.T) {
 	waitUntil(t, func() bool { return w.Lease("drain").IsLeader() })
 	done := make(chan struct{})
 	go func() { j.Run(); close(done) }()
-	<-started
+	run := <-started
 	cancel()
 	require.NoError(t, w.Wait())
 	select {
@@ -123,9 +142,72 @@ func TestWrapperDrain(t *testing.T) {
 		t.Fatal("Wait returned before the running firing")
 	}
 	<-done
+	assert.NoError(t, ctxErr, "the run's context lives through the drain")
 	rec, err := w.Lease("drain").Holder(context.Background())
 	require.NoError(t, err)
 	assert.True(t, rec.ExpiresAt.Before(time.Now()), "resigned after the drain")
+	runs, err := w.Lease("drain").ListRuns(context.Background(), ddblease.Every(time.Second), run.Slot(), run.Slot())
+	require.NoError(t, err)
+	require.Len(t, runs, 1)
+	assert.Equal(t, ddblease.RunSucceeded, runs[0].Status, runs[0].Error)
+}
+
+// TestWrapperDrainTimeout: a firing still running DrainTimeout after the
+// Wrapper's context ended has its context cancelled, with a cause wrapping
+// ErrDrainTimeout, and Wait says so.
+func TestWrapperDrainTimeout(t *testing.T) {
+	table := srv.NewTable(t)
+	w, err := ddbleaserobfig.New(srv.Client(nil), table, fast("a", nil), func(o *ddblease.Options) { o.DrainTimeout = 300 * time.Millisecond })
+	require.NoError(t, err)
+	started := make(chan struct{})
+	var cause error
+	j, err := w.Job("slow", cron.Every(time.Second), func(ctx context.Context, run *ddblease.JobRun) error {
+		close(started)
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		return ctx.Err()
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	require.NoError(t, w.Start(ctx))
+	waitUntil(t, func() bool { return w.Lease("slow").IsLeader() })
+	done := make(chan struct{})
+	go func() { j.Run(); close(done) }()
+	<-started
+	cancel()
+	assert.ErrorIs(t, w.Wait(), ddblease.ErrDrainTimeout)
+	<-done
+	assert.ErrorIs(t, cause, ddblease.ErrDrainTimeout)
+}
+
+// TestWrapperLoss: a firing's context ends the moment its tenure is lost,
+// with a cause wrapping ErrLost.
+func TestWrapperLoss(t *testing.T) {
+	table := srv.NewTable(t)
+	w, err := ddbleaserobfig.New(srv.Client(nil), table, fast("a", nil))
+	require.NoError(t, err)
+	started := make(chan struct{})
+	var cause error
+	j, err := w.Job("lost", cron.Every(time.Second), func(ctx context.Context, run *ddblease.JobRun) error {
+		close(started)
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		return ctx.Err()
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	require.NoError(t, w.Start(ctx))
+	l := w.Lease("lost")
+	waitUntil(t, func() bool { return l.IsLeader() })
+	done := make(chan struct{})
+	go func() { j.Run(); close(done) }()
+	<-started
+	require.NoError(t, l.Resign(context.Background())) // the tenure ends
+	<-done
+	assert.ErrorIs(t, cause, ddblease.ErrLost)
+	cancel()
+	assert.NoError(t, w.Wait())
 }
 
 func waitUntil(t *testing.T, cond func() bool) {

@@ -2,8 +2,8 @@
 // a ddblease Locker: the job fires every second on every replica, and each
 // second's slot runs once, on the replica that leads the job, writing a
 // report through a ddblease Guard. Half-way through, the leader shuts down
-// (as on SIGTERM): it lets its running job finish, resigns, and another
-// replica carries on. It needs no DynamoDB: it starts an in-process
+// (as on SIGTERM): a run in flight finishes and is recorded under its
+// lease, the lease is resigned, and another replica carries on. It needs no DynamoDB: it starts an in-process
 // DynamoDB-compatible server unless -endpoint names one.
 //
 //	go run ./example                  (from the gocron directory)
@@ -143,9 +143,12 @@ func replica(ctx context.Context, db *dynamodb.Client, table, sink, name string)
 	if err != nil {
 		return err
 	}
+	// The task gets the run its firing claimed, and the run's context:
+	// it lives until the run's tenure is lost (or DrainTimeout after
+	// ctx ended), not until gocron's Shutdown, which cancels gocron's
+	// own job context before it waits.
 	_, err = s.NewJob(gocron.CronJob(crontab, true),
-		gocron.NewTask(func(ctx context.Context) error {
-			run, _ := locker.Run(job) // the run this firing claimed
+		locker.Task(job, func(ctx context.Context, run *ddblease.JobRun) error {
 			return guard.TransactWrite(ctx, run.Fence(), []types.TransactWriteItem{{Put: &types.Put{
 				TableName: aws.String(sink),
 				Item: map[string]types.AttributeValue{
@@ -156,22 +159,19 @@ func replica(ctx context.Context, db *dynamodb.Client, table, sink, name string)
 			}}})
 		}),
 		gocron.WithName(job), // the Locker's key
-		gocron.WithEventListeners(gocron.AfterJobRunsWithError(locker.RecordError)),
 	)
 	if err != nil {
 		return err
 	}
-	// The leases outlive ctx until the scheduler has stopped, so that a
-	// running job finishes while its lease is held.
-	leases, stopLeases := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopLeases()
-	if err := locker.Start(leases); err != nil {
+	// ctx is the replica's signal.NotifyContext: when it ends, each lease
+	// drains (no new run; the running one finishes and is recorded),
+	// then resigns, so that a standby takes over at once.
+	if err := locker.Start(ctx); err != nil {
 		return err
 	}
 	s.Start()
 	<-ctx.Done()
-	err = s.Shutdown() // waits for running jobs
-	stopLeases()       // then each lease is resigned
+	err = s.Shutdown() // no new firing; waits for the running job
 	return errors.Join(err, locker.Wait())
 	// snippet: end
 }

@@ -153,7 +153,7 @@ func replica(ctx context.Context, db *dynamodb.Client, table, sink, name string)
 	}
 	c.Start()
 	<-ctx.Done()
-	<-c.Stop().Done() // no new firing; the running one ends with its lease
-	return w.Wait()   // the running firing drained, the lease resigned
+	<-c.Stop().Done() // no new firing; waits for the running one, whose context lives on
+	return w.Wait()   // the running firing recorded, then the lease resigned
 	// snippet: end
 }
