@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/internal/runtenure"
 	"github.com/go-co-op/gocron/v2"
 )
 
@@ -35,7 +36,7 @@ var ErrStopped = errors.New("ddbleasegocron: stopped")
 // a Locker for exactly once per slot.
 type Elector struct {
 	lease *ddblease.Lease
-	ts    *tenures // a Locker job's runs, or nil
+	ts    *runtenure.Tenures // a Locker job's runs, or nil
 
 	mu      sync.Mutex
 	started bool
@@ -58,14 +59,14 @@ func NewElector(db ddblease.DynamoDBAPI, table, job string, optFns ...func(*ddbl
 // newElector returns an Elector whose tenures are led by ts (a Locker
 // job's), or, if ts is nil, by a function that holds the lease until the
 // tenure ends.
-func newElector(db ddblease.DynamoDBAPI, table, job string, ts *tenures, optFns []func(*ddblease.Options)) (*Elector, error) {
+func newElector(db ddblease.DynamoDBAPI, table, job string, ts *runtenure.Tenures, optFns []func(*ddblease.Options)) (*Elector, error) {
 	e := &Elector{done: make(chan struct{}), ts: ts}
 	optFns = append(slices.Clip(optFns), func(o *ddblease.Options) {
 		user := o.Observer
 		o.Observer = func(ev ddblease.Event) {
 			e.observe(ev)
 			if ts != nil {
-				ts.observe(ev)
+				ts.Observe(ev)
 			}
 			if user != nil {
 				user(ev)
@@ -78,7 +79,7 @@ func newElector(db ddblease.DynamoDBAPI, table, job string, ts *tenures, optFns 
 	}
 	e.lease = l
 	if ts != nil {
-		ts.lease = l
+		ts.Lease = l
 	}
 	return e, nil
 }
@@ -119,7 +120,7 @@ func (e *Elector) Start(ctx context.Context) error {
 			return nil
 		}
 		if e.ts != nil {
-			lead = e.ts.lead
+			lead = e.ts.Lead
 		}
 		err := e.lease.Run(ctx, lead)
 		e.mu.Lock()

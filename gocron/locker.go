@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/internal/runtenure"
 	"github.com/go-co-op/gocron/v2"
 	"github.com/google/uuid"
 )
@@ -103,7 +104,7 @@ type Locker struct {
 type lockerJob struct {
 	Job
 	el *Elector
-	ts *tenures
+	ts *runtenure.Tenures
 }
 
 var _ gocron.Locker = (*Locker)(nil)
@@ -129,7 +130,7 @@ func (l *Locker) Add(key string, job Job) error {
 	if job.Tolerance < 0 {
 		return fmt.Errorf("%w: job %q: Tolerance %v is negative", ddblease.ErrInvalid, key, job.Tolerance)
 	}
-	ts := &tenures{}
+	ts := &runtenure.Tenures{}
 	el, err := newElector(l.db, l.table, key, ts, l.optFns)
 	if err != nil {
 		return err
@@ -224,22 +225,22 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	if _, err := j.el.Fence(); err != nil {
 		return nil, err
 	}
-	t, err := j.ts.join()
+	t, err := j.ts.Join()
 	if err != nil {
 		return nil, err
 	}
 	lease := j.el.Lease()
 	slot, err := ddblease.MatchSlot(j.Schedule, lease.Options().Now(), j.Tolerance)
 	if err != nil {
-		t.runs.Done()
+		t.Done()
 		return nil, fmt.Errorf("job %q: %w", key, err)
 	}
 	opts := j.Options
 	// Claimed under the tenure's context, not gocron's: a firing that
 	// gocron has begun runs, also when its shutdown has begun.
-	run, err := lease.Claim(t.ctx, slot, func(o *ddblease.JobOptions) { *o = opts })
+	run, err := lease.Claim(t.Context(), slot, func(o *ddblease.JobOptions) { *o = opts })
 	if err != nil {
-		t.runs.Done()
+		t.Done()
 		return nil, err
 	}
 	lk := &runLock{l: l, key: key, run: run, ten: t}
@@ -321,7 +322,7 @@ func (l *Locker) Task(key string, fn func(ctx context.Context, run *ddblease.Job
 		if err != nil {
 			return err
 		}
-		ctx := lk.ten.ctx
+		ctx := lk.ten.Context()
 		err = fn(ctx, lk.run)
 		if err != nil && ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 			err = fmt.Errorf("%w (%v)", err, context.Cause(ctx))
@@ -356,9 +357,9 @@ type runLock struct {
 	l    *Locker
 	key  string
 	run  *ddblease.JobRun
-	ten  *tenure // the tenure it was claimed under
-	err  error   // guarded by l.mu
-	task bool    // a Task runs it; guarded by l.mu
+	ten  *runtenure.Tenure // the tenure it was claimed under
+	err  error             // guarded by l.mu
+	task bool              // a Task runs it; guarded by l.mu
 	// unlocked is set by Unlock; guarded by l.mu
 	unlocked bool
 }
@@ -389,6 +390,6 @@ func (lk *runLock) Unlock(context.Context) error {
 	}
 	runErr := lk.err
 	l.mu.Unlock()
-	defer lk.ten.runs.Done()
-	return lk.run.Finish(context.WithoutCancel(lk.ten.ctx), runErr)
+	defer lk.ten.Done()
+	return lk.run.Finish(context.WithoutCancel(lk.ten.Context()), runErr)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/internal/runtenure"
 	"github.com/robfig/cron/v3"
 )
 
@@ -72,7 +73,7 @@ func New(db ddblease.DynamoDBAPI, table string, optFns ...func(*ddblease.Options
 type job struct {
 	w     *Wrapper
 	lease *ddblease.Lease
-	ts    *tenures
+	ts    *runtenure.Tenures
 	sched ddblease.Schedule
 	tol   time.Duration // 0: the rule of ddblease.MatchSlot
 	o     ddblease.JobOptions
@@ -123,11 +124,11 @@ func (w *Wrapper) Job(name string, sched cron.Schedule, fn func(ctx context.Cont
 	if o.Tolerance < 0 {
 		return nil, fmt.Errorf("%w: job %q: Tolerance %v is negative", ddblease.ErrInvalid, name, o.Tolerance)
 	}
-	ts := &tenures{}
+	ts := &runtenure.Tenures{}
 	optFns := append(slices.Clip(w.optFns), func(o *ddblease.Options) {
 		user := o.Observer
 		o.Observer = func(ev ddblease.Event) {
-			ts.observe(ev)
+			ts.Observe(ev)
 			if user != nil {
 				user(ev)
 			}
@@ -137,7 +138,7 @@ func (w *Wrapper) Job(name string, sched cron.Schedule, fn func(ctx context.Cont
 	if err != nil {
 		return nil, err
 	}
-	ts.lease = l
+	ts.Lease = l
 	j := &job{w: w, lease: l, ts: ts, sched: sched, tol: o.Tolerance, o: o.Job, fn: fn}
 	if cd, ok := sched.(cron.ConstantDelaySchedule); ok {
 		j.sched, j.tol = ddblease.Every(cd.Delay), cd.Delay/2
@@ -192,7 +193,7 @@ func (w *Wrapper) Start(ctx context.Context) error {
 		w.wg.Add(1)
 		go func() {
 			defer w.wg.Done()
-			if err := j.lease.Run(ctx, j.ts.lead); err != nil {
+			if err := j.lease.Run(ctx, j.ts.Lead); err != nil {
 				w.mu.Lock()
 				w.errs = append(w.errs, fmt.Errorf("job %q: %w", j.lease.Job(), err))
 				w.mu.Unlock()
@@ -223,19 +224,19 @@ func (w *Wrapper) Wait() error {
 func (j *job) Run() {
 	l := j.lease
 	log := l.Options().Logger.With("job", l.Job())
-	t, err := j.ts.join()
+	t, err := j.ts.Join()
 	if err != nil {
 		log.Debug("ddbleaserobfig: firing skipped", "err", err)
 		return
 	}
-	defer t.runs.Done()
+	defer t.Done()
 	slot, err := ddblease.MatchSlot(j.sched, l.Options().Now(), j.tol)
 	if err != nil {
 		log.Error("ddbleaserobfig: firing not run: no slot of the schedule near it", "err", err)
 		return
 	}
 	o := j.o
-	run, err := l.Claim(t.ctx, slot, func(jo *ddblease.JobOptions) { *jo = o })
+	run, err := l.Claim(t.Context(), slot, func(jo *ddblease.JobOptions) { *jo = o })
 	switch {
 	case errors.Is(err, ddblease.ErrSlotTaken), errors.Is(err, ddblease.ErrNotLeader), errors.Is(err, ddblease.ErrLost):
 		log.Debug("ddbleaserobfig: firing skipped", "slot", slot, "err", err)
@@ -244,14 +245,14 @@ func (j *job) Run() {
 		log.Warn("ddbleaserobfig: firing not run: the claim failed", "slot", slot, "err", err)
 		return
 	}
-	fnErr := j.fn(t.ctx, run)
-	if fnErr != nil && t.ctx.Err() != nil && (errors.Is(fnErr, context.Canceled) || errors.Is(fnErr, context.DeadlineExceeded)) {
-		fnErr = fmt.Errorf("%w (%v)", fnErr, context.Cause(t.ctx))
+	fnErr := j.fn(t.Context(), run)
+	if fnErr != nil && t.Context().Err() != nil && (errors.Is(fnErr, context.Canceled) || errors.Is(fnErr, context.DeadlineExceeded)) {
+		fnErr = fmt.Errorf("%w (%v)", fnErr, context.Cause(t.Context()))
 	}
 	if fnErr != nil {
 		log.Warn("ddbleaserobfig: job run failed", "slot", slot, "fence", run.Fence(), "err", fnErr)
 	}
-	if err := run.Finish(context.WithoutCancel(t.ctx), fnErr); err != nil && !errors.Is(err, ddblease.ErrInvalid) {
+	if err := run.Finish(context.WithoutCancel(t.Context()), fnErr); err != nil && !errors.Is(err, ddblease.ErrInvalid) {
 		// ErrInvalid: fn already finished the run (Finish or Commit).
 		log.Warn("ddbleaserobfig: could not record the run's outcome", "slot", slot, "fence", run.Fence(), "err", err)
 	}
