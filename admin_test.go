@@ -49,8 +49,9 @@ func TestAdminValidation(t *testing.T) {
 
 // ForceRelease raises the fence in one write: the holder's next heartbeat
 // is refused and its leader context ends with ErrLost, its guarded writes
-// are refused at once, a standby leads with a fence higher still, and the
-// released replica does not take the lease straight back.
+// are refused at once, a standby leads with a fence higher still once the
+// holder's recorded expiry has passed, and the released replica does not
+// take the lease straight back.
 func TestForceRelease(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 30*time.Second)
@@ -74,7 +75,7 @@ func TestForceRelease(t *testing.T) {
 	rec, err := admin.ForceRelease(ctx, "billing", f1)
 	require.NoError(t, err)
 	assert.Equal(t, f1+1, rec.Fence)
-	assert.True(t, rec.ExpiresAt.IsZero())
+	assert.False(t, rec.ExpiresAt.IsZero(), "the holder's recorded expiry is kept")
 	assert.Equal(t, f1, rec.Control.ReleasedFence)
 	assert.Equal(t, "ops@test", rec.Control.ReleasedBy)
 

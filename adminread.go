@@ -27,6 +27,17 @@ func (s JobStatus) Free(now time.Time, skew time.Duration) bool {
 	return s.Lease.ExpiresAt.IsZero() || s.Lease.ExpiresAt.Before(now.Add(-skew))
 }
 
+// Released reports that an operator released the lease by force
+// (Admin.ForceRelease) and no tenure has taken it since: the fence was
+// raised past the released tenure's and no acquisition has followed. The
+// released holder may still believe it leads until its next heartbeat;
+// a standby takes the lease as Free says, or at once if the release said
+// the holder was dead (the expiry is then zero).
+func (s JobStatus) Released() bool {
+	c := s.Lease.Control
+	return c.ReleasedFence != 0 && c.ReleasedFence+1 == s.Lease.Fence
+}
+
 // Job reads one job's lease item with a strongly consistent read. A job
 // whose lease was never acquired is an error wrapping ErrUnknownJob.
 func (a *Admin) Job(ctx context.Context, job string) (JobStatus, error) {
