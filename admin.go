@@ -139,7 +139,7 @@ func (a *Admin) update(ctx context.Context, job, update, cond string, names map[
 		st, err := a.Job(ctx, job)
 		return st.Lease, true, err
 	}
-	return Record{}, false, fmt.Errorf("ddblease: update lease %q: %w", job, err)
+	return Record{}, false, fmt.Errorf("ddblease: update lease %q: %w", job, explainTableError(ctx, a.db, a.table, err))
 }
 
 // ReleaseOptions configures a forced release (Admin.ForceRelease).

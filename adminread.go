@@ -46,7 +46,7 @@ func (a *Admin) Job(ctx context.Context, job string) (JobStatus, error) {
 	}
 	item, err := getItem(ctx, a.db, a.table, map[string]types.AttributeValue{attrPK: avS(leaseKey(job))}, a.o.CallTimeout)
 	if err != nil {
-		return JobStatus{}, fmt.Errorf("ddblease: read lease %q: %w", job, err)
+		return JobStatus{}, fmt.Errorf("ddblease: read lease %q: %w", job, explainTableError(ctx, a.db, a.table, err))
 	}
 	if len(item) == 0 {
 		return JobStatus{}, fmt.Errorf("%w: %q has no lease item in table %q", ErrUnknownJob, job, a.table)
@@ -134,7 +134,7 @@ func (a *Admin) scan(ctx context.Context, prefix string) ([]map[string]types.Att
 		})
 		cancel()
 		if err != nil {
-			return nil, fmt.Errorf("ddblease: scan table %q: %w", a.table, err)
+			return nil, fmt.Errorf("ddblease: scan: %w", explainTableError(ctx, a.db, a.table, err))
 		}
 		items = append(items, out.Items...)
 		if len(out.LastEvaluatedKey) == 0 {
