@@ -214,3 +214,48 @@ func TestForceReleaseHolderDead(t *testing.T) {
 	assert.Contains(t, pa.lostCause().Error(), `released by force by operator "ops@test"`)
 	assert.Contains(t, pa.lostCause().Error(), `held by "b"`)
 }
+
+// A resign request keeps one leader at a time too: the holder ends its
+// tenure before the write that frees the lease, so the standby never
+// leads while the holder's IsLeader or leader context says it leads.
+func TestRequestResignKeepsOneLeader(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	admin := newAdmin(t, db, table)
+	a := newLease(t, db, table, "billing", fast("a"), releaseTimings)
+	pa := newLeaderProbe(a)
+	stopA := runAsync(ctx, a, pa.fn)
+	defer func() { assert.NoError(t, stopA()) }()
+	f1 := receive(t, pa.started, "a leads")
+	b := newLease(t, db, table, "billing", fast("b"), releaseTimings)
+	pb := newLeaderProbe(b)
+	var overlap atomic.Bool
+	pb.onStart = func(int64) {
+		if pa.leads() {
+			overlap.Store(true)
+		}
+	}
+	stopB := runAsync(ctx, b, pb.fn)
+	defer func() { assert.NoError(t, stopB()) }()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			bLeads := pb.leads()
+			if bLeads && pa.leads() {
+				overlap.Store(true)
+			}
+			if bLeads {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	_, err := admin.RequestResign(ctx, "billing", f1)
+	require.NoError(t, err)
+	assert.Equal(t, f1+1, receive(t, pb.started, "b leads"))
+	<-done
+	assert.False(t, overlap.Load(), "b led while a still believed it led")
+	assert.ErrorIs(t, pa.lostCause(), ddblease.ErrResignRequested)
+}

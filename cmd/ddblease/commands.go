@@ -421,8 +421,11 @@ func (e *env) forceRelease(ctx context.Context, args []string, yes, dead bool) e
 	r := st.Lease
 	after := r.ExpiresAt.Add(e.g.skew).UTC().Format(time.RFC3339)
 	next := fmt.Sprintf("no other replica leads before its recorded expiry plus --max-clock-skew (%s)", after)
-	if dead || r.ExpiresAt.IsZero() {
+	switch {
+	case dead:
 		next = "a standby leads at once"
+	case r.ExpiresAt.IsZero() || v.State == "expired":
+		next = "a standby leads at once (the lease is " + v.State + ")"
 	}
 	what := fmt.Sprintf("release %s by force: fence %d -> %d; holder %q (%s): its heartbeats, claims and fenced writes are refused from the write on, it stops leading at its next heartbeat, and %s",
 		job, r.Fence, r.Fence+1, r.Owner, v.State, next)
