@@ -139,27 +139,60 @@ func (a *Admin) update(ctx context.Context, job, update, cond string, names map[
 		st, err := a.Job(ctx, job)
 		return st.Lease, true, err
 	}
-	return Record{}, false, fmt.Errorf("ddblease: update lease %q: %w", job, err)
+	return Record{}, false, fmt.Errorf("ddblease: update lease %q: %w", job, explainTableError(ctx, a.db, a.table, err))
+}
+
+// ReleaseOptions configures a forced release (Admin.ForceRelease).
+type ReleaseOptions struct {
+	// HolderDead states that the holder's process is dead, or cut off from
+	// the table for good: the release then also sets the expiry to zero,
+	// so that a standby leads within one poll instead of waiting for the
+	// holder's tenure to end by its clock. If the holder is in fact alive,
+	// it still believes it leads until its next heartbeat (up to its
+	// HeartbeatInterval) or its local deadline, whichever comes first, and
+	// two replicas believe they lead meanwhile; the fence still refuses its
+	// writes (guarantee 1 holds, guarantee 2 does not). Default false.
+	HolderDead bool
 }
 
 // ForceRelease takes the lease of job from its holder with one conditional
-// write: the fence is raised by one, the expiry set to zero and a new
-// renewal version written, so that from that moment the old holder's
-// heartbeats, claims and guarded writes are refused (they are conditional
-// on its fence) and the next contender takes the lease at once, with a
-// fence higher still. The item is kept, its fence only grows; the release
-// is recorded in Record.Control. The replica that held the lease does not
-// campaign again until another owner has taken it or a lease duration has
-// passed.
+// write that raises the fence by one and writes a new renewal version. At
+// once, the old holder's heartbeats, claims (where the server has
+// transactions) and the guarded writes that check the lease's fence
+// (Guard.TransactWrite, JobRun.Commit, Guard.Check and Do) are refused:
+// they are conditional on its fence. The holder learns it at its next
+// heartbeat (up to its HeartbeatInterval), when its leader context ends
+// with a cause wrapping ErrLost that says it was released by an operator.
+//
+// The recorded expiry is kept, so no other replica leads until the old
+// holder's tenure has surely ended by its own clock: a standby takes the
+// lease once the recorded expiry is older than its MaxClockSkew (or it has
+// watched the lease unchanged for a whole lease duration), as after a
+// crash. The holder's local deadline comes before its recorded expiry, so
+// guarantee 2 (one leader at a time, with clock offsets under
+// MaxClockSkew) holds through the release. With ReleaseOptions.HolderDead
+// the expiry is set to zero too and a standby leads at once: see there
+// what that gives up.
+//
+// The item is kept, its fence only grows; the release is recorded in
+// Record.Control (JobStatus.Released reports it until the lease is taken
+// again). The released replica does not campaign again until another
+// owner has taken the lease or a lease duration has passed.
 //
 // The write is conditional on the fence the caller saw (fence), or, when
 // fence is zero, on the one a consistent read finds first, so that a
 // tenure that began since is not released: a mismatch is an error wrapping
-// ErrHeld (a *HeldError naming the current holder). A job never acquired is an error wrapping ErrUnknownJob.
-// It returns the item as written.
-func (a *Admin) ForceRelease(ctx context.Context, job string, fence int64) (Record, error) {
+// ErrHeld (a *HeldError naming the current holder). A job never acquired
+// is an error wrapping ErrUnknownJob. It returns the item as written.
+func (a *Admin) ForceRelease(ctx context.Context, job string, fence int64, optFns ...func(*ReleaseOptions)) (Record, error) {
 	if fence < 0 {
 		return Record{}, invalid("ForceRelease: fence %d is negative", fence)
+	}
+	var ro ReleaseOptions
+	for _, fn := range optFns {
+		if fn != nil {
+			fn(&ro)
+		}
 	}
 	if fence == 0 {
 		st, err := a.Job(ctx, job)
@@ -172,10 +205,14 @@ func (a *Admin) ForceRelease(ctx context.Context, job string, fence int64) (Reco
 	names := map[string]string{"#drn": attrDraining, "#ren": attrRenewedAt,
 		"#rf": attrReleasedFence, "#rby": attrReleasedBy, "#rat": attrReleasedAt}
 	values := map[string]types.AttributeValue{
-		":one": avN(1), ":zero": avN(0), ":rv": avS(randomID(8)), ":false": avBool(false),
+		":one": avN(1), ":rv": avS(randomID(8)), ":false": avBool(false),
 		":me": avS(a.o.Operator), ":now": avN(now.UnixMilli()), ":seen": avN(fence),
 	}
-	update := "SET #rf = :seen, #fence = #fence + :one, #exp = :zero, #rv = :rv, #drn = :false, #ren = :now, #rby = :me, #rat = :now"
+	update := "SET #rf = :seen, #fence = #fence + :one, #rv = :rv, #drn = :false, #ren = :now, #rby = :me, #rat = :now"
+	if ro.HolderDead {
+		update += ", #exp = :zero"
+		values[":zero"] = avN(0)
+	}
 	rec, failed, err := a.update(ctx, job, update, "#fence = :seen", names, values)
 	switch {
 	case err != nil:
@@ -195,9 +232,9 @@ func (a *Admin) ForceRelease(ctx context.Context, job string, fence int64) (Reco
 // back). The request concerns only that tenure; the next one ignores it.
 //
 // fence, when not zero, is the tenure the caller saw; a mismatch is an
-// error wrapping ErrHeld. A lease that no tenure holds by its recorded
-// expiry on this Admin's clock (resigned, released or expired) is an error
-// wrapping ErrNotHeld. It returns the item as written.
+// error wrapping ErrHeld. A lease that no tenure holds (released by
+// force, or resigned or expired by its recorded expiry on this Admin's
+// clock) is an error wrapping ErrNotHeld. It returns the item as written.
 func (a *Admin) RequestResign(ctx context.Context, job string, fence int64) (Record, error) {
 	if fence < 0 {
 		return Record{}, invalid("RequestResign: fence %d is negative", fence)
@@ -207,6 +244,9 @@ func (a *Admin) RequestResign(ctx context.Context, job string, fence int64) (Rec
 		return Record{}, err
 	}
 	now := a.o.Now()
+	if st.Released() {
+		return st.Lease, fmt.Errorf("%w: %q was released by force (fence %d)", ErrNotHeld, job, st.Lease.Control.ReleasedFence)
+	}
 	if st.Free(now, 0) {
 		return st.Lease, fmt.Errorf("%w: %q (fence %d) is free", ErrNotHeld, job, st.Lease.Fence)
 	}
@@ -222,7 +262,7 @@ func (a *Admin) RequestResign(ctx context.Context, job string, fence int64) (Rec
 	switch {
 	case err != nil:
 		return Record{}, err
-	case failed && rec.Fence == fence:
+	case failed && (rec.Fence == fence || JobStatus{Job: job, Lease: rec}.Released()):
 		return rec, fmt.Errorf("%w: %q (fence %d) was resigned or released meanwhile", ErrNotHeld, job, fence)
 	case failed:
 		return rec, &HeldError{Job: job, Owner: rec.Owner, Fence: rec.Fence, ExpiresAt: rec.ExpiresAt, Draining: rec.Draining}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/internal/ddbtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -49,8 +50,9 @@ func TestAdminValidation(t *testing.T) {
 
 // ForceRelease raises the fence in one write: the holder's next heartbeat
 // is refused and its leader context ends with ErrLost, its guarded writes
-// are refused at once, a standby leads with a fence higher still, and the
-// released replica does not take the lease straight back.
+// are refused at once, a standby leads with a fence higher still once the
+// holder's recorded expiry has passed, and the released replica does not
+// take the lease straight back.
 func TestForceRelease(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 30*time.Second)
@@ -74,7 +76,7 @@ func TestForceRelease(t *testing.T) {
 	rec, err := admin.ForceRelease(ctx, "billing", f1)
 	require.NoError(t, err)
 	assert.Equal(t, f1+1, rec.Fence)
-	assert.True(t, rec.ExpiresAt.IsZero())
+	assert.False(t, rec.ExpiresAt.IsZero(), "the holder's recorded expiry is kept")
 	assert.Equal(t, f1, rec.Control.ReleasedFence)
 	assert.Equal(t, "ops@test", rec.Control.ReleasedBy)
 
@@ -201,4 +203,33 @@ func TestJobsAndRuns(t *testing.T) {
 	jobs, err = admin.Jobs(ctx)
 	assert.ErrorIs(t, err, ddblease.ErrMalformedItem)
 	assert.Len(t, jobs, 3)
+}
+
+// Every Admin call on a missing table names the table and says it is not
+// found, with the SDK's error kept in the chain.
+func TestAdminMissingTable(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 20*time.Second)
+	table := "ddblease-missing-" + ddbtest.RandomID()
+	a := newAdmin(t, srv.Client(nil), table)
+	for name, call := range map[string]func() error{
+		"Job":           func() error { _, err := a.Job(ctx, "billing"); return err },
+		"Jobs":          func() error { _, err := a.Jobs(ctx); return err },
+		"Runs":          func() error { _, err := a.Runs(ctx, "billing", time.Time{}); return err },
+		"ForceRelease":  func() error { _, err := a.ForceRelease(ctx, "billing", 3); return err },
+		"RequestResign": func() error { _, err := a.RequestResign(ctx, "billing", 0); return err },
+		"Pause":         func() error { _, err := a.Pause(ctx, "billing"); return err },
+		"Resume":        func() error { _, err := a.Resume(ctx, "billing", false); return err },
+		"Trigger":       func() error { _, err := a.Trigger(ctx, "billing"); return err },
+		"TriggerRun": func() error {
+			_, _, err := a.TriggerRun(ctx, ddblease.Trigger{Job: "billing", ID: "0123456789abcdef", At: time.Now()})
+			return err
+		},
+	} {
+		err := call()
+		require.Error(t, err, name)
+		assert.Contains(t, err.Error(), `table "`+table+`" not found`, name)
+		var nf *types.ResourceNotFoundException
+		assert.ErrorAs(t, err, &nf, name)
+	}
 }

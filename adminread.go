@@ -27,6 +27,17 @@ func (s JobStatus) Free(now time.Time, skew time.Duration) bool {
 	return s.Lease.ExpiresAt.IsZero() || s.Lease.ExpiresAt.Before(now.Add(-skew))
 }
 
+// Released reports that an operator released the lease by force
+// (Admin.ForceRelease) and no tenure has taken it since: the fence was
+// raised past the released tenure's and no acquisition has followed. The
+// released holder may still believe it leads until its next heartbeat;
+// a standby takes the lease as Free says, or at once if the release said
+// the holder was dead (the expiry is then zero).
+func (s JobStatus) Released() bool {
+	c := s.Lease.Control
+	return c.ReleasedFence != 0 && c.ReleasedFence+1 == s.Lease.Fence
+}
+
 // Job reads one job's lease item with a strongly consistent read. A job
 // whose lease was never acquired is an error wrapping ErrUnknownJob.
 func (a *Admin) Job(ctx context.Context, job string) (JobStatus, error) {
@@ -35,7 +46,7 @@ func (a *Admin) Job(ctx context.Context, job string) (JobStatus, error) {
 	}
 	item, err := getItem(ctx, a.db, a.table, map[string]types.AttributeValue{attrPK: avS(leaseKey(job))}, a.o.CallTimeout)
 	if err != nil {
-		return JobStatus{}, fmt.Errorf("ddblease: read lease %q: %w", job, err)
+		return JobStatus{}, fmt.Errorf("ddblease: read lease %q: %w", job, explainTableError(ctx, a.db, a.table, err))
 	}
 	if len(item) == 0 {
 		return JobStatus{}, fmt.Errorf("%w: %q has no lease item in table %q", ErrUnknownJob, job, a.table)
@@ -123,7 +134,7 @@ func (a *Admin) scan(ctx context.Context, prefix string) ([]map[string]types.Att
 		})
 		cancel()
 		if err != nil {
-			return nil, fmt.Errorf("ddblease: scan table %q: %w", a.table, err)
+			return nil, fmt.Errorf("ddblease: scan: %w", explainTableError(ctx, a.db, a.table, err))
 		}
 		items = append(items, out.Items...)
 		if len(out.LastEvaluatedKey) == 0 {

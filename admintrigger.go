@@ -69,7 +69,7 @@ func (a *Admin) TriggerRun(ctx context.Context, t Trigger) (rec RunRecord, ok bo
 	}
 	item, err := getItem(ctx, a.db, a.table, map[string]types.AttributeValue{attrPK: avS(runItemKey(t.Job, t.RunID()))}, a.o.CallTimeout)
 	if err != nil {
-		return RunRecord{}, false, fmt.Errorf("ddblease: read run %q %s: %w", t.Job, t.RunID(), err)
+		return RunRecord{}, false, fmt.Errorf("ddblease: read run %q %s: %w", t.Job, t.RunID(), explainTableError(ctx, a.db, a.table, err))
 	}
 	if len(item) == 0 {
 		return RunRecord{}, false, nil

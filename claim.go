@@ -226,7 +226,7 @@ func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 // server returned with the failure, if any.
 func (l *Lease) lostError(fence int64, item map[string]types.AttributeValue) error {
 	if rec, err := decodeLease(item); len(item) > 0 && err == nil {
-		return fmt.Errorf("%w: %q fence %d: now held by %q with fence %d", ErrLost, l.job, fence, rec.Owner, rec.Fence)
+		return movedOn(l.job, fence, rec)
 	}
 	return fmt.Errorf("%w: %q fence %d: the lease item no longer names this owner and fence", ErrLost, l.job, fence)
 }

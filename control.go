@@ -2,7 +2,9 @@ package ddblease
 
 import (
 	"errors"
+	"fmt"
 	"sync"
+	"time"
 )
 
 // ErrResignRequested is the cause (context.Cause) of a leader context that
@@ -92,4 +94,20 @@ func (l *Lease) yieldToOthers(fence int64, err error) {
 		l.log.Info("ddblease: handing the lease over on an operator's request; leaving it to the other replicas for a lease duration",
 			"fence", fence, "err", err)
 	}
+}
+
+// movedOn is the cause of the end of the tenure with fence when the lease
+// item, rec, names another owner or fence: an operator's forced release of
+// this tenure, or another tenure.
+func movedOn(job string, fence int64, rec Record) error {
+	c := rec.Control
+	if c.ReleasedFence != fence {
+		return fmt.Errorf("%w: %q fence %d: now held by %q with fence %d", ErrLost, job, fence, rec.Owner, rec.Fence)
+	}
+	held := ""
+	if c.ReleasedFence+1 != rec.Fence {
+		held = fmt.Sprintf(", held by %q", rec.Owner)
+	}
+	return fmt.Errorf("%w: %q fence %d: released by force by operator %q at %s; the fence is now %d%s",
+		ErrLost, job, fence, c.ReleasedBy, c.ReleasedAt.UTC().Format(time.RFC3339), rec.Fence, held)
 }

@@ -69,7 +69,10 @@
 // acts through the lease item, which the replicas read. RequestResign asks
 // the current tenure to hand over (Run honours it at its next heartbeat,
 // like a SIGTERM, and lets another replica lead); ForceRelease raises the
-// fence in one write, so the holder is refused at once; Pause and Resume
+// fence in one write, so the holder's fenced writes are refused at once,
+// while a standby leads only once the holder's recorded expiry has passed,
+// keeping one leader at a time (at once if the operator states, with
+// ReleaseOptions.HolderDead, that the holder is dead); Pause and Resume
 // stop and restart RunSchedule's firing (slots due meanwhile are recorded
 // as RunSkippedByPause); Trigger asks the leader for an extra run of the
 // job, claimed and fenced like a slot. The ddblease command

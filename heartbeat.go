@@ -102,8 +102,7 @@ func (l *Lease) fencedWrite(ctx context.Context, timeout time.Duration, until ti
 	case rec.Owner == l.opts.Owner && rec.Fence == t.fence:
 		lost = fmt.Errorf("%w: %q fence %d: the item carries a renewal version this handle no longer tracks", ErrLost, l.job, t.fence)
 	default:
-		lost = &movedOnError{err: fmt.Errorf("%w: %q fence %d: now held by %q with fence %d", ErrLost, l.job, t.fence, rec.Owner, rec.Fence),
-			inDoubt: err != nil}
+		lost = &movedOnError{err: movedOn(l.job, t.fence, rec), inDoubt: err != nil}
 	}
 	l.end(t.fence, lost, LossDeposed)
 	return lost

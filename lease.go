@@ -103,7 +103,7 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 		job:   job,
 		key:   map[string]types.AttributeValue{attrPK: avS(leaseKey(job))},
 		opts:  o,
-		log:   o.Logger.With("job", job, "owner", o.Owner),
+		log:   lineLogger(o.Logger).With("job", job, "owner", o.Owner),
 	}
 	l.notify.fn = l.deliver
 	l.db = observedDB{db: db, now: o.Now, report: func(e Event) { l.notify.emit(l.event(EventCall, e)) }}

@@ -259,7 +259,9 @@ func (l *Lease) logEvent(e Event) {
 	case EventLeaderSeen:
 		log.InfoContext(ctx, "ddblease: another replica leads", "holder", e.Holder, "fence", e.Fence)
 	case EventRunFinished:
-		if e.Status != RunSucceeded {
+		// A slot skipped by an operator's pause is what was asked for:
+		// RunSchedule says so at Info.
+		if e.Status != RunSucceeded && e.Status != RunSkippedByPause {
 			log.WarnContext(ctx, "ddblease: job run did not succeed", "slot", fmtSlot(e.Slot), "fence", e.Fence,
 				"status", string(e.Status), "err", e.Err)
 		}

@@ -360,7 +360,11 @@ func (r *runner) finish(ctx context.Context, fence int64, run *JobRun, fnErr err
 			return true
 		}
 		if errors.Is(err, ErrStaleFence) || !retryable(err) || !l.leads(fence) {
-			l.log.Warn("ddblease: could not record the run's outcome", "slot", run.id, "fence", fence, "err", err)
+			args := []any{"slot", run.id, "fence", fence, "err", err}
+			if fnErr != nil {
+				args = append(args, "run_err", fnErr)
+			}
+			l.log.Warn("ddblease: could not record the run's outcome", args...)
 			return errors.Is(err, ErrStaleFence) // a newer tenure settled it
 		}
 		l.notify.emit(l.event(EventRetry, Event{Op: "finish", Fence: fence, Slot: run.slot, Err: err}))

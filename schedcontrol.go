@@ -202,14 +202,12 @@ func (r *runner) catchUp(ctx context.Context, fence int64, c Control) {
 
 // runAndFinish runs fn for a claimed run and records its outcome (a panic
 // in fn is recorded and goes on, through r.call). It reports whether the
-// outcome is recorded.
+// outcome is recorded. A failed run is logged once: by the record of its
+// outcome (EventRunFinished), or by finish when it cannot be recorded.
 func (r *runner) runAndFinish(ctx context.Context, fence int64, run *JobRun) bool {
 	fnErr := r.call(ctx, fence, run)
 	if fnErr != nil && ctx.Err() != nil && (errors.Is(fnErr, context.Canceled) || errors.Is(fnErr, context.DeadlineExceeded)) {
 		fnErr = fmt.Errorf("%w (%v)", fnErr, context.Cause(ctx))
-	}
-	if fnErr != nil {
-		r.l.log.Warn("ddblease: job run failed", "slot", run.id, "fence", fence, "err", fnErr)
 	}
 	return r.finish(ctx, fence, run, fnErr)
 }

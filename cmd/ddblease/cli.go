@@ -33,7 +33,8 @@ commands:
   runs JOB [--since D] [--status S]  the job's runs, newest last
   create-table [--print]             create the lease table, or print its CloudFormation and Terraform
   resign JOB                         ask the holder to hand the lease over at its next heartbeat
-  force-release JOB --yes            take the lease from its holder: the fence goes up
+  force-release JOB --yes [--dead]   take the lease from its holder: the fence goes up, a standby
+                                     leads after the holder's expiry (--dead: at once)
   pause JOB                          stop RunSchedule on every replica from firing slots
   resume JOB [--catch-up]            fire slots again; --catch-up runs the latest one skipped
   trigger JOB [--wait]               run the job once now, as an extra run
@@ -68,6 +69,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 type command struct {
 	name  string
 	args  string // synopsis of the positional arguments
+	about string // what the command does, for its -h (optional)
 	flags func(fs *flag.FlagSet)
 	run   func(e *env, ctx context.Context, args []string) error
 	// noTable marks a command that needs no table (create-table --print).
@@ -86,6 +88,8 @@ type env struct {
 	db    *dynamodb.Client
 	admin *ddblease.Admin
 	now   func() time.Time
+	// region is the AWS region the client uses.
+	region string
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -153,6 +157,9 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(stdout, "usage: ddblease %s %s\n", name, cmd.args)
+			if cmd.about != "" {
+				fmt.Fprintf(stdout, "\n%s\n\n", cmd.about)
+			}
 			fs.SetOutput(stdout)
 			fs.PrintDefaults()
 			return err
@@ -173,7 +180,21 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		ctx, cancel = context.WithTimeout(ctx, e.g.timeout)
 		defer cancel()
 	}
-	return cmd.run(e, ctx, pos)
+	return e.tableMissing(cmd.run(e, ctx, pos))
+}
+
+// tableMissing replaces an error that says the table does not exist with
+// one short line naming the table and where it was looked for.
+func (e *env) tableMissing(err error) error {
+	var nf *types.ResourceNotFoundException
+	if !errors.As(err, &nf) {
+		return err
+	}
+	where := "in region " + e.region
+	if e.g.endpoint != "" {
+		where = "at " + e.g.endpoint
+	}
+	return fmt.Errorf("table %q not found %s (wrong table name, region or endpoint? create it with: ddblease create-table)", e.g.table, where)
 }
 
 // globalArgs returns the flags set on fs as arguments, to parse again.
@@ -228,6 +249,7 @@ func (e *env) connect(ctx context.Context) error {
 	if cfg.Region == "" {
 		return usagef("no AWS region: use --region, AWS_REGION or a profile with a region")
 	}
+	e.region = cfg.Region
 	if cfg.Credentials == nil {
 		return errors.New("no AWS credentials found: set AWS_PROFILE or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run with a role")
 	}

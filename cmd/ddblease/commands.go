@@ -24,6 +24,7 @@ func commands() map[string]*command {
 		status   string
 		print    bool
 		yes      bool
+		dead     bool
 		catchUp  bool
 		wait     bool
 		interval time.Duration
@@ -49,9 +50,12 @@ func commands() map[string]*command {
 		"create-table": create,
 		"resign":       {name: "resign", args: "JOB", run: (*env).resign},
 		"force-release": {
-			name: "force-release", args: "JOB --yes",
-			flags: func(fs *flag.FlagSet) { fs.BoolVar(&yes, "yes", false, "do it (without it, say what would be done)") },
-			run:   func(e *env, ctx context.Context, args []string) error { return e.forceRelease(ctx, args, yes) },
+			name: "force-release", args: "JOB --yes [--dead]", about: forceReleaseAbout,
+			flags: func(fs *flag.FlagSet) {
+				fs.BoolVar(&yes, "yes", false, "do it (without it, say what would be done)")
+				fs.BoolVar(&dead, "dead", false, "the holder is dead: let a standby lead at once, without waiting for the holder's expiry")
+			},
+			run: func(e *env, ctx context.Context, args []string) error { return e.forceRelease(ctx, args, yes, dead) },
 		},
 		"pause": {name: "pause", args: "JOB", run: (*env).pause},
 		"resume": {
@@ -91,7 +95,7 @@ func oneJob(cmd string, args []string) (string, error) {
 // jobView is a job's state as status prints it.
 type jobView struct {
 	Job          string     `json:"job"`
-	State        string     `json:"state"` // held, draining, free, expired
+	State        string     `json:"state"` // held, draining, released, free, expired
 	Holder       string     `json:"holder"`
 	Fence        int64      `json:"fence"`
 	AcquiredAt   *time.Time `json:"acquiredAt,omitempty"`
@@ -147,6 +151,11 @@ func (e *env) view(s ddblease.JobStatus) jobView {
 		v.State = "free"
 	case r.ExpiresAt.Before(now.Add(-e.g.skew)):
 		v.State = "expired"
+	case s.Released():
+		// The released holder's expiry has not passed: no standby takes
+		// the lease before it has, plus the replicas' MaxClockSkew.
+		v.State = "released"
+		v.ExpiresIn = dur(r.ExpiresAt.Sub(now))
 	default:
 		v.State = "held"
 		if r.Draining {
@@ -376,7 +385,30 @@ func (e *env) resign(ctx context.Context, args []string) error {
 	return nil
 }
 
-func (e *env) forceRelease(ctx context.Context, args []string, yes bool) error {
+// forceReleaseAbout is force-release's help: what each way guarantees.
+const forceReleaseAbout = `Raises the lease's fence by one, in one write conditional on the fence
+shown. From that write on, the holder's heartbeats, its claims (on servers
+with transactions) and its guarded writes that check the lease's fence
+(Guard.TransactWrite, JobRun.Commit, Guard.Check/Do) are refused; the
+holder's leader context ends at its next heartbeat (within its
+HeartbeatInterval), with a cause saying an operator released it.
+
+Without --dead, the holder's recorded expiry is kept: no other replica
+leads until that expiry plus MaxClockSkew has passed on its clock, when the
+holder's tenure has surely ended by its own clock. One leader at a time
+holds throughout, as long as the replicas' clock offsets stay under
+MaxClockSkew; a standby waits up to one LeaseDuration.
+
+With --dead, the expiry is set to zero as well and a standby leads within
+one poll. Use it only when the holder is dead (or cut off from the table for
+good): if it is alive, it believes it leads until its next heartbeat or its
+local deadline, alongside the new leader, and one leader at a time does not
+hold. Its writes that check the lease's fence are still refused.
+
+Either way, Guard.Put and Guard.Update refuse the old fence on an item only
+once a newer fence has written that item.`
+
+func (e *env) forceRelease(ctx context.Context, args []string, yes, dead bool) error {
 	job, err := oneJob("force-release", args)
 	if err != nil {
 		return err
@@ -386,16 +418,28 @@ func (e *env) forceRelease(ctx context.Context, args []string, yes bool) error {
 		return err
 	}
 	v := e.view(st)
-	what := fmt.Sprintf("release %s by force: fence %d -> %d; holder %q (%s) loses the lease at once, its heartbeats and fenced writes are refused, and the next contender leads",
-		job, st.Lease.Fence, st.Lease.Fence+1, st.Lease.Owner, v.State)
+	r := st.Lease
+	after := r.ExpiresAt.Add(e.g.skew).UTC().Format(time.RFC3339)
+	next := fmt.Sprintf("no other replica leads before its recorded expiry plus --max-clock-skew (%s)", after)
+	switch {
+	case dead:
+		next = "a standby leads at once"
+	case r.ExpiresAt.IsZero() || v.State == "expired":
+		next = "a standby leads at once (the lease is " + v.State + ")"
+	}
+	what := fmt.Sprintf("release %s by force: fence %d -> %d; holder %q (%s): its heartbeats, claims and fenced writes are refused from the write on, it stops leading at its next heartbeat, and %s",
+		job, r.Fence, r.Fence+1, r.Owner, v.State, next)
+	if dead {
+		what += " (--dead: if the holder is alive, two replicas believe they lead until its next heartbeat)"
+	}
 	if !yes {
 		return usagef("force-release: would %s; run again with --yes to do it", what)
 	}
-	rec, err := e.admin.ForceRelease(ctx, job, st.Lease.Fence)
+	rec, err := e.admin.ForceRelease(ctx, job, r.Fence, func(o *ddblease.ReleaseOptions) { o.HolderDead = dead })
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.out, "released %s by force: fence is now %d (was %d, held by %q)\n", job, rec.Fence, st.Lease.Fence, st.Lease.Owner)
+	fmt.Fprintf(e.out, "released %s by force: fence is now %d (was %d, held by %q); %s\n", job, rec.Fence, r.Fence, r.Owner, next)
 	return nil
 }
 

@@ -12,7 +12,9 @@
 //	runs JOB [--since D] [--status S]
 //	create-table [--print]          create the table, or print CloudFormation and Terraform
 //	resign JOB                      ask the holder to hand the lease over
-//	force-release JOB --yes         take the lease from its holder, raising the fence
+//	force-release JOB --yes [--dead]
+//	                                take the lease from its holder, raising the fence;
+//	                                a standby leads after the holder's expiry (--dead: at once)
 //	pause JOB                       stop RunSchedule from firing slots
 //	resume JOB [--catch-up]         fire slots again (and run the latest one skipped)
 //	trigger JOB [--wait]            run the job once now, outside its schedule

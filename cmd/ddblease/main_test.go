@@ -265,6 +265,8 @@ func TestCommands(t *testing.T) {
 	assert.Equal(t, v[0].Fence, statusJSON(t, env, table, "billing")[0].Fence, "nothing was done")
 	out = ok(t, cli(t, env, "--table", table, "force-release", "billing", "--yes"))
 	assert.Contains(t, out, fmt.Sprintf("fence is now %d", v[0].Fence+1))
+	assert.Contains(t, out, "no other replica leads before its recorded expiry plus --max-clock-skew")
+	assert.Equal(t, "released", statusJSON(t, env, table, "billing")[0].State, "no one leads until the holder's expiry")
 	var v2 []jobView
 	waitFor(t, "a replica leads again", func() bool {
 		v2 = statusJSON(t, env, table, "billing")
@@ -273,6 +275,20 @@ func TestCommands(t *testing.T) {
 	assert.Equal(t, v[0].Fence+2, v2[0].Fence)
 	assert.Equal(t, "replica-a", v2[0].Holder, "the released replica lets the other lead")
 	assert.Equal(t, "tester@", v2[0].ReleasedBy[:len("tester@")])
+
+	// force-release --dead: the standby leads at once.
+	r = cli(t, env, "--table", table, "force-release", "billing", "--dead")
+	fails(t, r, 2, "if the holder is alive, two replicas believe they lead")
+	out = ok(t, cli(t, env, "--table", table, "force-release", "billing", "--yes", "--dead"))
+	assert.Contains(t, out, fmt.Sprintf("fence is now %d", v2[0].Fence+1))
+	assert.Contains(t, out, "a standby leads at once")
+	waitFor(t, "b leads again", func() bool {
+		v2 = statusJSON(t, env, table, "billing")
+		return v2[0].State == "held" && v2[0].Holder == "replica-b"
+	})
+	out = ok(t, cli(t, env, "force-release", "-h"))
+	assert.Contains(t, out, "Without --dead, the holder's recorded expiry is kept")
+	assert.Contains(t, out, "With --dead, the expiry is set to zero")
 
 	// watch: follows holder and run changes until interrupted.
 	var wout, werr lockedBuffer
@@ -326,8 +342,6 @@ func TestBadInput(t *testing.T) {
 		{"unknown global flag", env, []string{"--frob", "status"}, 2, "flag provided but not defined: -frob"},
 		{"no table", env, []string{"status"}, 2, "no table given"},
 		{"bad table name", env, []string{"--table", "a/b", "status"}, 2, "table name"},
-		{"missing table", env, []string{"--table", "nosuchtable", "status"}, 1, "ResourceNotFoundException"},
-		{"missing table, one job", env, []string{"--table", "nosuchtable", "status", "billing"}, 1, "create it with: ddblease create-table"},
 		{"unknown job", env, []string{"--table", table, "status", "billing"}, 1, `unknown job: "billing"`},
 		{"unknown job: resign", env, []string{"--table", table, "resign", "billing"}, 1, "unknown job"},
 		{"unknown job: force-release", env, []string{"--table", table, "force-release", "billing", "--yes"}, 1, "unknown job"},
@@ -347,6 +361,29 @@ func TestBadInput(t *testing.T) {
 	}
 	out := ok(t, cli(t, env, "-h"))
 	assert.Contains(t, out, "force-release JOB --yes")
+}
+
+// Every command that reads or writes the table says, on a missing table,
+// one short line naming the table and "not found", with exit status 1.
+func TestMissingTable(t *testing.T) {
+	env := baseEnv()
+	table := "ddblease-missing-" + ddbtest.RandomID()
+	for _, args := range [][]string{
+		{"status"}, {"status", "billing"}, {"status", "--json"}, {"runs", "billing"},
+		{"resign", "billing"}, {"force-release", "billing"}, {"force-release", "billing", "--yes"},
+		{"force-release", "billing", "--yes", "--dead"}, {"pause", "billing"}, {"resume", "billing"},
+		{"trigger", "billing"}, {"trigger", "billing", "--wait"}, {"watch", "billing"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			r := cli(t, env, append([]string{"--table", table}, args...)...)
+			fails(t, r, 1, fmt.Sprintf("table %q not found at %s", table, srv.URL))
+			assert.Contains(t, r.stderr, "create it with: ddblease create-table")
+			assert.NotContains(t, r.stderr, "RequestID", "no SDK noise")
+			assert.NotContains(t, r.stderr, "billing", "the table is named, not the job")
+			assert.LessOrEqual(t, len(r.stderr), 120+len(table)+len(srv.URL), "one short line: %q", r.stderr)
+			assert.Empty(t, r.stdout)
+		})
+	}
 }
 
 func noCredentials() []string {

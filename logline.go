@@ -1,0 +1,135 @@
+package ddblease
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	awsretry "github.com/aws/aws-sdk-go-v2/aws/retry"
+)
+
+// lineHandler is the handler behind every log line of a Lease: it passes
+// records to the user's handler with each attribute value made one line,
+// and errors worded by what happened. A user's fn may return an error with
+// newlines (a panic's stack, a multi-line message), and the SDK words a
+// request sent once as "exceeded maximum number of attempts, 1": a line
+// per record, and words that say what failed, are what an operator's log
+// search needs.
+type lineHandler struct{ h slog.Handler }
+
+// lineLogger returns a logger that writes through lineHandler to log's
+// handler.
+func lineLogger(log *slog.Logger) *slog.Logger {
+	return slog.New(lineHandler{h: log.Handler()})
+}
+
+func (h lineHandler) Enabled(ctx context.Context, level slog.Level) bool {
+	return h.h.Enabled(ctx, level)
+}
+
+func (h lineHandler) Handle(ctx context.Context, r slog.Record) error {
+	out := slog.NewRecord(r.Time, r.Level, singleLine(r.Message), r.PC)
+	r.Attrs(func(a slog.Attr) bool {
+		out.AddAttrs(lineAttr(a))
+		return true
+	})
+	return h.h.Handle(ctx, out)
+}
+
+func (h lineHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	clean := make([]slog.Attr, len(as))
+	for i, a := range as {
+		clean[i] = lineAttr(a)
+	}
+	return lineHandler{h: h.h.WithAttrs(clean)}
+}
+
+func (h lineHandler) WithGroup(name string) slog.Handler { return lineHandler{h: h.h.WithGroup(name)} }
+
+// lineAttr returns a with its value resolved and made one line: an error
+// becomes its text (logText), a string its one-line form; groups are
+// cleaned member by member. Other kinds cannot hold a newline.
+func lineAttr(a slog.Attr) slog.Attr {
+	v := a.Value.Resolve()
+	switch v.Kind() {
+	case slog.KindString:
+		if s := v.String(); strings.ContainsAny(s, "\r\n") {
+			return slog.String(a.Key, singleLine(s))
+		}
+	case slog.KindGroup:
+		g := v.Group()
+		clean := make([]slog.Attr, len(g))
+		for i, m := range g {
+			clean[i] = lineAttr(m)
+		}
+		return slog.Attr{Key: a.Key, Value: slog.GroupValue(clean...)}
+	case slog.KindAny:
+		switch x := v.Any().(type) {
+		case error:
+			return slog.String(a.Key, logText(x))
+		case fmt.Stringer:
+			if s := x.String(); strings.ContainsAny(s, "\r\n") {
+				return slog.String(a.Key, singleLine(s))
+			}
+		}
+	}
+	return slog.Attr{Key: a.Key, Value: v}
+}
+
+// logText is err's text for a log line: on one line, with the SDK's
+// "exceeded maximum number of attempts, N, <error>" replaced by what
+// happened (the last attempt's error, and the number of attempts when the
+// SDK made more than one).
+func logText(err error) string {
+	err = soundError(err)
+	s := err.Error()
+	walkErrors(err, func(e error) {
+		mae, ok := e.(*awsretry.MaxAttemptsError)
+		if !ok || mae == nil {
+			return
+		}
+		inner := "no error"
+		if mae.Err != nil {
+			inner = soundError(mae.Err).Error()
+		}
+		if mae.Attempt > 1 {
+			inner = fmt.Sprintf("%s (the last of %d attempts)", inner, mae.Attempt)
+		}
+		s = strings.Replace(s, mae.Error(), inner, 1)
+	})
+	return singleLine(s)
+}
+
+// walkErrors calls fn on err and every error in its tree.
+func walkErrors(err error, fn func(error)) {
+	for depth := 0; err != nil && depth < 100; depth++ {
+		fn(err)
+		switch u := err.(type) {
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				walkErrors(soundError(e), fn)
+			}
+			return
+		case interface{ Unwrap() error }:
+			err = soundError(u.Unwrap())
+		default:
+			return
+		}
+	}
+}
+
+// singleLine joins the lines of s with " | ", each trimmed of surrounding
+// space, empty lines left out.
+func singleLine(s string) string {
+	if !strings.ContainsAny(s, "\r\n") {
+		return s
+	}
+	var parts []string
+	for _, line := range strings.FieldsFunc(s, func(r rune) bool { return r == '\n' || r == '\r' }) {
+		if line = strings.TrimSpace(line); line != "" {
+			parts = append(parts, line)
+		}
+	}
+	return strings.Join(parts, " | ")
+}
