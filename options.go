@@ -41,8 +41,9 @@ type Options struct {
 	HeartbeatInterval time.Duration
 
 	// RetryInterval is how often a standby polls the lease, less a random
-	// 5-25% jitter, and how soon a failed heartbeat is retried. A standby that
-	// sees the holder draining polls ten times as often. Default 1s.
+	// 5-25% jitter, and how soon a failed heartbeat is retried; it must be
+	// at least 1ms. A standby that sees the holder draining polls ten times
+	// as often. Default 1s.
 	RetryInterval time.Duration
 
 	// MaxClockSkew bounds the difference between the wall clocks of the
@@ -117,6 +118,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.RetryInterval == 0 {
 		o.RetryInterval = DefaultRetryInterval
+	}
+	if o.RetryInterval < time.Millisecond {
+		return invalid("RetryInterval %v is below 1ms", o.RetryInterval)
 	}
 	if o.MaxClockSkew == 0 {
 		o.MaxClockSkew = DefaultMaxClockSkew
