@@ -80,8 +80,8 @@ type observation struct {
 // New returns a handle on the lease of job in table. It makes no call; the
 // table must exist (see CreateTable) when the handle is used.
 func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, error) {
-	if db == nil {
-		return nil, invalid("DynamoDB client is nil")
+	if err := CheckClient(db); err != nil {
+		return nil, err
 	}
 	if err := checkTable(table); err != nil {
 		return nil, err
