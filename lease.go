@@ -27,7 +27,7 @@ type Lease struct {
 	notify notifier
 	warn   warnLimiter
 
-	writeMu     sync.Mutex  // held across every write to the lease item
+	writeMu     sync.Mutex  // held across every write to the lease item: lockWrite, unlockWrite
 	campaigning atomic.Bool // Run or RunSchedule is active
 	// runCtx is the context of the active Run, whose values (trace ids)
 	// the log lines carry.
@@ -110,6 +110,23 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 	return l, nil
 }
 
+// lockWrite takes the lock held across every write to the lease item.
+// Events are not delivered while it is held: unlockWrite delivers them
+// once it is released, so that an observer may call any method of the
+// handle.
+func (l *Lease) lockWrite() {
+	l.writeMu.Lock()
+	l.notify.hold()
+}
+
+// unlockWrite releases the write lock and delivers the events queued
+// meanwhile.
+func (l *Lease) unlockWrite() {
+	l.notify.release()
+	l.writeMu.Unlock()
+	l.notify.flush()
+}
+
 // deliver hands an event to the health check, the log and the user's
 // observer.
 func (l *Lease) deliver(e Event) {
@@ -187,8 +204,8 @@ func (l *Lease) Holder(ctx context.Context) (Record, error) {
 // Errors the server blames on the request (a missing table, a wrong key
 // schema, denied access) name the table.
 func (l *Lease) TryAcquire(ctx context.Context) (int64, error) {
-	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
+	l.lockWrite()
+	defer l.unlockWrite()
 	if t := l.current(); t.held && l.opts.Now().Before(t.deadline) {
 		err := l.heartbeatLocked(ctx)
 		if err == nil {

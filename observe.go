@@ -138,16 +138,20 @@ type Event struct {
 // Events are queued by the goroutine that made the change, under the lock
 // that guards it, so that their order is the order of the changes; the same
 // goroutine then delivers whatever is queued. A goroutine that finds another
-// delivering leaves its events to it.
+// delivering leaves its events to it. While a write to the lease item is in
+// progress (hold), nothing is delivered: the writer holds the lease's write
+// lock, which an observer calling back into the handle may need, and it
+// delivers what was queued once it has released that lock.
 type notifier struct {
 	fn func(Event)
 
 	mu         sync.Mutex
 	queue      []Event
 	delivering bool
+	held       int // writes in progress
 }
 
-// queue adds e to the queue. The caller then calls flush.
+// push adds e to the queue. The caller then calls flush.
 func (n *notifier) push(e Event) {
 	if n.fn == nil {
 		return
@@ -157,14 +161,29 @@ func (n *notifier) push(e Event) {
 	n.mu.Unlock()
 }
 
-// flush delivers the queued events, unless another goroutine is doing so.
+// hold defers deliveries until the matching release.
+func (n *notifier) hold() {
+	n.mu.Lock()
+	n.held++
+	n.mu.Unlock()
+}
+
+// release ends a hold; the caller then calls flush.
+func (n *notifier) release() {
+	n.mu.Lock()
+	n.held--
+	n.mu.Unlock()
+}
+
+// flush delivers the queued events, unless another goroutine is doing so
+// or a write is in progress.
 func (n *notifier) flush() {
 	if n.fn == nil {
 		return
 	}
 	for {
 		n.mu.Lock()
-		if n.delivering || len(n.queue) == 0 {
+		if n.delivering || n.held > 0 || len(n.queue) == 0 {
 			n.mu.Unlock()
 			return
 		}
@@ -187,7 +206,8 @@ func (n *notifier) deliver(q []Event) {
 	}
 }
 
-// emit queues e and delivers it at once.
+// emit queues e and delivers it at once, or as soon as no write is in
+// progress.
 func (n *notifier) emit(e Event) {
 	n.push(e)
 	n.flush()
@@ -284,8 +304,10 @@ func (l *Lease) logEvent(e Event) {
 			log.WarnContext(ctx, "ddblease: a step failed; retrying", args...)
 		}
 	case EventStopped:
+		// The error is returned to the caller: logging it too would report
+		// it twice.
 		if e.Err != nil {
-			log.ErrorContext(ctx, "ddblease: the campaign stopped with an error", "err", e.Err)
+			log.DebugContext(ctx, "ddblease: the campaign stopped with an error", "err", e.Err)
 		}
 	case EventRenewed:
 		log.DebugContext(ctx, "ddblease: renewed the lease", "fence", e.Fence, "margin", e.Margin, "latency", e.Latency)
