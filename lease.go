@@ -50,6 +50,11 @@ type Lease struct {
 	yieldUntil time.Time
 	seen       seenHolder
 
+	// reached records that the server has answered a request of this
+	// handle: from then on, a request the client could not send (its
+	// credentials failing to refresh, say) is a transient failure.
+	reached atomic.Bool
+
 	// noTxn records that the server answered TransactWriteItems with
 	// UnknownOperationException, so that Claim asks only once.
 	noTxn atomic.Bool
@@ -106,7 +111,8 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 		log:   lineLogger(o.Logger).With("job", job, "owner", o.Owner),
 	}
 	l.notify.fn = l.deliver
-	l.db = observedDB{db: db, now: o.Now, report: func(e Event) { l.notify.emit(l.event(EventCall, e)) }}
+	l.db = observedDB{db: db, now: o.Now, report: func(e Event) { l.notify.emit(l.event(EventCall, e)) },
+		answered: func() { l.reached.Store(true) }}
 	return l, nil
 }
 

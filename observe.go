@@ -2,10 +2,14 @@ package ddblease
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/smithy-go/middleware"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
 
 // EventKind says what an Event reports.
@@ -213,11 +217,14 @@ func (n *notifier) emit(e Event) {
 	n.flush()
 }
 
-// observedDB reports every request to report, as EventCall.
+// observedDB reports every request to report, as EventCall. It marks the
+// errors of requests that the SDK client never sent (unsentError), and
+// calls answered for each request the server answered.
 type observedDB struct {
-	db     DynamoDBAPI
-	now    func() time.Time
-	report func(Event)
+	db       DynamoDBAPI
+	now      func() time.Time
+	report   func(Event)
+	answered func()
 }
 
 var _ DynamoDBAPI = observedDB{}
@@ -225,9 +232,50 @@ var _ DynamoDBAPI = observedDB{}
 func observed[In, Out any](o observedDB, op string, call func(context.Context, In, ...func(*dynamodb.Options)) (Out, error),
 	ctx context.Context, in In, optFns []func(*dynamodb.Options)) (Out, error) {
 	start := o.now()
-	out, err := call(ctx, in, optFns...)
+	var p sendProbe
+	out, err := call(ctx, in, append(optFns[:len(optFns):len(optFns)], p.optFn)...)
+	var re *smithyhttp.ResponseError
+	switch {
+	case err == nil, errors.As(err, &re):
+		if o.answered != nil {
+			o.answered()
+		}
+	case p.applied.Load() && !p.sent.Load():
+		err = &unsentError{err: err}
+	}
 	o.report(Event{Op: op, Outcome: callOutcome(op, err), Latency: o.now().Sub(start), Err: err})
 	return out, err
+}
+
+// sendProbe finds out whether an SDK client sent a request: optFn adds a
+// step just before the transport. A client that is not the SDK's may
+// ignore the option (applied stays false): nothing is concluded then.
+type sendProbe struct{ applied, sent atomic.Bool }
+
+func (p *sendProbe) optFn(o *dynamodb.Options) {
+	p.applied.Store(true)
+	o.APIOptions = append(o.APIOptions[:len(o.APIOptions):len(o.APIOptions)], func(s *middleware.Stack) error {
+		return s.Deserialize.Add(middleware.DeserializeMiddlewareFunc("ddbleaseSent",
+			func(ctx context.Context, in middleware.DeserializeInput, next middleware.DeserializeHandler) (middleware.DeserializeOutput, middleware.Metadata, error) {
+				p.sent.Store(true)
+				return next.HandleDeserialize(ctx, in)
+			}), middleware.After)
+	})
+}
+
+// unsentError is the error of a request that the SDK client failed to
+// build, address or sign, so that it was never sent: no credentials, no
+// region, an endpoint that cannot be resolved. Retrying mends it only when
+// the cause is passing (credentials that could not be refreshed once).
+type unsentError struct{ err error }
+
+func (e *unsentError) Error() string { return e.err.Error() }
+func (e *unsentError) Unwrap() error { return e.err }
+
+// unsent reports whether err is, or wraps, an unsentError.
+func unsent(err error) bool {
+	var u *unsentError
+	return errors.As(err, &u)
 }
 
 func (o observedDB) GetItem(ctx context.Context, in *dynamodb.GetItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error) {
