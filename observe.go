@@ -64,7 +64,8 @@ const (
 	// record of its outcome). Err is the failure, Fence the tenure if any,
 	// Slot the slot for a claim or finish.
 	EventRetry
-	// EventStopped: Run or RunSchedule returned. Err is what it returned.
+	// EventStopped: Run or RunSchedule returned. Err is what it returned
+	// (logged at Debug level only: the caller has it).
 	EventStopped
 )
 
@@ -96,7 +97,8 @@ const (
 	// handle while Run led, or the handle gave the lease up on an operator's
 	// request.
 	LossResignedElsewhere LossReason = "resigned-elsewhere"
-	// LossPanic: the function given to Run panicked.
+	// LossPanic: the function given to Run panicked, or exited without
+	// returning (runtime.Goexit, as t.FailNow does).
 	LossPanic LossReason = "panic"
 )
 
