@@ -13,7 +13,10 @@ import (
 // the lease looks free: the conditional write decides. Throttling, server
 // and network errors are logged (rate-limited) and retried; errors the
 // server blames on the request (a missing table, a wrong key schema, denied
-// access, bad credentials) and a malformed lease item are returned at once.
+// access, bad credentials) and a malformed lease item are returned at once,
+// and so is a request the client could not send (no credentials, no
+// region) while no request of this handle has ever reached the table; once
+// one has, such a failure is retried like a network error.
 // When ctx ends it returns an error wrapping ctx's cause, joined with the
 // last error if the last attempt failed.
 func (l *Lease) Acquire(ctx context.Context) (int64, error) {
@@ -54,6 +57,11 @@ func (l *Lease) acquire(ctx context.Context) (fence int64, failing bool, err err
 			continue
 		case !retryable(err):
 			return 0, true, err
+		case unsent(err) && !l.reached.Load():
+			// Nothing has ever reached the table: a client without
+			// credentials or region would fail the same way for ever.
+			return 0, true, fmt.Errorf("ddblease: %q: no request could be sent to table %q (check the client's credentials and region): %w",
+				l.job, l.table, err)
 		default:
 			lastErr = err
 			wait = max(wait, bo.next())

@@ -61,8 +61,8 @@ type Admin struct {
 
 // NewAdmin returns an Admin for table. It makes no call.
 func NewAdmin(db AdminAPI, table string, optFns ...func(*AdminOptions)) (*Admin, error) {
-	if db == nil {
-		return nil, invalid("DynamoDB client is nil")
+	if err := CheckClient(db); err != nil {
+		return nil, err
 	}
 	if err := checkTable(table); err != nil {
 		return nil, err

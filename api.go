@@ -2,6 +2,7 @@ package ddblease
 
 import (
 	"context"
+	"reflect"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 )
@@ -19,3 +20,23 @@ type DynamoDBAPI interface {
 }
 
 var _ DynamoDBAPI = (*dynamodb.Client)(nil)
+
+// CheckClient returns an error wrapping ErrInvalid when db is nil, or is an
+// interface value holding a nil pointer, map, function, channel or
+// interface (a `var db *dynamodb.Client` that was never assigned), whose
+// first request would panic inside the SDK. New, NewGuard, NewAdmin,
+// CreateTable and the scheduler adapters' constructors refuse such a
+// client with it.
+func CheckClient(db any) error {
+	if db == nil {
+		return invalid("DynamoDB client is nil")
+	}
+	v := reflect.ValueOf(db)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Func, reflect.Chan, reflect.Interface, reflect.Slice:
+		if v.IsNil() {
+			return invalid("DynamoDB client is a nil %T", db)
+		}
+	}
+	return nil
+}

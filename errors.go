@@ -228,8 +228,12 @@ func mismatch(err error) bool {
 // mayHaveApplied reports whether a write that failed with err may have
 // been applied all the same: its answer was lost or the server failed
 // while handling it. A request refused (throttled, invalid, denied,
-// conditional) did not apply. Valid for requests sent once (singleAttempt).
+// conditional) did not apply, nor did one the client never sent. Valid for
+// requests sent once (singleAttempt).
 func mayHaveApplied(err error) bool {
+	if unsent(err) {
+		return false
+	}
 	var api smithy.APIError
 	if errors.As(err, &api) {
 		var re *smithyhttp.ResponseError

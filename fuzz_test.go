@@ -89,7 +89,7 @@ func FuzzNew(f *testing.F) {
 		}
 		o := l.Options()
 		if o.LeaseDuration <= 0 || o.HeartbeatInterval <= 0 || 2*o.HeartbeatInterval >= o.LeaseDuration ||
-			o.RetryInterval <= 0 || o.MaxClockSkew <= 0 || o.MaxClockSkew >= o.LeaseDuration ||
+			o.RetryInterval < time.Millisecond || o.MaxClockSkew <= 0 || o.MaxClockSkew >= o.LeaseDuration ||
 			o.DrainTimeout <= 0 || o.CallTimeout <= 0 || o.CallTimeout >= o.HeartbeatInterval ||
 			o.Owner == "" || job == "" || len(job) > MaxJobLength {
 			t.Fatalf("accepted invalid options %+v for job %q", o, job)

@@ -145,8 +145,8 @@ type Guard struct {
 // NewGuard returns a guard for job, whose lease is in table. It makes no
 // call.
 func NewGuard(db DynamoDBAPI, table, job string, optFns ...func(*GuardOptions)) (*Guard, error) {
-	if db == nil {
-		return nil, invalid("NewGuard: DynamoDB client is nil")
+	if err := CheckClient(db); err != nil {
+		return nil, fmt.Errorf("NewGuard: %w", err)
 	}
 	if err := checkTable(table); err != nil {
 		return nil, err

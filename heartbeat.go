@@ -20,8 +20,8 @@ import (
 // Other errors (throttling, timeouts) leave the tenure open until its
 // deadline: call again.
 func (l *Lease) Heartbeat(ctx context.Context) error {
-	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
+	l.lockWrite()
+	defer l.unlockWrite()
 	return l.heartbeatLocked(ctx)
 }
 

@@ -48,11 +48,16 @@ func TestRunReportsPersistentErrors(t *testing.T) {
 	t.Run("missing table", func(t *testing.T) {
 		t.Parallel()
 		ctx := withTimeout(t, 20*time.Second)
-		l := newLease(t, srv.Client(nil), "ddblease-missing-"+ddbtest.RandomID(), "job", fast("a"))
+		var logged countingHandler
+		l := newLease(t, srv.Client(nil), "ddblease-missing-"+ddbtest.RandomID(), "job", fast("a"),
+			func(o *ddblease.Options) { o.Logger = slog.New(&logged) })
 		err := l.Run(ctx, never)
 		require.Error(t, err)
 		assert.ErrorContains(t, err, "not found")
 		assert.ErrorContains(t, err, "ddblease-missing-")
+		// Returned, not also logged: the caller decides.
+		assert.Zero(t, logged.errors.Load(), "the error Run returns is logged at ERROR too")
+		assert.Zero(t, logged.warnings.Load())
 	})
 	t.Run("malformed lease item", func(t *testing.T) {
 		t.Parallel()
@@ -93,13 +98,16 @@ func TestRunReportsPersistentErrors(t *testing.T) {
 	})
 }
 
-// countingHandler counts the warnings logged through it.
-type countingHandler struct{ warnings atomic.Int32 }
+// countingHandler counts the warnings and errors logged through it.
+type countingHandler struct{ warnings, errors atomic.Int32 }
 
 func (h *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
 
 func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
-	if r.Level == slog.LevelWarn {
+	switch {
+	case r.Level >= slog.LevelError:
+		h.errors.Add(1)
+	case r.Level >= slog.LevelWarn:
 		h.warnings.Add(1)
 	}
 	return nil

@@ -27,7 +27,7 @@ type Lease struct {
 	notify notifier
 	warn   warnLimiter
 
-	writeMu     sync.Mutex  // held across every write to the lease item
+	writeMu     sync.Mutex  // held across every write to the lease item: lockWrite, unlockWrite
 	campaigning atomic.Bool // Run or RunSchedule is active
 	// runCtx is the context of the active Run, whose values (trace ids)
 	// the log lines carry.
@@ -49,6 +49,11 @@ type Lease struct {
 	// standbys until then.
 	yieldUntil time.Time
 	seen       seenHolder
+
+	// reached records that the server has answered a request of this
+	// handle: from then on, a request the client could not send (its
+	// credentials failing to refresh, say) is a transient failure.
+	reached atomic.Bool
 
 	// noTxn records that the server answered TransactWriteItems with
 	// UnknownOperationException, so that Claim asks only once.
@@ -80,8 +85,8 @@ type observation struct {
 // New returns a handle on the lease of job in table. It makes no call; the
 // table must exist (see CreateTable) when the handle is used.
 func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, error) {
-	if db == nil {
-		return nil, invalid("DynamoDB client is nil")
+	if err := CheckClient(db); err != nil {
+		return nil, err
 	}
 	if err := checkTable(table); err != nil {
 		return nil, err
@@ -106,8 +111,26 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 		log:   lineLogger(o.Logger).With("job", job, "owner", o.Owner),
 	}
 	l.notify.fn = l.deliver
-	l.db = observedDB{db: db, now: o.Now, report: func(e Event) { l.notify.emit(l.event(EventCall, e)) }}
+	l.db = observedDB{db: db, now: o.Now, report: func(e Event) { l.notify.emit(l.event(EventCall, e)) },
+		answered: func() { l.reached.Store(true) }}
 	return l, nil
+}
+
+// lockWrite takes the lock held across every write to the lease item.
+// Events are not delivered while it is held: unlockWrite delivers them
+// once it is released, so that an observer may call any method of the
+// handle.
+func (l *Lease) lockWrite() {
+	l.writeMu.Lock()
+	l.notify.hold()
+}
+
+// unlockWrite releases the write lock and delivers the events queued
+// meanwhile.
+func (l *Lease) unlockWrite() {
+	l.notify.release()
+	l.writeMu.Unlock()
+	l.notify.flush()
 }
 
 // deliver hands an event to the health check, the log and the user's
@@ -187,8 +210,8 @@ func (l *Lease) Holder(ctx context.Context) (Record, error) {
 // Errors the server blames on the request (a missing table, a wrong key
 // schema, denied access) name the table.
 func (l *Lease) TryAcquire(ctx context.Context) (int64, error) {
-	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
+	l.lockWrite()
+	defer l.unlockWrite()
 	if t := l.current(); t.held && l.opts.Now().Before(t.deadline) {
 		err := l.heartbeatLocked(ctx)
 		if err == nil {

@@ -2,10 +2,14 @@ package ddblease
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/smithy-go/middleware"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
 
 // EventKind says what an Event reports.
@@ -60,7 +64,8 @@ const (
 	// record of its outcome). Err is the failure, Fence the tenure if any,
 	// Slot the slot for a claim or finish.
 	EventRetry
-	// EventStopped: Run or RunSchedule returned. Err is what it returned.
+	// EventStopped: Run or RunSchedule returned. Err is what it returned
+	// (logged at Debug level only: the caller has it).
 	EventStopped
 )
 
@@ -92,7 +97,8 @@ const (
 	// handle while Run led, or the handle gave the lease up on an operator's
 	// request.
 	LossResignedElsewhere LossReason = "resigned-elsewhere"
-	// LossPanic: the function given to Run panicked.
+	// LossPanic: the function given to Run panicked, or exited without
+	// returning (runtime.Goexit, as t.FailNow does).
 	LossPanic LossReason = "panic"
 )
 
@@ -138,16 +144,20 @@ type Event struct {
 // Events are queued by the goroutine that made the change, under the lock
 // that guards it, so that their order is the order of the changes; the same
 // goroutine then delivers whatever is queued. A goroutine that finds another
-// delivering leaves its events to it.
+// delivering leaves its events to it. While a write to the lease item is in
+// progress (hold), nothing is delivered: the writer holds the lease's write
+// lock, which an observer calling back into the handle may need, and it
+// delivers what was queued once it has released that lock.
 type notifier struct {
 	fn func(Event)
 
 	mu         sync.Mutex
 	queue      []Event
 	delivering bool
+	held       int // writes in progress
 }
 
-// queue adds e to the queue. The caller then calls flush.
+// push adds e to the queue. The caller then calls flush.
 func (n *notifier) push(e Event) {
 	if n.fn == nil {
 		return
@@ -157,14 +167,29 @@ func (n *notifier) push(e Event) {
 	n.mu.Unlock()
 }
 
-// flush delivers the queued events, unless another goroutine is doing so.
+// hold defers deliveries until the matching release.
+func (n *notifier) hold() {
+	n.mu.Lock()
+	n.held++
+	n.mu.Unlock()
+}
+
+// release ends a hold; the caller then calls flush.
+func (n *notifier) release() {
+	n.mu.Lock()
+	n.held--
+	n.mu.Unlock()
+}
+
+// flush delivers the queued events, unless another goroutine is doing so
+// or a write is in progress.
 func (n *notifier) flush() {
 	if n.fn == nil {
 		return
 	}
 	for {
 		n.mu.Lock()
-		if n.delivering || len(n.queue) == 0 {
+		if n.delivering || n.held > 0 || len(n.queue) == 0 {
 			n.mu.Unlock()
 			return
 		}
@@ -187,17 +212,21 @@ func (n *notifier) deliver(q []Event) {
 	}
 }
 
-// emit queues e and delivers it at once.
+// emit queues e and delivers it at once, or as soon as no write is in
+// progress.
 func (n *notifier) emit(e Event) {
 	n.push(e)
 	n.flush()
 }
 
-// observedDB reports every request to report, as EventCall.
+// observedDB reports every request to report, as EventCall. It marks the
+// errors of requests that the SDK client never sent (unsentError), and
+// calls answered for each request the server answered.
 type observedDB struct {
-	db     DynamoDBAPI
-	now    func() time.Time
-	report func(Event)
+	db       DynamoDBAPI
+	now      func() time.Time
+	report   func(Event)
+	answered func()
 }
 
 var _ DynamoDBAPI = observedDB{}
@@ -205,9 +234,50 @@ var _ DynamoDBAPI = observedDB{}
 func observed[In, Out any](o observedDB, op string, call func(context.Context, In, ...func(*dynamodb.Options)) (Out, error),
 	ctx context.Context, in In, optFns []func(*dynamodb.Options)) (Out, error) {
 	start := o.now()
-	out, err := call(ctx, in, optFns...)
+	var p sendProbe
+	out, err := call(ctx, in, append(optFns[:len(optFns):len(optFns)], p.optFn)...)
+	var re *smithyhttp.ResponseError
+	switch {
+	case err == nil, errors.As(err, &re):
+		if o.answered != nil {
+			o.answered()
+		}
+	case p.applied.Load() && !p.sent.Load():
+		err = &unsentError{err: err}
+	}
 	o.report(Event{Op: op, Outcome: callOutcome(op, err), Latency: o.now().Sub(start), Err: err})
 	return out, err
+}
+
+// sendProbe finds out whether an SDK client sent a request: optFn adds a
+// step just before the transport. A client that is not the SDK's may
+// ignore the option (applied stays false): nothing is concluded then.
+type sendProbe struct{ applied, sent atomic.Bool }
+
+func (p *sendProbe) optFn(o *dynamodb.Options) {
+	p.applied.Store(true)
+	o.APIOptions = append(o.APIOptions[:len(o.APIOptions):len(o.APIOptions)], func(s *middleware.Stack) error {
+		return s.Deserialize.Add(middleware.DeserializeMiddlewareFunc("ddbleaseSent",
+			func(ctx context.Context, in middleware.DeserializeInput, next middleware.DeserializeHandler) (middleware.DeserializeOutput, middleware.Metadata, error) {
+				p.sent.Store(true)
+				return next.HandleDeserialize(ctx, in)
+			}), middleware.After)
+	})
+}
+
+// unsentError is the error of a request that the SDK client failed to
+// build, address or sign, so that it was never sent: no credentials, no
+// region, an endpoint that cannot be resolved. Retrying mends it only when
+// the cause is passing (credentials that could not be refreshed once).
+type unsentError struct{ err error }
+
+func (e *unsentError) Error() string { return e.err.Error() }
+func (e *unsentError) Unwrap() error { return e.err }
+
+// unsent reports whether err is, or wraps, an unsentError.
+func unsent(err error) bool {
+	var u *unsentError
+	return errors.As(err, &u)
 }
 
 func (o observedDB) GetItem(ctx context.Context, in *dynamodb.GetItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error) {
@@ -284,8 +354,10 @@ func (l *Lease) logEvent(e Event) {
 			log.WarnContext(ctx, "ddblease: a step failed; retrying", args...)
 		}
 	case EventStopped:
+		// The error is returned to the caller: logging it too would report
+		// it twice.
 		if e.Err != nil {
-			log.ErrorContext(ctx, "ddblease: the campaign stopped with an error", "err", e.Err)
+			log.DebugContext(ctx, "ddblease: the campaign stopped with an error", "err", e.Err)
 		}
 	case EventRenewed:
 		log.DebugContext(ctx, "ddblease: renewed the lease", "fence", e.Fence, "margin", e.Margin, "latency", e.Latency)

@@ -1,7 +1,9 @@
 package ddblease_test
 
 import (
+	"context"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -100,4 +102,88 @@ func TestObserver(t *testing.T) {
 	require.NotNil(t, call)
 	assert.NotEmpty(t, call.Op)
 	assert.Equal(t, ddblease.CallOK, call.Outcome)
+}
+
+// An observer may call any method of the handle it observes, from any
+// event: events are delivered after the write lock of the lease is
+// released, as documented. The observer here reads the handle on every
+// event, calls each writing method once when the lease is acquired, and
+// resigns on a renewal (as one that resigns on a thin margin would): the
+// keeper goes on, Run campaigns again and returns when stopped.
+func TestObserverMayCallEveryMethod(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 40*time.Second)
+	table, db := tableAndClient(t)
+	var l *ddblease.Lease
+	var mu sync.Mutex
+	errs := map[string]error{}
+	record := func(name string, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if _, ok := errs[name]; !ok {
+			errs[name] = err
+		}
+	}
+	slot := time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC)
+	acquired, resigning := 0, false
+	v := newLeaderView()
+	resigned := make(chan struct{})
+	observer := func(e ddblease.Event) {
+		_, _, _, _, _ = l.IsLeader(), l.State(), l.Job(), l.Owner(), l.Options()
+		_, _ = l.CheckHealth(0), l.ResignRequested()
+		if e.Kind == ddblease.EventCall {
+			return // a request from here would report another
+		}
+		_, err := l.Holder(ctx)
+		record("Holder", err)
+		switch e.Kind {
+		case ddblease.EventAcquired:
+			if acquired++; acquired > 1 {
+				return
+			}
+			record("Heartbeat", l.Heartbeat(ctx))
+			_, err = l.TryAcquire(ctx)
+			record("TryAcquire", err)
+			_, err = l.Acquire(ctx)
+			record("Acquire", err)
+			run, err := l.Claim(ctx, slot)
+			record("Claim", err)
+			if err == nil {
+				record("Finish", run.Finish(ctx, nil))
+			}
+			_, err = l.ListRuns(ctx, oneSlot(slot), slot, slot)
+			record("ListRuns", err)
+			record("Run", l.Run(ctx, func(context.Context, int64) error { return nil }))
+			record("RunSchedule", l.RunSchedule(ctx, farSchedule, func(context.Context, *ddblease.JobRun) error { return nil }))
+			record("ResignOnSignal", l.ResignOnSignal(syscall.SIGWINCH)())
+		case ddblease.EventRenewed:
+			// A renewal by the keeper: fn runs (the renewals made above are
+			// delivered before Run calls fn).
+			if v.live() && !resigning {
+				resigning = true
+				record("Resign", l.Resign(ctx))
+				close(resigned)
+			}
+		}
+	}
+	l = newLease(t, db, table, "job", fast("a"), func(o *ddblease.Options) { o.Observer = observer })
+	stop := runAsync(ctx, l, v.fn)
+	t.Cleanup(func() { _ = stop() })
+	require.Equal(t, int64(1), receive(t, v.starts, "leads"))
+	receive(t, resigned, "the observer resigns on a renewal")
+	require.Equal(t, int64(2), receive(t, v.starts, "leads again: Run campaigns on"))
+	returned := make(chan error, 1)
+	go func() { returned <- stop() }()
+	assert.NoError(t, receive(t, returned, "Run returns when stopped"))
+
+	mu.Lock()
+	defer mu.Unlock()
+	for _, name := range []string{"Holder", "Heartbeat", "TryAcquire", "Acquire", "Claim", "Finish", "ListRuns", "ResignOnSignal", "Resign"} {
+		got, ok := errs[name]
+		if assert.True(t, ok, "%s was called", name) {
+			assert.NoError(t, got, name)
+		}
+	}
+	assert.ErrorIs(t, errs["Run"], ddblease.ErrInvalid, "one campaign per handle")
+	assert.ErrorIs(t, errs["RunSchedule"], ddblease.ErrInvalid, "one campaign per handle")
 }

@@ -41,8 +41,9 @@ type Options struct {
 	HeartbeatInterval time.Duration
 
 	// RetryInterval is how often a standby polls the lease, less a random
-	// 5-25% jitter, and how soon a failed heartbeat is retried. A standby that
-	// sees the holder draining polls ten times as often. Default 1s.
+	// 5-25% jitter, and how soon a failed heartbeat is retried; it must be
+	// at least 1ms. A standby that sees the holder draining polls ten times
+	// as often. Default 1s.
 	RetryInterval time.Duration
 
 	// MaxClockSkew bounds the difference between the wall clocks of the
@@ -68,13 +69,19 @@ type Options struct {
 
 	// Observer, if not nil, is told of every change of leadership, renewal,
 	// job run and DynamoDB request of this handle (see Event). Use it for
-	// logs, metrics and alerts. It is called synchronously by the goroutine
-	// that made the change, after the change (IsLeader already answers the
-	// new state), never while a lock of the Lease is held, and one call at a
-	// time per handle, in the order of the changes; it may call the Lease's
-	// read methods. It must not block: a slow observer delays the goroutine
-	// that reports, which may be the one renewing the lease, though never
-	// the end of a tenure at its deadline. A panic in it is not recovered.
+	// logs, metrics and alerts. It is called synchronously, one call at a
+	// time per handle and in the order of the changes, after the change
+	// (IsLeader already answers the new state), and never while a lock of
+	// the Lease is held: events that arise during a write to the lease item
+	// (its requests, an acquisition, a renewal, a loss found by it) are
+	// delivered once that write is over, by the goroutine that made it or by
+	// the one delivering events at the time. So it may call any method of
+	// the Lease, Resign and Heartbeat included; a call that makes requests
+	// reports more events, delivered after it returns (an observer that
+	// makes a request on every EventCall never stops). It must not block: a
+	// slow observer delays the goroutine that reports, which may be the one
+	// renewing the lease, though never the end of a tenure at its deadline.
+	// A panic in it is not recovered.
 	Observer func(Event)
 
 	// Now returns the current time. It must carry a monotonic reading, as
@@ -117,6 +124,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.RetryInterval == 0 {
 		o.RetryInterval = DefaultRetryInterval
+	}
+	if o.RetryInterval < time.Millisecond {
+		return invalid("RetryInterval %v is below 1ms", o.RetryInterval)
 	}
 	if o.MaxClockSkew == 0 {
 		o.MaxClockSkew = DefaultMaxClockSkew

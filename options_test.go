@@ -44,6 +44,8 @@ func TestNewRejectsBadInput(t *testing.T) {
 			o.LeaseDuration, o.HeartbeatInterval = 10*time.Second, 5*time.Second
 		}), "below LeaseDuration/2"},
 		{"negative retry", db, "leases", "job", set(func(o *ddblease.Options) { o.RetryInterval = -1 }), "RetryInterval is negative"},
+		{"1ns retry", db, "leases", "job", set(func(o *ddblease.Options) { o.RetryInterval = time.Nanosecond }), "RetryInterval 1ns is below 1ms"},
+		{"retry just below 1ms", db, "leases", "job", set(func(o *ddblease.Options) { o.RetryInterval = time.Millisecond - 1 }), "below 1ms"},
 		{"negative skew", db, "leases", "job", set(func(o *ddblease.Options) { o.MaxClockSkew = -1 }), "MaxClockSkew is negative"},
 		{"skew over lease", db, "leases", "job", set(func(o *ddblease.Options) { o.MaxClockSkew = time.Minute }), "MaxClockSkew"},
 		{"negative drain", db, "leases", "job", set(func(o *ddblease.Options) { o.DrainTimeout = -1 }), "DrainTimeout is negative"},
@@ -201,4 +203,55 @@ func TestResignOnSignal(t *testing.T) {
 	stop = b.ResignOnSignal(syscall.SIGUSR1)
 	require.NoError(t, stop())
 	assert.True(t, b.IsLeader())
+}
+
+// nilClient is a user's own client type; a nil *nilClient in a DynamoDBAPI
+// is as unusable as a nil *dynamodb.Client.
+type nilClient struct{ ddblease.DynamoDBAPI }
+
+// A client variable that was declared and never assigned passes a nil
+// check of the interface, and would panic inside the SDK on the first
+// request: every constructor refuses it with ErrInvalid, naming its type.
+func TestConstructorsRefuseTypedNilClient(t *testing.T) {
+	t.Parallel()
+	var sdk *dynamodb.Client
+	var own *nilClient
+	for _, c := range []struct {
+		name string
+		db   ddblease.DynamoDBAPI
+		want string
+	}{
+		{"nil *dynamodb.Client", sdk, "nil *dynamodb.Client"},
+		{"nil pointer of a wrapper", own, "nil *ddblease_test.nilClient"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			check := func(what string, err error) {
+				t.Helper()
+				require.ErrorIs(t, err, ddblease.ErrInvalid, what)
+				assert.ErrorContains(t, err, c.want, what)
+			}
+			l, err := ddblease.New(c.db, "leases", "job")
+			check("New", err)
+			assert.Nil(t, l)
+			g, err := ddblease.NewGuard(c.db, "leases", "job")
+			check("NewGuard", err)
+			assert.Nil(t, g)
+			check("CreateTable", ddblease.CreateTable(context.Background(), c.db, "leases"))
+			check("CheckClient", ddblease.CheckClient(c.db))
+		})
+	}
+	a, err := ddblease.NewAdmin(sdk, "leases")
+	require.ErrorIs(t, err, ddblease.ErrInvalid, "NewAdmin")
+	assert.ErrorContains(t, err, "nil *dynamodb.Client")
+	assert.Nil(t, a)
+	assert.NoError(t, ddblease.CheckClient(srv.Client(nil)), "a real client")
+}
+
+// RetryInterval's floor is 1ms: below it every standby would poll in a
+// busy loop. 1ms itself is accepted.
+func TestRetryIntervalFloor(t *testing.T) {
+	t.Parallel()
+	l, err := ddblease.New(srv.Client(nil), "leases", "job", func(o *ddblease.Options) { o.RetryInterval = time.Millisecond })
+	require.NoError(t, err)
+	assert.Equal(t, time.Millisecond, l.Options().RetryInterval)
 }

@@ -50,8 +50,8 @@ func (l *Lease) Resign(ctx context.Context) error {
 	} else {
 		l.endResigning(t.fence, cause)
 	}
-	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
+	l.lockWrite()
+	defer l.unlockWrite()
 	return l.resignLocked(ctx, t)
 }
 
@@ -93,11 +93,13 @@ func (l *Lease) resignRetrying(ctx context.Context, fence int64, cause error) er
 		return nil
 	}
 	l.endResigning(fence, cause)
-	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
 	bo := fixed(l.opts.RetryInterval)
 	for {
+		// The lock is taken for each attempt, not across the waits between
+		// them, so that the events of each are delivered as it ends.
+		l.lockWrite()
 		err := l.resignLocked(ctx, t)
+		l.unlockWrite()
 		switch {
 		case err == nil, errors.Is(err, ErrLost):
 			return nil

@@ -15,42 +15,68 @@ import (
 //
 // The leader context is cancelled the moment leadership is lost, and
 // IsLeader turns false at the same moment: a heartbeat finds another owner
-// or fence, the local deadline passes without a confirmed heartbeat
-// (whatever requests are in flight: a timer ends the tenure), or Resign is
-// called on this handle. Its cause (context.Cause) then wraps ErrLost. Run
-// waits for fn to return, and campaigns again.
+// or fence (an operator's forced release among them), the local deadline
+// passes without a confirmed heartbeat (whatever requests are in flight: a
+// timer ends the tenure), or Resign is called on this handle. Its cause
+// (context.Cause) then wraps ErrLost. Run waits for fn to return, and
+// campaigns again. An operator's resign request (Admin.RequestResign) is
+// drained like a shutdown (below), with a cause wrapping
+// ErrResignRequested, and Run campaigns again too, leaving the lease to the
+// other replicas for a lease duration first.
+//
+// Whatever fn returns once its leader context has ended by a loss or a
+// resign request is the tenure's end, not fn's failure: Run campaigns
+// again. Returning ctx.Err() or context.Cause(ctx) there is the expected
+// way to stop; any other error is logged at Warn. An error that fn returns
+// while its leader context is live is fn's failure, and ends Run.
 //
 // When ctx ends (a SIGTERM through signal.NotifyContext, say), Run cancels
-// the leader context, marks the lease as draining so that standbys poll
-// fast, keeps renewing the lease while fn returns, and resigns the moment it
-// has: a standby takes over within its fast poll. If fn is still running
-// DrainTimeout after ctx ended, Run stops renewing, so the lease lapses at
-// its expiry and a standby may take over while fn still runs (its side
-// effects stay fenced); Run still waits for fn, and then returns an error
-// wrapping ErrDrainTimeout.
+// the leader context (its cause wraps ctx's cause), marks the lease as
+// draining so that standbys poll fast, keeps renewing the lease while fn
+// returns, and resigns the moment it has: a standby takes over within its
+// fast poll. If fn is still running DrainTimeout after ctx ended, Run stops
+// renewing, so the lease lapses at its expiry and a standby may take over
+// while fn still runs (its side effects stay fenced); Run still waits for
+// fn, and then returns an error wrapping ErrDrainTimeout.
 //
 // What Run returns:
 //   - nil after a clean shutdown: ctx ended, and fn (if it ran) returned
 //     and the lease was resigned, or a standby's last look at the lease
-//     succeeded; and nil when fn returns nil on its own (Run then resigns);
-//   - fn's error, other than the leader context's own, after resigning;
+//     succeeded. What fn returned then counts as the leader context's end
+//     when it is nil or is (or wraps) context.Canceled,
+//     context.DeadlineExceeded, the leader context's cause or ctx's cause:
+//     a clean hand-over is not a failure, whatever cause ctx was cancelled
+//     with;
+//   - nil when fn returns nil on its own, while it leads (Run then
+//     resigns);
+//   - fn's error, after resigning, when fn returns it while it leads, or
+//     during a shutdown's drain when it is not the leader context's end
+//     (above);
 //   - an error wrapping ctx.Err() and its cause, joined with the last
 //     error, when ctx ended while every attempt since the last tenure had
 //     failed (an unreachable endpoint, say), and when ctx had already ended
 //     when Run was called;
 //   - at once, an error that retrying cannot mend: a missing table, a wrong
 //     key schema, denied access, bad credentials, a malformed lease item —
-//     naming the table;
+//     naming the table; and, when no attempt has ever reached the table,
+//     the SDK's failure to sign or send a request (no credentials, no
+//     region), which retrying would not mend either;
 //   - an error wrapping ErrNotResigned when a resignation kept failing until
 //     the lease's deadline (the lease lapses at its expiry), or
 //     ErrDrainTimeout (above), joined with fn's error if any;
 //   - an error wrapping ErrInvalid when fn is nil, or when another Run or
 //     RunSchedule is active on this handle: one campaign per handle.
 //
+// Run does not log the error it returns (EventStopped carries it to the
+// observer, and the log has it at Debug level): the caller decides what to
+// do with it.
+//
 // If fn panics, Run ends the tenure (the leader context's cause then wraps
-// ErrLost), resigns, and panics again with a *PanicError holding the value
-// and fn's stack. It never returns while fn runs and leaves no goroutine
-// behind.
+// ErrLost; EventLost with LossPanic), resigns, and panics again with a
+// *PanicError holding the value and fn's stack. If fn calls runtime.Goexit
+// (t.FailNow or require in a test), Run ends the tenure and resigns the
+// same way, and the goroutine goes on unwinding: Run does not return. It
+// never returns while fn runs and leaves no goroutine behind.
 func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, fence int64) error) (err error) {
 	if fn == nil {
 		return invalid("Run: fn is nil")
@@ -130,9 +156,14 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 	}()
 	var fnErr error
 	var panicked *PanicError
+	// over: the leader context had ended when fn returned, so that what fn
+	// returned is the tenure's end, not fn's own outcome. returned: fn
+	// returned at all (false after a panic or runtime.Goexit).
+	var over, returned bool
 	func() {
 		defer func() {
-			if p := recover(); p != nil {
+			p := recover()
+			if p != nil {
 				if pe, ok := p.(*PanicError); ok {
 					panicked = pe // from RunSchedule's runner, which recorded the run
 				} else {
@@ -142,37 +173,71 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 			close(fnDone)
 			<-watchDone
 			k.stop()
+			if p == nil && !returned {
+				// runtime.Goexit (t.FailNow, say) unwinds this goroutine
+				// past Run: end the tenure as after a panic, and let the
+				// unwinding go on.
+				l.endAbnormally(ctx, fence, fmt.Errorf("%w: %q fence %d: the leader's function exited without returning (runtime.Goexit)",
+					ErrLost, l.job, fence))
+			}
 		}()
 		fnErr = soundError(fn(leaderCtx, fence))
+		over = leaderCtx.Err() != nil
+		returned = true
 	}()
 
 	if panicked != nil {
-		l.end(fence, fmt.Errorf("%w: %q fence %d: the leader's function panicked: %v", ErrLost, l.job, fence, panicked.Value), LossPanic)
-		l.writeMu.Lock()
-		if err := l.resignLocked(context.WithoutCancel(ctx), tenure{held: true, fence: fence}); err != nil && !errors.Is(err, ErrLost) {
-			l.log.Warn("ddblease: could not resign after a panic; the lease lapses at its expiry", "fence", fence, "err", err)
-		}
-		l.writeMu.Unlock()
+		l.endAbnormally(ctx, fence, fmt.Errorf("%w: %q fence %d: the leader's function panicked: %v", ErrLost, l.job, fence, panicked.Value))
 		panic(panicked)
 	}
-	lost := termCtx.Err() != nil
-	if leaderCtx.Err() != nil && (errors.Is(fnErr, context.Canceled) || errors.Is(fnErr, context.DeadlineExceeded)) {
-		fnErr = nil
+	if over && endsWith(fnErr, leaderCtx, ctx) {
+		fnErr = nil // the leader context's own end, handed back
 	}
 	var resignErr, drainErr error
-	if !lost {
+	if termCtx.Err() == nil {
 		resignErr = l.resignRetrying(ctx, fence, fmt.Errorf("%w: %q fence %d: resigning", ErrLost, l.job, fence))
 	}
 	if drainExpired.Load() {
 		drainErr = fmt.Errorf("%w: fence %d ran past %v", ErrDrainTimeout, fence, l.opts.DrainTimeout)
 	}
-	// control.go: after an operator's resign request (the term was given
-	// up, not lost) or forced release, campaign on, leaving the lease to
-	// the other replicas for a while.
-	asked := errors.Is(context.Cause(leaderCtx), ErrResignRequested)
-	if ctx.Err() == nil && (lost || asked) && fnErr == nil {
+	if over && ctx.Err() == nil {
+		// The tenure ended under fn (lost, Resign called, an operator's
+		// resign request or forced release): whatever fn returned then is
+		// the tenure's end, not a failure that stops the campaign. After an
+		// operator's request, campaign on leaving the lease to the other
+		// replicas for a while (control.go).
+		if fnErr != nil {
+			l.log.Warn("ddblease: the leader's function returned an error after its tenure ended; campaigning again",
+				"fence", fence, "err", fnErr, "cause", context.Cause(leaderCtx))
+		}
 		l.yieldToOthers(fence, errors.Join(resignErr, drainErr))
 		return false, nil
 	}
 	return true, errors.Join(fnErr, resignErr, drainErr)
+}
+
+// endsWith reports whether err, returned by a function whose leader
+// context leaderCtx had ended, only hands that end back: it is or wraps
+// context.Canceled, context.DeadlineExceeded or the leader context's cause
+// (context.Cause), or, when Run's own ctx ended, ctx's cause.
+func endsWith(err error, leaderCtx, ctx context.Context) bool {
+	switch {
+	case err == nil, errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, context.Cause(leaderCtx)):
+		return true
+	}
+	return ctx.Err() != nil && errors.Is(err, context.Cause(ctx))
+}
+
+// endAbnormally ends the tenure with fence, whose function did not return (it
+// panicked or called runtime.Goexit), and resigns it at once: there is
+// nothing left to drain.
+func (l *Lease) endAbnormally(ctx context.Context, fence int64, cause error) {
+	l.end(fence, cause, LossPanic)
+	l.lockWrite()
+	defer l.unlockWrite()
+	if err := l.resignLocked(context.WithoutCancel(ctx), tenure{held: true, fence: fence}); err != nil && !errors.Is(err, ErrLost) {
+		l.log.Warn("ddblease: could not resign after the leader's function ended abnormally; the lease lapses at its expiry",
+			"fence", fence, "err", err)
+	}
 }

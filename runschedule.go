@@ -332,17 +332,29 @@ func (r *runner) giveUp(token string) {
 
 // call calls fn for run. If fn panics, the run is recorded as failed with
 // the panic's value and stack, and the panic goes on as a *PanicError, for
-// Run to end the tenure and resign.
+// Run to end the tenure and resign. If fn calls runtime.Goexit, the run is
+// recorded as failed, and Run ends the tenure as after a panic.
 func (r *runner) call(ctx context.Context, fence int64, run *JobRun) error {
+	returned := false
 	defer func() {
-		if p := recover(); p != nil {
+		p := recover()
+		switch {
+		case p != nil:
 			pe := &PanicError{Value: p, Stack: debug.Stack()}
 			r.finish(ctx, fence, run, pe)
 			panic(pe)
+		case !returned:
+			r.finish(ctx, fence, run, errGoexit)
 		}
 	}()
-	return soundError(r.fn(ctx, run))
+	err := soundError(r.fn(ctx, run))
+	returned = true
+	return err
 }
+
+// errGoexit is recorded as the error of a run whose function called
+// runtime.Goexit (t.FailNow in a test, say) instead of returning.
+var errGoexit = errors.New("ddblease: the job's function exited without returning (runtime.Goexit)")
 
 // finish records the run's outcome, retrying transient errors while the
 // tenure lasts, even when ctx has ended (the firing is draining). It

@@ -25,8 +25,8 @@ const tableCallTimeout = 10 * time.Second
 // items carry their expiry in RunTTLAttribute; enable DynamoDB's time to
 // live on it for old runs to be deleted (lease items never carry it).
 func CreateTable(ctx context.Context, db DynamoDBAPI, table string) error {
-	if db == nil {
-		return invalid("DynamoDB client is nil")
+	if err := CheckClient(db); err != nil {
+		return err
 	}
 	if err := checkTable(table); err != nil {
 		return err

@@ -113,8 +113,8 @@ var _ gocron.Locker = (*Locker)(nil)
 // Each job's lease is made by ddblease.New with optFns. It makes no call;
 // Add the jobs, then Start.
 func NewLocker(db ddblease.DynamoDBAPI, table string, optFns ...func(*ddblease.Options)) (*Locker, error) {
-	if db == nil {
-		return nil, fmt.Errorf("%w: DynamoDB client is nil", ddblease.ErrInvalid)
+	if err := ddblease.CheckClient(db); err != nil {
+		return nil, err
 	}
 	return &Locker{db: db, table: table, optFns: optFns, jobs: map[string]*lockerJob{}, inflight: map[string][]*runLock{}}, nil
 }

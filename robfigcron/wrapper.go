@@ -63,8 +63,8 @@ type Wrapper struct {
 // New returns a Wrapper whose leases and runs live in table; each job's
 // lease is made by ddblease.New with optFns. It makes no call.
 func New(db ddblease.DynamoDBAPI, table string, optFns ...func(*ddblease.Options)) (*Wrapper, error) {
-	if db == nil {
-		return nil, fmt.Errorf("%w: DynamoDB client is nil", ddblease.ErrInvalid)
+	if err := ddblease.CheckClient(db); err != nil {
+		return nil, err
 	}
 	return &Wrapper{db: db, table: table, optFns: optFns, names: map[string]bool{}}, nil
 }
