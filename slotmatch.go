@@ -113,8 +113,7 @@ func MatchSlot(sched Schedule, now time.Time, tolerance time.Duration) (time.Tim
 // windows that double from 1ns up to limit, and then steps forward through
 // the slots of the window that holds one.
 func slotBefore(sched Schedule, x time.Time, limit time.Duration) (time.Time, error) {
-	for d := time.Duration(1); ; d *= 2 {
-		d = min(d, limit)
+	for d := min(1, limit); ; {
 		y, err := nextSlot(sched, x.Add(-d))
 		if err != nil {
 			return time.Time{}, err
@@ -135,6 +134,13 @@ func slotBefore(sched Schedule, x time.Time, limit time.Duration) (time.Time, er
 		}
 		if d == limit {
 			return time.Time{}, nil
+		}
+		// Doubling past half the limit would overflow a limit above
+		// 2^62ns (about 146 years) and never reach it.
+		if d > limit/2 {
+			d = limit
+		} else {
+			d *= 2
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package ddblease_test
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -184,5 +185,34 @@ func TestMatchSlotCalls(t *testing.T) {
 		assert.Equal(t, midnight, got)
 		t.Logf("every %v: %d calls to Next", d, calls)
 		assert.LessOrEqual(t, calls, 2*(2+64), "every %v: %d calls to Next", d, calls)
+	}
+}
+
+// TestMatchSlotHugeTolerance gives a tolerance too wide for any schedule
+// to need (up to the largest Duration) to a schedule with no slot before
+// the firing: the slot after it is matched, with a bounded number of calls
+// to Next. (The window doubled past 2^62ns wrapped round and never reached
+// the tolerance: MatchSlot spun for ever.)
+func TestMatchSlotHugeTolerance(t *testing.T) {
+	t.Parallel()
+	first := time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC)
+	for _, tol := range []time.Duration{time.Duration(math.MaxInt64), 200 * 365 * 24 * time.Hour} {
+		calls := 0
+		// The first slot is ahead of the firing: none lies before it. The
+		// schedule panics past a bound (MatchSlot turns that into an
+		// error) rather than letting a spinning match hang the test.
+		starts := ddblease.ScheduleFunc(func(t time.Time) time.Time {
+			if calls++; calls > 1000 {
+				panic("Next called more than 1000 times")
+			}
+			if t.Before(first) {
+				return first
+			}
+			return t.Add(time.Hour)
+		})
+		got, err := ddblease.MatchSlot(starts, first.Add(-time.Minute), tol)
+		require.NoError(t, err, "tolerance %v", tol)
+		assert.Equal(t, first, got)
+		t.Logf("tolerance %v: %d calls to Next", tol, calls)
 	}
 }
