@@ -15,8 +15,12 @@ import (
 // server blames on the request (a missing table, a wrong key schema, denied
 // access, bad credentials) and a malformed lease item are returned at once,
 // and so is a request the client could not send (no credentials, no
-// region) while no request of this handle has ever reached the table; once
-// one has, such a failure is retried like a network error.
+// region, a credentials service refusing the client) while no request of
+// this handle has ever reached the table, unless the failure looks like a
+// network that is not up yet (a credentials endpoint refusing connections
+// or timing out, a credentials service throttling or failing): that is
+// retried for one LeaseDuration first. Once a request has reached the
+// table, such failures are retried like a network error.
 // When ctx ends it returns an error wrapping ctx's cause, joined with the
 // last error if the last attempt failed.
 func (l *Lease) Acquire(ctx context.Context) (int64, error) {
@@ -28,6 +32,7 @@ func (l *Lease) Acquire(ctx context.Context) (int64, error) {
 func (l *Lease) acquire(ctx context.Context) (fence int64, failing bool, err error) {
 	var lastErr error
 	succeeded := false
+	var unsentSince time.Time // first failure to send, while nothing has reached the table
 	// Failed attempts back off, so that a standby facing an outage of fast
 	// errors does not hammer the table even when the lease looks takeable.
 	bo := fixed(l.opts.RetryInterval)
@@ -55,13 +60,13 @@ func (l *Lease) acquire(ctx context.Context) (fence int64, failing bool, err err
 			bo.reset()
 		case ctx.Err() != nil:
 			continue
-		case !retryable(err):
-			return 0, true, err
-		case unsent(err) && !l.reached.Load():
+		case unsent(err) && !l.reached.Load() && !l.mayPassAtStart(err, &unsentSince):
 			// Nothing has ever reached the table: a client without
 			// credentials or region would fail the same way for ever.
 			return 0, true, fmt.Errorf("ddblease: %q: no request could be sent to table %q (check the client's credentials and region): %w",
 				l.job, l.table, err)
+		case !retryable(err):
+			return 0, true, err
 		default:
 			lastErr = err
 			wait = max(wait, bo.next())
@@ -71,6 +76,21 @@ func (l *Lease) acquire(ctx context.Context) (fence int64, failing bool, err err
 			continue
 		}
 	}
+}
+
+// mayPassAtStart reports whether err, of a request never sent while
+// nothing has reached the table, may still pass: it looks like a network
+// not up yet (mayPass), and such failures began, at *since (set by the
+// first), less than a LeaseDuration ago.
+func (l *Lease) mayPassAtStart(err error, since *time.Time) bool {
+	if !mayPass(err) {
+		return false
+	}
+	now := l.opts.Now()
+	if since.IsZero() {
+		*since = now
+	}
+	return now.Sub(*since) < l.opts.LeaseDuration
 }
 
 // yielding returns how long Acquire still leaves a free lease to others.

@@ -152,7 +152,10 @@ func retryable(err error) bool {
 			return false
 		}
 	}
-	if errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, context.DeadlineExceeded) || unsent(err) {
+		// A request never sent was not refused by the table, whatever a
+		// credentials service answered: Acquire decides whether a start
+		// that has never reached the table gives up (acquire.go).
 		return true
 	}
 	var tce *types.TransactionCanceledException

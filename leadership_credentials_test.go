@@ -7,13 +7,18 @@ package ddblease_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/ddblease/ddblease"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -105,4 +110,174 @@ func TestCredentialsFailingAfterStartAreTransient(t *testing.T) {
 	creds.failing.Store(false)
 	require.Equal(t, int64(2), receive(t, v.starts, "leads again"))
 	assert.NoError(t, stop())
+}
+
+// flakyCredentials is a provider whose n-th retrieval (from 1) fails with
+// fail(ctx, n) when that is not nil, as a provider that fetches its
+// credentials over the network (IMDS, the container endpoint, STS for a
+// web identity) does while that network is not up. Its credentials expire
+// at once, so that the SDK asks it for every request.
+type flakyCredentials struct {
+	calls atomic.Int64
+	fail  func(ctx context.Context, n int64) error
+}
+
+func (c *flakyCredentials) Retrieve(ctx context.Context) (aws.Credentials, error) {
+	if err := c.fail(ctx, c.calls.Add(1)); err != nil {
+		return aws.Credentials{}, err
+	}
+	return aws.Credentials{AccessKeyID: "local", SecretAccessKey: "local", CanExpire: true, Expires: time.Now()}, nil
+}
+
+// closedURL returns the address of a local port that refuses connections.
+func closedURL(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return "http://" + addr + "/credentials"
+}
+
+// stsRefusal is an error as the SDK's STS client returns it for a web
+// identity it could not verify this once (a well-known transient refusal
+// on EKS): a client-fault API error inside an HTTP response error.
+func stsRefusal() error {
+	return &smithy.OperationError{ServiceID: "STS", OperationName: "AssumeRoleWithWebIdentity",
+		Err: &smithyhttp.ResponseError{
+			Response: &smithyhttp.Response{Response: &http.Response{StatusCode: 400}},
+			Err: &smithy.GenericAPIError{Code: "InvalidIdentityToken",
+				Message: "Couldn't retrieve verification key from your identity provider", Fault: smithy.FaultClient},
+		}}
+}
+
+// A start whose credentials cannot be fetched yet because the network is
+// not up (a credentials endpoint that refuses connections, or answers
+// after the request's timeout, as at a pod's boot before its network
+// sidecar is ready) is not a client that can never sign: Run rides it out
+// and leads once the credentials come, instead of failing (which would
+// crash-loop the process).
+func TestRunRidesOutCredentialsNotYetReachableAtStart(t *testing.T) {
+	t.Parallel()
+	table := srv.NewTable(t)
+	url := closedURL(t)
+	for _, c := range []struct {
+		name string
+		fail func(ctx context.Context, n int64) error
+	}{
+		{"endpoint refuses connections", func(ctx context.Context, n int64) error {
+			if n > 3 {
+				return nil
+			}
+			resp, err := http.Get(url)
+			if err == nil {
+				resp.Body.Close()
+				return errors.New("the closed port answered")
+			}
+			return fmt.Errorf("failed to load credentials: %w", err)
+		}},
+		{"endpoint slower than the request's timeout", func(ctx context.Context, n int64) error {
+			if n == 1 {
+				time.Sleep(time.Second) // CallTimeout is 400ms
+			}
+			return nil
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := withTimeout(t, 30*time.Second)
+			db := clientWith(func(o *dynamodb.Options) { o.Credentials = &flakyCredentials{fail: c.fail} })
+			l := newLease(t, db, table, "job-"+c.name, fast("a"))
+			v := newLeaderView()
+			done := make(chan error, 1)
+			cctx, cancel := context.WithCancel(ctx)
+			go func() { done <- l.Run(cctx, v.fn) }()
+			t.Cleanup(func() { cancel(); <-done })
+			select {
+			case fence := <-v.starts:
+				assert.Equal(t, int64(1), fence)
+			case err := <-done:
+				done <- err
+				t.Fatalf("Run gave up on a network that was coming up: %v", err)
+			case <-time.After(15 * time.Second):
+				t.Fatal("no tenure")
+			}
+		})
+	}
+}
+
+// A credentials service's refusal after a successful start (STS refusing
+// a web identity token once) is transient like any credentials failure
+// then: Run goes on campaigning and leads again once it passes.
+func TestCredentialsServiceRefusalAfterStartIsTransient(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 40*time.Second)
+	table := srv.NewTable(t)
+	var failing atomic.Bool
+	creds := &flakyCredentials{fail: func(context.Context, int64) error {
+		if failing.Load() {
+			return stsRefusal()
+		}
+		return nil
+	}}
+	db := clientWith(func(o *dynamodb.Options) { o.Credentials = creds })
+	l := newLease(t, db, table, "job", fast("a"))
+	v := newLeaderView()
+	done := make(chan error, 1)
+	cctx, cancel := context.WithCancel(ctx)
+	go func() { done <- l.Run(cctx, v.fn) }()
+	t.Cleanup(func() { cancel(); <-done })
+	require.Equal(t, int64(1), receive(t, v.starts, "leads"))
+
+	failing.Store(true)
+	eventually(t, "the tenure ends", func() bool { return !v.live() })
+	eventually(t, "a failed look at the lease", func() bool {
+		return errors.Is(l.CheckHealth(100*time.Millisecond), ddblease.ErrUnhealthy)
+	})
+	select {
+	case err := <-done:
+		done <- err
+		t.Fatalf("Run returned on a passing refusal of the credentials service: %v", err)
+	case <-time.After(3 * l.Options().RetryInterval):
+	}
+	failing.Store(false)
+	select {
+	case fence := <-v.starts:
+		assert.Equal(t, int64(2), fence)
+	case err := <-done:
+		done <- err
+		t.Fatalf("Run returned: %v", err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("no new tenure")
+	}
+}
+
+// A credentials endpoint that never comes up (no credentials outside AWS,
+// where the SDK's default chain ends at an unreachable IMDS) still makes
+// Run fail with the SDK's cause, once it has been tried for a lease
+// duration.
+func TestRunGivesUpOnCredentialsNeverReachable(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table := srv.NewTable(t)
+	url := closedURL(t)
+	creds := &flakyCredentials{fail: func(context.Context, int64) error {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			return errors.New("the closed port answered")
+		}
+		return fmt.Errorf("no EC2 IMDS role found, %w", err)
+	}}
+	db := clientWith(func(o *dynamodb.Options) { o.Credentials = creds })
+	l := newLease(t, db, table, "job", fast("a"))
+	err := l.Run(ctx, func(context.Context, int64) error {
+		t.Error("fn called")
+		return nil
+	})
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, context.DeadlineExceeded, "Run retried until its context ended")
+	assert.ErrorContains(t, err, table)
+	assert.ErrorContains(t, err, "no EC2 IMDS role found")
+	var opErr *net.OpError
+	assert.ErrorAs(t, err, &opErr)
 }

@@ -3,11 +3,13 @@ package ddblease
 import (
 	"context"
 	"errors"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/smithy-go"
 	"github.com/aws/smithy-go/middleware"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
@@ -238,12 +240,14 @@ func observed[In, Out any](o observedDB, op string, call func(context.Context, I
 	out, err := call(ctx, in, append(optFns[:len(optFns):len(optFns)], p.optFn)...)
 	var re *smithyhttp.ResponseError
 	switch {
+	case err != nil && p.applied.Load() && !p.sent.Load():
+		// Never sent: an HTTP response in err is a credentials service's
+		// (STS, IMDS), not the table's.
+		err = &unsentError{err: err}
 	case err == nil, errors.As(err, &re):
 		if o.answered != nil {
 			o.answered()
 		}
-	case p.applied.Load() && !p.sent.Load():
-		err = &unsentError{err: err}
 	}
 	o.report(Event{Op: op, Outcome: callOutcome(op, err), Latency: o.now().Sub(start), Err: err})
 	return out, err
@@ -268,7 +272,8 @@ func (p *sendProbe) optFn(o *dynamodb.Options) {
 // unsentError is the error of a request that the SDK client failed to
 // build, address or sign, so that it was never sent: no credentials, no
 // region, an endpoint that cannot be resolved. Retrying mends it only when
-// the cause is passing (credentials that could not be refreshed once).
+// the cause is passing (credentials that could not be refreshed once, a
+// credentials endpoint not reachable yet); the table never refused it.
 type unsentError struct{ err error }
 
 func (e *unsentError) Error() string { return e.err.Error() }
@@ -278,6 +283,24 @@ func (e *unsentError) Unwrap() error { return e.err }
 func unsent(err error) bool {
 	var u *unsentError
 	return errors.As(err, &u)
+}
+
+// mayPass reports whether err, of a request that was never sent, looks
+// like a passing failure of the network or of a credentials service: a
+// connection refused or reset, a timeout, a credentials service throttling
+// or failing on its side. A missing credential, a missing region or a
+// credentials service refusing the client are not.
+func mayPass(err error) bool {
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) {
+		return true
+	}
+	var api smithy.APIError
+	if errors.As(err, &api) {
+		return throttleCodes[api.ErrorCode()] || api.ErrorFault() == smithy.FaultServer
+	}
+	var re *smithyhttp.ResponseError
+	return errors.As(err, &re) && re.HTTPStatusCode() >= 500
 }
 
 func (o observedDB) GetItem(ctx context.Context, in *dynamodb.GetItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error) {

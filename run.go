@@ -60,7 +60,9 @@ import (
 //     key schema, denied access, bad credentials, a malformed lease item —
 //     naming the table; and, when no attempt has ever reached the table,
 //     the SDK's failure to sign or send a request (no credentials, no
-//     region), which retrying would not mend either;
+//     region), which retrying would not mend either — after one
+//     LeaseDuration of retries when it looks like a network not up yet (a
+//     credentials endpoint refusing connections or timing out);
 //   - an error wrapping ErrNotResigned when a resignation kept failing until
 //     the lease's deadline (the lease lapses at its expiry), or
 //     ErrDrainTimeout (above), joined with fn's error if any;
