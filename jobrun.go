@@ -183,9 +183,12 @@ type commit struct {
 }
 
 func (r *JobRun) finish(ctx context.Context, st RunStatus, runErr error, c *commit) error {
+	l := r.l
+	// EventRunFinished is delivered once the run's lock is released, so
+	// that an observer may call the run's methods.
+	defer l.notify.flush()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	l := r.l
 	what := "finish"
 	if c != nil {
 		what = "commit"
@@ -222,7 +225,7 @@ func (r *JobRun) finish(ctx context.Context, st RunStatus, runErr error, c *comm
 	if err == nil {
 		r.finished = true
 		now := l.opts.Now()
-		l.notify.emit(l.event(EventRunFinished, Event{Slot: r.slot, Fence: r.fence, Status: st, Err: runErr,
+		l.notify.push(l.event(EventRunFinished, Event{Slot: r.slot, Fence: r.fence, Status: st, Err: runErr,
 			Duration: now.Sub(r.started)}))
 		return nil
 	}

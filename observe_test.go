@@ -187,3 +187,30 @@ func TestObserverMayCallEveryMethod(t *testing.T) {
 	assert.ErrorIs(t, errs["Run"], ddblease.ErrInvalid, "one campaign per handle")
 	assert.ErrorIs(t, errs["RunSchedule"], ddblease.ErrInvalid, "one campaign per handle")
 }
+
+// An observer told that a run finished may call that run's methods (a
+// second Finish is refused with ErrInvalid): the event is not delivered
+// while the run's own lock is held.
+func TestObserverMayCallTheRunItReports(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 20*time.Second)
+	table, db := tableAndClient(t)
+	var run *ddblease.JobRun
+	again := make(chan error, 1)
+	l := newLease(t, db, table, "job", fast("a"), func(o *ddblease.Options) {
+		o.Observer = func(e ddblease.Event) {
+			if e.Kind == ddblease.EventRunFinished {
+				again <- run.Finish(ctx, nil)
+			}
+		}
+	})
+	_, err := l.TryAcquire(ctx)
+	require.NoError(t, err)
+	run, err = l.Claim(ctx, time.Date(2026, 12, 1, 2, 0, 0, 0, time.UTC))
+	require.NoError(t, err)
+	finished := make(chan error, 1)
+	go func() { finished <- run.Finish(ctx, nil) }()
+	assert.NoError(t, receive(t, finished, "Finish returns"))
+	assert.ErrorIs(t, receive(t, again, "the observer's Finish returns"), ddblease.ErrInvalid)
+	require.NoError(t, l.Resign(ctx))
+}
