@@ -281,3 +281,61 @@ func TestRunGivesUpOnCredentialsNeverReachable(t *testing.T) {
 	var opErr *net.OpError
 	assert.ErrorAs(t, err, &opErr)
 }
+
+// daxLike is a client that is not the SDK's, as a DAX client is: it applies
+// the options it is given to its own settings but builds no SDK middleware
+// stack, and its first failures are its own network errors.
+type daxLike struct {
+	ddblease.DynamoDBAPI
+	failures atomic.Int64
+}
+
+func (d *daxLike) fail(optFns []func(*dynamodb.Options)) error {
+	var o dynamodb.Options
+	for _, fn := range optFns {
+		fn(&o)
+	}
+	if d.failures.Add(-1) >= 0 {
+		return &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+	}
+	return nil
+}
+
+func (d *daxLike) GetItem(ctx context.Context, in *dynamodb.GetItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error) {
+	if err := d.fail(optFns); err != nil {
+		return nil, err
+	}
+	return d.DynamoDBAPI.GetItem(ctx, in, optFns...)
+}
+
+func (d *daxLike) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	if err := d.fail(optFns); err != nil {
+		return nil, err
+	}
+	return d.DynamoDBAPI.UpdateItem(ctx, in, optFns...)
+}
+
+// The "never sent" rule concludes nothing about a client that is not the
+// SDK's: its network errors at start are retried like any network error.
+func TestRunRidesOutNetworkErrorsOfAClientNotTheSDKs(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table, db := tableAndClient(t)
+	dax := &daxLike{DynamoDBAPI: db}
+	dax.failures.Store(3)
+	l := newLease(t, dax, table, "job", fast("a"))
+	v := newLeaderView()
+	done := make(chan error, 1)
+	cctx, cancel := context.WithCancel(ctx)
+	go func() { done <- l.Run(cctx, v.fn) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case fence := <-v.starts:
+		assert.Equal(t, int64(1), fence)
+	case err := <-done:
+		done <- err
+		t.Fatalf("Run gave up on a network error: %v", err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("no tenure")
+	}
+}

@@ -254,13 +254,14 @@ func observed[In, Out any](o observedDB, op string, call func(context.Context, I
 }
 
 // sendProbe finds out whether an SDK client sent a request: optFn adds a
-// step just before the transport. A client that is not the SDK's may
-// ignore the option (applied stays false): nothing is concluded then.
+// step just before the transport. A client that is not the SDK's may call
+// the option but build no SDK middleware stack (applied stays false):
+// nothing is concluded then.
 type sendProbe struct{ applied, sent atomic.Bool }
 
 func (p *sendProbe) optFn(o *dynamodb.Options) {
-	p.applied.Store(true)
 	o.APIOptions = append(o.APIOptions[:len(o.APIOptions):len(o.APIOptions)], func(s *middleware.Stack) error {
+		p.applied.Store(true)
 		return s.Deserialize.Add(middleware.DeserializeMiddlewareFunc("ddbleaseSent",
 			func(ctx context.Context, in middleware.DeserializeInput, next middleware.DeserializeHandler) (middleware.DeserializeOutput, middleware.Metadata, error) {
 				p.sent.Store(true)
