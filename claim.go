@@ -132,7 +132,7 @@ func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, tok
 	switch {
 	case errors.Is(err, ErrLost):
 		return nil, err
-	case err != nil && !retryable(err) && !mismatch(err):
+	case err != nil && (unsent(err) || !retryable(err) && !mismatch(err)):
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
 	case err != nil:
 		// The outcome is unknown (or the server saw this request's token

@@ -184,9 +184,12 @@ func retryable(err error) bool {
 }
 
 // refusedOutright reports whether err is an answer that refuses the request
-// as such (malformed, unauthorised, or naming a missing table): no attempt
-// of it can have been applied.
+// as such (malformed, unauthorised, or naming a missing table), or the
+// error of a request never sent: no attempt of it can have been applied.
 func refusedOutright(err error) bool {
+	if unsent(err) {
+		return true // never sent, by any attempt
+	}
 	var api smithy.APIError
 	return errors.As(err, &api) && permanentCodes[api.ErrorCode()]
 }
