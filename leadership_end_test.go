@@ -8,6 +8,7 @@ package ddblease_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"testing"
@@ -250,4 +251,36 @@ func TestGoexitInFnEndsTenure(t *testing.T) {
 	fence, err = b.TryAcquire(ctx)
 	require.NoError(t, err, "the lease was resigned")
 	assert.Equal(t, int64(4), fence)
+}
+
+// An fn that stops on Run's own context (captured from the caller, as a
+// job written against a process-wide context does) and returns ctx.Err()
+// is as clean a shutdown as one that stops on its leader context: Run
+// returns nil, however the wake-ups of fn and of Run's shutdown are
+// ordered. Many shutdowns, for the race between the two.
+func TestShutdownSeenFirstByFnIsClean(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	for i := range 30 {
+		l := newLease(t, db, table, fmt.Sprintf("job-%d", i), fast("a"))
+		rctx, cancel := context.WithCancel(ctx)
+		started := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			done <- l.Run(rctx, func(context.Context, int64) error {
+				close(started)
+				<-rctx.Done()
+				return rctx.Err()
+			})
+		}()
+		select {
+		case <-started:
+		case err := <-done:
+			cancel()
+			t.Fatalf("Run returned before leading: %v", err)
+		}
+		cancel()
+		require.NoError(t, <-done, "shutdown %d", i)
+	}
 }

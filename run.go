@@ -158,9 +158,12 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 	}()
 	var fnErr error
 	var panicked *PanicError
-	// over: the leader context had ended when fn returned, so that what fn
-	// returned is the tenure's end, not fn's own outcome. returned: fn
-	// returned at all (false after a panic or runtime.Goexit).
+	// over: the leader context had ended when fn returned, or Run's own
+	// ctx had (the watcher may not have cancelled the leader context yet:
+	// an fn that stops on ctx, captured from the caller, races it), so
+	// that what fn returned is the tenure's end, not fn's own outcome.
+	// returned: fn returned at all (false after a panic or
+	// runtime.Goexit).
 	var over, returned bool
 	func() {
 		defer func() {
@@ -184,7 +187,7 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 			}
 		}()
 		fnErr = soundError(fn(leaderCtx, fence))
-		over = leaderCtx.Err() != nil
+		over = leaderCtx.Err() != nil || ctx.Err() != nil
 		returned = true
 	}()
 
