@@ -50,9 +50,11 @@ type Lease struct {
 	yieldUntil time.Time
 	seen       seenHolder
 
-	// reached records that the server has answered a request of this
-	// handle: from then on, a request the client could not send (its
-	// credentials failing to refresh, say) is a transient failure.
+	// reached records that a request of this handle went out to the
+	// table: it was answered, or failed in transit (the SDK wraps a
+	// transport failure in a response error too), so its credentials and
+	// region worked. From then on, a request the client could not send
+	// (its credentials failing to refresh, say) is a transient failure.
 	reached atomic.Bool
 
 	// noTxn records that the server answered TransactWriteItems with

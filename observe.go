@@ -223,7 +223,9 @@ func (n *notifier) emit(e Event) {
 
 // observedDB reports every request to report, as EventCall. It marks the
 // errors of requests that the SDK client never sent (unsentError), and
-// calls answered for each request the server answered.
+// calls answered for each request that went out: answered, or failed in
+// transit (a connection refused or reset, a timeout), which the SDK
+// reports as a response error with no status.
 type observedDB struct {
 	db       DynamoDBAPI
 	now      func() time.Time
