@@ -23,13 +23,17 @@ var _ DynamoDBAPI = (*dynamodb.Client)(nil)
 
 // CheckClient returns an error wrapping ErrInvalid when db is nil, or is an
 // interface value holding a nil pointer, map, function, channel or
-// interface (a `var db *dynamodb.Client` that was never assigned), whose
-// first request would panic inside the SDK. New, NewGuard, NewAdmin,
-// CreateTable and the scheduler adapters' constructors refuse such a
-// client with it.
+// interface (a `var db *dynamodb.Client` that was never assigned), or is a
+// *dynamodb.Client made without dynamodb.New or NewFromConfig (a zero
+// Client): its first request would panic inside the SDK. New, NewGuard,
+// NewAdmin, CreateTable and the scheduler adapters' constructors refuse
+// such a client with it.
 func CheckClient(db any) error {
 	if db == nil {
 		return invalid("DynamoDB client is nil")
+	}
+	if c, ok := db.(*dynamodb.Client); ok && c != nil && c.Options().HTTPClient == nil {
+		return invalid("DynamoDB client is a zero *dynamodb.Client: make it with dynamodb.New or dynamodb.NewFromConfig")
 	}
 	v := reflect.ValueOf(db)
 	switch v.Kind() {

@@ -212,6 +212,7 @@ type nilClient struct{ ddblease.DynamoDBAPI }
 // A client variable that was declared and never assigned passes a nil
 // check of the interface, and would panic inside the SDK on the first
 // request: every constructor refuses it with ErrInvalid, naming its type.
+// So would a zero dynamodb.Client, made without dynamodb.New.
 func TestConstructorsRefuseTypedNilClient(t *testing.T) {
 	t.Parallel()
 	var sdk *dynamodb.Client
@@ -223,6 +224,7 @@ func TestConstructorsRefuseTypedNilClient(t *testing.T) {
 	}{
 		{"nil *dynamodb.Client", sdk, "nil *dynamodb.Client"},
 		{"nil pointer of a wrapper", own, "nil *ddblease_test.nilClient"},
+		{"zero dynamodb.Client", new(dynamodb.Client), "dynamodb.New"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			check := func(what string, err error) {
