@@ -73,7 +73,8 @@ func FuzzNew(f *testing.F) {
 	f.Add("t", "", "", int64(-1), int64(5), int64(0), int64(1), int64(0), int64(0))
 	f.Add("leases", "j\x00b", "o", int64(30e9), int64(15e9), int64(1e9), int64(1e9), int64(1e9), int64(9e9))
 	f.Add("0", "0", "0", int64(30e9), int64(1), int64(59), int64(1e9), int64(5), int64(0)) // a 1ns heartbeat once made a 0 CallTimeout
-	db := &dynamodb.Client{}
+	// Never called: a client New accepts.
+	db := dynamodb.New(dynamodb.Options{})
 	f.Fuzz(func(t *testing.T, table, job, owner string, lease, hb, retry, skew, drain, call int64) {
 		l, err := New(db, table, job, func(o *Options) {
 			o.Owner = owner

@@ -48,7 +48,7 @@ func FuzzGuardCondition(f *testing.F) {
 	} {
 		f.Add(s)
 	}
-	g, err := NewGuard(&dynamodb.Client{}, "table", "job") // never called: a client the constructor accepts
+	g, err := NewGuard(dynamodb.New(dynamodb.Options{}), "table", "job") // never called: a client the constructor accepts
 	if err != nil {
 		f.Fatal(err)
 	}
