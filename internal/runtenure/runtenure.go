@@ -21,8 +21,9 @@ import (
 type Tenures struct {
 	Lease *ddblease.Lease // set before the campaign starts
 
-	mu  sync.Mutex
-	cur *Tenure // the tenure lead is in, or nil
+	mu        sync.Mutex
+	cur       *Tenure       // the tenure Lead is in, or nil
+	published chan struct{} // closed when Lead publishes a tenure; made by a Join that waits for one
 }
 
 // Tenure is one leadership, as its runs see it. Its context is the runs'
@@ -48,6 +49,10 @@ func (ts *Tenures) Lead(leaderCtx context.Context, fence int64) error {
 	t := &Tenure{fence: fence, ctx: ctx, cancel: cancel, open: true}
 	ts.mu.Lock()
 	ts.cur = t
+	if ts.published != nil {
+		close(ts.published)
+		ts.published = nil
+	}
 	ts.mu.Unlock()
 	defer func() {
 		ts.mu.Lock()
@@ -104,17 +109,39 @@ func (ts *Tenures) Observe(ev ddblease.Event) {
 // error wrapping ddblease.ErrNotLeader when there is no tenure, or when it
 // is draining or over.
 func (ts *Tenures) Join() (*Tenure, error) {
-	ts.mu.Lock()
-	defer ts.mu.Unlock()
-	t := ts.cur
-	switch {
-	case t == nil || t.ctx.Err() != nil:
-		return nil, fmt.Errorf("%w: %q: this replica (%q) has no tenure", ddblease.ErrNotLeader, ts.Lease.Job(), ts.Lease.Owner())
-	case !t.open:
-		return nil, fmt.Errorf("%w: %q fence %d is draining before it resigns: no new run", ddblease.ErrNotLeader, ts.Lease.Job(), t.fence)
+	// The lease may already say it leads while Lease.Run has not yet
+	// called Lead: a firing at that instant waits for the tenure to be
+	// published (at most a RetryInterval) instead of being turned away.
+	wait := time.NewTimer(ts.Lease.Options().RetryInterval)
+	defer wait.Stop()
+	for {
+		st := ts.Lease.State()
+		ts.mu.Lock()
+		t := ts.cur
+		if st.Leader && (t == nil || t.fence != st.Fence) {
+			if ts.published == nil {
+				ts.published = make(chan struct{})
+			}
+			ch := ts.published
+			ts.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-wait.C:
+			}
+			ts.mu.Lock()
+			t = ts.cur
+		}
+		defer ts.mu.Unlock()
+		switch {
+		case t == nil || t.ctx.Err() != nil:
+			return nil, fmt.Errorf("%w: %q: this replica (%q) has no tenure", ddblease.ErrNotLeader, ts.Lease.Job(), ts.Lease.Owner())
+		case !t.open:
+			return nil, fmt.Errorf("%w: %q fence %d is draining before it resigns: no new run", ddblease.ErrNotLeader, ts.Lease.Job(), t.fence)
+		}
+		t.runs.Add(1)
+		return t, nil
 	}
-	t.runs.Add(1)
-	return t, nil
 }
 
 // Context is the runs' context of the tenure.
