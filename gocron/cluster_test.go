@@ -549,7 +549,26 @@ func TestClusterBeyondBound(t *testing.T) {
 			c.add("r1", 100*time.Millisecond)
 			c.waitFor("two runs", 60*time.Second, func() bool { return c.ran() >= 2 })
 			ahead := c.add("r2", 3*time.Second)
-			c.waitFor("r2 to lead", 30*time.Second, func() bool { return c.lease(ahead).IsLeader() })
+			// Seen from outside too: the first time r2 is seen leading
+			// (within a 20ms poll of its acquisition), does another
+			// replica still believe it leads? The observer's sample at
+			// the acquisition can come after the old holder has already
+			// learnt of its loss on a loaded machine.
+			seen := 0
+			c.waitFor("r2 to lead", 30*time.Second, func() bool {
+				if !c.lease(ahead).IsLeader() {
+					return false
+				}
+				c.mu.Lock()
+				reps := slices.Clone(c.reps)
+				c.mu.Unlock()
+				for _, o := range reps {
+					if o != ahead && c.lease(o).IsLeader() {
+						seen++
+					}
+				}
+				return true
+			})
 			overlap, acqs := c.overlapping()
 			before := c.ran()
 			c.waitFor("r2 to run", 60*time.Second, func() bool { return c.ran() >= before+2 })
@@ -577,7 +596,7 @@ func TestClusterBeyondBound(t *testing.T) {
 			}
 			t.Logf("acquisitions (and who else believed it led) %v; slots run %d, twice %d, not run %d; writes refused as stale %d; other write errors %d; killed %s",
 				acqs, len(slots), dup, len(gap), refused, len(errs), killed.Format(time.TimeOnly))
-			assert.Positive(t, overlap, "a clock beyond the bound lets a replica take the lease while its holder believes it leads")
+			assert.Positive(t, overlap+seen, "a clock beyond the bound lets a replica take the lease while its holder believes it leads (at its acquisition %v, or when it was first seen leading: %d)", acqs, seen)
 			assert.NotEmpty(t, gap, "the slots the leader's clock jumped over are not run")
 			if m == withLocker {
 				assert.Zero(t, dup, "with the Locker a slot runs at most once even beyond the bound")
