@@ -2,6 +2,7 @@ package ddblease
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -89,6 +90,8 @@ func decodeLease(item map[string]types.AttributeValue) (Record, error) {
 		return fail(err)
 	} else if ms < 0 {
 		return fail(fmt.Errorf("%s %d is negative", attrLeaseMs, ms))
+	} else if ms > int64(math.MaxInt64/time.Millisecond) {
+		return fail(fmt.Errorf("%s %d is out of range (at most %d ms)", attrLeaseMs, ms, int64(math.MaxInt64/time.Millisecond)))
 	} else {
 		r.Duration = time.Duration(ms) * time.Millisecond
 	}
