@@ -375,11 +375,12 @@ while :; do sleep 0.05; done`
 	assert.Contains(t, r3.stderr.String(), "resigned fence")
 
 	// --restart: COMMAND starts again with the same fence. The third
-	// start waits for the forwarded signal and exits 0, so that exec's
-	// status is COMMAND's whenever the SIGINT lands.
+	// start waits for the forwarded signal and exits 0 (its trap is set
+	// before it writes the line the test waits for), so that exec's status
+	// is COMMAND's whenever the SIGINT lands.
 	count := filepath.Join(dir, "count")
 	r4 := startExec(t, srv.URL, table, "r4", withFast("worker", "--restart", "--", "sh", "-c",
-		`echo "$DDBLEASE_FENCE" >> `+count+`; if [ "$(wc -l < `+count+`)" -ge 3 ]; then trap 'exit 0' INT TERM; while :; do sleep 0.05; done; fi; exit 1`)...)
+		`trap 'exit 0' INT TERM; echo "$DDBLEASE_FENCE" >> `+count+`; if [ "$(wc -l < `+count+`)" -ge 3 ]; then while :; do sleep 0.05; done; fi; exit 1`)...)
 	waitFor(t, "three starts", func() bool { return len(lines(t, count)) >= 3 })
 	r4.signal(t, syscall.SIGINT)
 	assert.Equal(t, 0, r4.exited(t))
