@@ -23,9 +23,11 @@ func (t Trigger) RunID() string { return triggerRunID(t.At, t.ID) }
 // Trigger asks the leader of job to run it once now, as an extra run with
 // its own id (Trigger.RunID): the leader's RunSchedule claims it like any
 // slot (fenced, one run per id, the same RerunPolicy), runs the job's
-// function with it, records the outcome and clears the request. The leader
-// notices the request at its next heartbeat, or sooner when it reads the
-// lease item to fire a slot; it runs triggers while the job is paused too.
+// function with it, records the outcome and clears the request once the
+// run is settled (a run whose tenure ended before its outcome was
+// recorded leaves the request for the next tenure, which finds that run).
+// The leader notices the request at its next heartbeat, or when its tenure
+// begins; it runs triggers while the job is paused too.
 // Use WaitRun to wait for the outcome. Only RunSchedule takes requests up:
 // with replicas that use Run, or none running, a request stays pending. A
 // job never acquired is an error wrapping ErrUnknownJob.

@@ -28,11 +28,15 @@ import (
 // *SlotTakenError (errors.Is(err, ErrSlotTaken)) holding the run found;
 // under NeverRerun, a run an older fence left running is first marked
 // abandoned. A malformed item in the slot is an error wrapping
-// ErrMalformedItem.
+// ErrMalformedItem. A claim answered once the tenure no longer leads by
+// both clocks (a slow answer, a paused process) returns an error wrapping
+// ErrNotLeader, not the run: the run is left running under this tenure's
+// fence, for a newer tenure to find (RunSchedule's catch-up marks it
+// abandoned).
 //
 // The write is retried by the SDK on transient errors; a retry that finds
 // its own earlier attempt applied is recognised by the claim's random
-// token. A transaction cancelled by a conflict with another write to one
+// token and this tenure's fence. A transaction cancelled by a conflict with another write to one
 // of its items (a heartbeat renewing the lease item, on DynamoDB) is sent
 // again with jittered back-off, under the same ClientRequestToken, until
 // Options.CallTimeout has passed since the call began, and never past the
@@ -56,7 +60,26 @@ type claimSpec struct {
 	trigger   string    // a triggered run's trigger id: the run id is triggerRunID
 	status    RunStatus // the status written, if not RunRunning: a final one
 	reclaimed bool      // a run skipped by a pause may be claimed again
+	// unpaused makes the claim conditional on the job not being paused,
+	// checked with the lease's fence at the instant of the write (in the
+	// transaction, or by a consistent read where there is none): a refusal
+	// for that reason is errPaused. RunSchedule's slots and catch-ups.
+	unpaused bool
+	// unswept lists slots whose runs an older tenure may have left
+	// running, not yet marked abandoned: the claim records them in the run
+	// item, so that the catch-up of a later tenure that stops at this run
+	// reads them back (sweep.go).
+	unswept []string
 }
+
+// errPaused is returned by a claim made with claimSpec.unpaused when the
+// job is paused.
+var errPaused = errors.New("ddblease: the job is paused")
+
+// errClaimedLate marks a claim that was applied but answered once the
+// tenure no longer led by both clocks: fn is not run, and the run is left
+// running for a newer tenure to find. Errors carrying it wrap ErrNotLeader.
+var errClaimedLate = errors.New("the tenure ended while the claim was answered; its run is left for the next tenure")
 
 func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, token string, missed int, spec claimSpec) (*JobRun, error) {
 	id, err := slotID(slot)
@@ -109,6 +132,10 @@ func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, tok
 		update += ", #trig = :trig"
 		names["#trig"], values[":trig"] = attrTrigger, avS(spec.trigger)
 	}
+	if len(spec.unswept) > 0 {
+		update += ", #unswept = :unswept"
+		names["#unswept"], values[":unswept"] = attrUnswept, &types.AttributeValueMemberSS{Value: spec.unswept}
+	}
 	if spec.reclaimed {
 		cond += " OR #status = :skipped"
 		values[":skipped"] = avS(string(RunSkippedByPause))
@@ -128,9 +155,9 @@ func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, tok
 	}
 	run := &JobRun{l: l, slot: slot, id: id, key: key, fence: t.fence, claim: token, started: now.Round(0), missed: missed,
 		trigger: spec.trigger, finished: spec.status != RunRunning}
-	failed, old, err := l.claimWrite(ctx, t, upd, o)
+	failed, old, err := l.claimWrite(ctx, t, upd, o, spec.unpaused)
 	switch {
-	case errors.Is(err, ErrLost):
+	case errors.Is(err, ErrLost), errors.Is(err, errPaused):
 		return nil, err
 	case err != nil && (unsent(err) || !retryable(err) && !mismatch(err)):
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
@@ -138,12 +165,12 @@ func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, tok
 		// The outcome is unknown (or the server saw this request's token
 		// before, with other parameters): read the item back.
 		rec, present, rerr := l.readRun(ctx, key)
-		if rerr == nil && present && rec.claim == token {
-			return l.claimed(run), nil
+		if rerr == nil && present && mine(rec, token, t.fence) {
+			return l.claimed(run)
 		}
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, errors.Join(err, rerr))
 	case !failed:
-		return l.claimed(run), nil
+		return l.claimed(run)
 	}
 	rec, present, err := l.runFromFailure(ctx, key, old)
 	switch {
@@ -151,8 +178,8 @@ func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, tok
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
 	case !present:
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: the condition failed but the run item is gone; try again", l.job, id)
-	case rec.claim == token:
-		return l.claimed(run), nil // an SDK retry of a write that did land
+	case mine(rec, token, t.fence):
+		return l.claimed(run) // an SDK retry of a write that did land
 	}
 	taken := &SlotTakenError{Run: rec}
 	if rec.Status == RunRunning && rec.Fence < t.fence && o.Rerun == NeverRerun {
@@ -164,21 +191,34 @@ func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, tok
 	return nil, taken
 }
 
-// claimed reports a claimed run.
-func (l *Lease) claimed(run *JobRun) *JobRun {
-	if run.finished { // control.go: a slot recorded as skipped by a pause
+// mine reports whether rec is the run this claim wrote: its token, under
+// this tenure's fence. A token belongs to one tenure: a claim of an earlier
+// tenure of this handle that landed unseen is an older tenure's run.
+func mine(rec RunRecord, token string, fence int64) bool {
+	return rec.claim == token && rec.Fence == fence
+}
+
+// claimed reports a claimed run, once the answer is in: unless the tenure
+// still leads by both clocks (its deadline may have passed while the claim
+// was in flight: a slow answer, a paused process), the run is not handed
+// out, and is left running for a newer tenure to find.
+func (l *Lease) claimed(run *JobRun) (*JobRun, error) {
+	if run.finished { // schedcontrol.go: a slot recorded as skipped by a pause
 		l.notify.emit(l.event(EventRunFinished, Event{Slot: run.slot, Fence: run.fence, Status: RunSkippedByPause}))
-		return run
+		return run, nil
+	}
+	if !l.leads(run.fence) {
+		return nil, fmt.Errorf("%w: claim %q slot %s: %w", ErrNotLeader, l.job, run.id, errClaimedLate)
 	}
 	l.notify.emit(l.event(EventRunClaimed, Event{Slot: run.slot, Fence: run.fence}))
-	return run
+	return run, nil
 }
 
 // claimWrite writes the claim, in a transaction with a check on the lease
 // item where the server supports them. failed reports that the run item's
 // condition failed, old is the item then returned, if any. A failed check
 // on the lease item ends the tenure and returns ErrLost.
-func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *JobOptions) (failed bool, old map[string]types.AttributeValue, err error) {
+func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *JobOptions, unpaused bool) (failed bool, old map[string]types.AttributeValue, err error) {
 	if !o.NoTransactions && !l.noTxn.Load() {
 		check := &types.ConditionCheck{
 			TableName:                           aws.String(l.table),
@@ -187,6 +227,11 @@ func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 			ExpressionAttributeNames:            map[string]string{"#owner": attrOwner, "#fence": attrFence},
 			ExpressionAttributeValues:           map[string]types.AttributeValue{":me": avS(l.opts.Owner), ":fence": avN(t.fence)},
 			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+		}
+		if unpaused {
+			*check.ConditionExpression += " AND NOT #paused = :true"
+			check.ExpressionAttributeNames["#paused"] = attrPaused
+			check.ExpressionAttributeValues[":true"] = &types.AttributeValueMemberBOOL{Value: true}
 		}
 		// Conflicts (a heartbeat renewing the lease item as the claim
 		// checks it) are retried until CallTimeout has passed, and never
@@ -199,9 +244,10 @@ func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 			txRetry{now: l.opts.Now, deadline: deadline, timeout: l.opts.CallTimeout})
 		if !errors.Is(err, ErrTransactionsUnsupported) {
 			if item, ok := conditionFailed(err, 0); ok {
-				lost := l.lostError(t.fence, item)
-				l.end(t.fence, lost, LossDeposed)
-				return false, nil, lost
+				if err := l.checkLease(t.fence, item, len(item) > 0); err != nil {
+					return false, nil, err
+				}
+				return false, nil, errors.New("the lease item changed while the claim checked it; try again")
 			}
 			if item, ok := conditionFailed(err, 1); ok {
 				return true, item, nil
@@ -210,6 +256,17 @@ func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 		}
 		l.log.Info("ddblease: the server does not support transactions; claims will not check the lease item", "err", err)
 		l.noTxn.Store(true)
+	}
+	if unpaused {
+		// No transaction: the pause (and the fence, which the keeper checks
+		// too) is read just before the write.
+		item, err := getItem(ctx, l.db, l.table, l.key, l.opts.CallTimeout)
+		if err != nil {
+			return false, nil, fmt.Errorf("read lease %q: %w", l.job, err)
+		}
+		if err := l.checkLease(t.fence, item, true); err != nil {
+			return false, nil, err
+		}
 	}
 	in := updateItemInput(upd)
 	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
@@ -220,6 +277,26 @@ func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 		return true, ccf.Item, nil
 	}
 	return false, nil, err
+}
+
+// checkLease judges the lease item seen by a claim's check (item, which
+// may be empty when the server returned none with a failed check; known
+// reports that item is what the table holds): nil when it names this
+// owner and fence and the job is not paused, errPaused when it is paused,
+// and otherwise ErrLost, ending the tenure.
+func (l *Lease) checkLease(fence int64, item map[string]types.AttributeValue, known bool) error {
+	if known && len(item) > 0 {
+		rec, err := decodeLease(item)
+		if err == nil && rec.Owner == l.opts.Owner && rec.Fence == fence {
+			if rec.Control.Paused {
+				return errPaused
+			}
+			return nil
+		}
+	}
+	lost := l.lostError(fence, item)
+	l.end(fence, lost, LossDeposed)
+	return lost
 }
 
 // lostError describes a failed check on the lease item, from the item the

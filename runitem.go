@@ -22,6 +22,10 @@ const (
 	attrMissed      = "missed"      // N: slots found missed by the catch-up; -1: unknown
 	attrAbandonedBy = "abandonedBy" // N: fence of the tenure that abandoned it
 	attrTrigger     = "trigger"     // S: id of the trigger request of a triggered run
+	// attrUnswept lists slots (as in their keys) whose runs an older tenure
+	// may have left running, which the claimant's catch-up could not mark
+	// abandoned: a later catch-up that stops at this run reads them back.
+	attrUnswept = "unswept" // SS
 )
 
 // slotID formats a slot for the run item's key: RFC 3339 in UTC, with as
@@ -69,27 +73,29 @@ type RunRecord struct {
 	// made outside the schedule; empty for a schedule slot.
 	Trigger string
 
-	claim string
+	claim   string
+	unswept []string
 }
 
 // runItem is a job-run item as stored: the record that decodeRun decodes
 // with attributevalue and then validates.
 type runItem struct {
-	PK          sAttr `dynamodbav:"pk"`
-	Job         sAttr `dynamodbav:"job"`
-	Slot        sAttr `dynamodbav:"slot"`
-	Trigger     sAttr `dynamodbav:"trigger"`
-	Fence       nAttr `dynamodbav:"fence"`
-	Owner       sAttr `dynamodbav:"owner"`
-	Claim       sAttr `dynamodbav:"claim"`
-	Status      sAttr `dynamodbav:"status"`
-	StartedAt   nAttr `dynamodbav:"startedAt"`
-	FinishedAt  nAttr `dynamodbav:"finishedAt"`
-	Error       sAttr `dynamodbav:"error"`
-	Claims      nAttr `dynamodbav:"claims"`
-	Missed      nAttr `dynamodbav:"missed"`
-	AbandonedBy nAttr `dynamodbav:"abandonedBy"`
-	TTL         nAttr `dynamodbav:"ttl"` // RunTTLAttribute
+	PK          sAttr    `dynamodbav:"pk"`
+	Job         sAttr    `dynamodbav:"job"`
+	Slot        sAttr    `dynamodbav:"slot"`
+	Trigger     sAttr    `dynamodbav:"trigger"`
+	Fence       nAttr    `dynamodbav:"fence"`
+	Owner       sAttr    `dynamodbav:"owner"`
+	Claim       sAttr    `dynamodbav:"claim"`
+	Status      sAttr    `dynamodbav:"status"`
+	StartedAt   nAttr    `dynamodbav:"startedAt"`
+	FinishedAt  nAttr    `dynamodbav:"finishedAt"`
+	Error       sAttr    `dynamodbav:"error"`
+	Claims      nAttr    `dynamodbav:"claims"`
+	Missed      nAttr    `dynamodbav:"missed"`
+	AbandonedBy nAttr    `dynamodbav:"abandonedBy"`
+	TTL         nAttr    `dynamodbav:"ttl"` // RunTTLAttribute
+	Unswept     []string `dynamodbav:"unswept,stringset"`
 }
 
 // decodeRun reads a run item. Every attribute the protocol relies on must be
@@ -187,5 +193,6 @@ func decodeRun(item map[string]types.AttributeValue) (RunRecord, error) {
 	} else if n != 0 {
 		r.ExpiresAt = time.Unix(n, 0)
 	}
+	r.unswept = it.Unswept
 	return r, nil
 }

@@ -34,33 +34,43 @@ const (
 // resigned, as Run does. All replicas must pass equivalent schedules and
 // options.
 //
-// Catch-up rule. When this replica becomes leader, or when fn ran past
-// later slots, several slots may be due at once. Only the most recent of
-// them is fired, and only if it is at most JobOptions.CatchUpWindow old
-// (default 15 minutes); its claim fails with ErrSlotTaken, and nothing runs,
-// if another tenure already handled it. The older due slots in the window
-// are skipped and read back, latest first, 100 slots per BatchGetItem,
-// until one with a run is found (at most the latest 1,000); those without
-// a run after the latest one that has a run are counted as missed
-// (reported as EventSlotsMissed, logged, and recorded in the fired run:
-// RunRecord.Missed, or MissedUnknown if they could not be read or none of
-// the 1,000 had a run), and runs an older tenure left running among the
-// slots read are marked abandoned, whatever the RerunPolicy: only the slot
-// being fired may be run again. The first tenure a job ever has (fence 1)
-// counts nothing as missed: no one led before it. Slots older than the
-// window are never fired; if this replica had led before, it logs how
-// many it skipped that way. A slot whose claim keeps failing with
-// transient errors, or whose outcome could not be recorded before the
-// tenure ended, is given up once the next slot is due, and is swept like a
-// missed slot by the catch-up that follows (abandoned if its claim landed).
-// A claim answered after the tenure's deadline (a slow answer, a paused
-// process) does not run fn: the run is given up, and marked abandoned
-// after a later firing (by this replica, or by a newer tenure's catch-up).
-// A skipped slot that could not be read back, and a slot whose
-// run an older tenure left running could not be marked abandoned (by a
-// catch-up, or by the claim that found it), is tried again after each
-// firing until it is (the latest 1,000 such slots are kept), even once it
-// has left the catch-up window.
+// Catch-up rule. When this replica becomes leader, or when a run (a slow
+// fn, a triggered run) kept it busy past later slots, several slots may be
+// due at once. Only the most recent of them is fired: a slot that came due
+// while this tenure led and was busy is fired whatever its age, and one
+// that came due while no one led only if it is at most
+// JobOptions.CatchUpWindow old (default 15 minutes). Its claim fails with
+// ErrSlotTaken, and nothing runs, if another tenure already handled it.
+// The older due slots are skipped and read back, latest first, 100 slots
+// per BatchGetItem, until one with a run is found (at most the latest
+// 1,000); those without a run after the latest one that has a run are
+// counted as missed (reported as EventSlotsMissed, logged, and recorded in
+// the fired run: RunRecord.Missed, or MissedUnknown if they could not be
+// read or none of the 1,000 had a run), and runs an older tenure left
+// running among the slots read are marked abandoned, whatever the
+// RerunPolicy: only the slot being fired may be run again. The first
+// tenure a job ever has (fence 1) counts nothing as missed: no one led
+// before it. Slots older than the window are never fired; if this replica
+// had led before, it logs how many it skipped that way.
+//
+// Every run (a slot, a catch-up, a trigger, a resumption's catch-up) goes
+// through the same steps. Its claim is one conditional write that checks,
+// at that instant, that the lease item still holds this tenure's fence and,
+// for slots, that the job is not paused (in the claim's transaction; by a
+// strongly consistent read just before it where the server has none). A
+// claim answered after the tenure's deadline (a slow answer, a paused
+// process) does not run fn: the run is left running, for this replica's
+// next firing or a newer tenure to mark abandoned. A claim that keeps
+// failing with transient errors is given up once the next slot is due: a
+// slot's is swept like a missed slot by the catch-up that follows
+// (abandoned if its claim landed); a trigger's request stays pending and is
+// tried again after that slot. A skipped slot that could not be read back,
+// and a run an older tenure left running that could not be marked
+// abandoned, are tried again after each firing until they are (the latest
+// 1,000 such slots are kept), even once they have left the catch-up window;
+// the claim of each firing records the latest 100 of them in its run item,
+// so that a newer tenure's catch-up that stops at that run reads them back
+// too.
 //
 // Clock steps. Slots are read off the wall clock (Options.Now). A clock
 // stepped forward fires the slots it passes early (each once: their runs
@@ -80,9 +90,12 @@ const (
 // Cost in DynamoDB requests, besides the lease's own heartbeats: one write
 // to claim each fired slot (a TransactWriteItems with a check on the lease
 // item where the server supports transactions: about four write units
-// instead of one), one UpdateItem to finish it, and one BatchGetItem per
-// 100 slots a catch-up reads back (at most 10; a strongly consistent read
-// per slot).
+// instead of one; without transactions, a strongly consistent read of the
+// lease item before it), one UpdateItem to finish it, and one BatchGetItem
+// per 100 slots a catch-up reads back (at most 10). A paused job's slot
+// costs the refused claim and the write that records it skipped. The
+// operator controls are read (a strongly consistent read) when a heartbeat
+// shows they changed, and when a tenure begins.
 func (l *Lease) RunSchedule(ctx context.Context, sched Schedule, fn func(ctx context.Context, run *JobRun) error,
 	optFns ...func(*JobOptions)) error {
 	if err := checkSchedule(sched); err != nil {
@@ -120,12 +133,18 @@ type runner struct {
 	// they are swept (the latest maxSweep are kept), so that a run an
 	// older tenure left running there is still marked abandoned.
 	unswept []time.Time
-	ctl     runnerControl // operator controls (control.go)
+	ctl     runnerControl // operator controls (schedcontrol.go)
+	// busySince is when the runs that kept the runner busy since it last
+	// looked for due slots began: a slot that came due while this tenure
+	// led and was busy (a long fn, a trigger) is fired whatever its age.
+	busySince time.Time
 }
 
 // lead is the function given to Run: it fires slots for one tenure.
 func (r *runner) lead(ctx context.Context, fence int64) error {
-	r.ctl.look = true // control.go: read the operator controls before the first wait
+	r.ctl.look = true // schedcontrol.go: read the operator controls before the first wait
+	r.ctl.tokens = nil // a claim token belongs to one tenure
+	r.busySince = time.Time{}
 	for ctx.Err() == nil {
 		if err := r.lookIfAsked(ctx, fence); err != nil { // control.go: triggers, catch-up
 			return err
@@ -137,7 +156,8 @@ func (r *runner) lead(ctx context.Context, fence int64) error {
 		if slot.IsZero() {
 			continue // control.go: woken by a change of the operator controls
 		}
-		handled, err := r.fireUnlessPaused(ctx, fence, slot, missed) // control.go
+		handled, err := r.execute(ctx, fence, firing{what: "slot", slot: slot, missed: missed, token: randomID(8),
+			spec: claimSpec{unpaused: true, unswept: r.pendingIDs()}})
 		if err != nil {
 			return err
 		}
@@ -159,6 +179,10 @@ func (r *runner) due(ctx context.Context, fence int64) (slot time.Time, missed i
 	for {
 		now := l.opts.Now()
 		floor := now.Add(-r.o.CatchUpWindow)
+		if busy := r.busySince; !busy.IsZero() && busy.Before(floor) {
+			floor = busy
+		}
+		r.busySince = time.Time{}
 		if r.last.After(now) {
 			// The wall clock stepped back past the last slot handled: start
 			// again from now. Slots run early stay protected by their runs.
@@ -261,25 +285,63 @@ func (r *runner) recentSlots(now time.Time) (latest time.Time, older []time.Time
 	return time.Time{}, nil, nil
 }
 
-// fire claims slot, calls fn and records the outcome. handled is false
-// when the slot was given up or the tenure ended before it was claimed; err
-// is set only when the campaign must stop.
-func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed int) (handled bool, err error) {
+// firing is one run RunSchedule may make: a slot of the schedule (fired
+// on time or by a catch-up), an operator's trigger, or the catch-up a
+// resumption asked for.
+type firing struct {
+	what   string // "slot", "triggered run" or "catch-up", for the log
+	slot   time.Time
+	spec   claimSpec
+	token  string // the claim's token: one per firing, within one tenure
+	missed int
+}
+
+// execute is the one protocol every run of RunSchedule goes through. It
+// claims the run under the current tenure with a token of that tenure;
+// the claim checks at the instant of the write what must hold then (the
+// lease's fence, and for slots and catch-ups that the job is not paused),
+// and hands the run out only if the tenure still leads by both clocks once
+// the answer is in. Transient failures are retried until the next slot is
+// due (giveUpAt). Then fn runs, and its outcome is recorded, or the run is
+// left running where a newer tenure finds it: the next resweep of this
+// tenure (a slot) or the request still pending (a trigger, a catch-up).
+//
+// done reports that the run is settled: fn ran and its outcome is recorded,
+// the slot was recorded as skipped by the pause, or the run was found
+// handled already. err is set only when the campaign must stop.
+func (r *runner) execute(ctx context.Context, fence int64, f firing) (done bool, err error) {
 	l := r.l
-	token := randomID(8)
-	var run *JobRun
+	giveUpAt := r.giveUpAt(f)
 	bo := fixed(l.opts.RetryInterval)
+	var run *JobRun
 	for {
-		var err error
-		run, err = l.claim(ctx, slot, &r.o, token, missed)
+		run, err = l.claimRun(ctx, f.slot, &r.o, f.token, f.missed, f.spec)
 		if err == nil {
 			break
 		}
 		switch {
-		case errors.Is(err, ErrSlotTaken):
-			l.log.Debug("ddblease: slot already handled", "slot", fmtSlot(slot), "err", err)
-			r.keepOrphan(err, fence, slot)
+		case errors.Is(err, errPaused) && f.what == "slot":
+			return r.execute(ctx, fence, firing{what: f.what, slot: f.slot, spec: claimSpec{status: RunSkippedByPause},
+				token: randomID(8)})
+		case errors.Is(err, errPaused):
+			l.log.Info("ddblease: "+f.what+" not run: the job was paused again", "slot", fmtSlot(f.slot))
 			return true, nil
+		case errors.Is(err, ErrSlotTaken):
+			l.log.Debug("ddblease: "+f.what+" already handled", "slot", fmtSlot(f.slot), "err", err)
+			r.keepOrphan(err, fence, f.slot)
+			return true, nil
+		case errors.Is(err, errClaimedLate):
+			// fn is not called on a tenure that is over. The run, claimed,
+			// is given up: a slot's is marked abandoned by the next resweep;
+			// a trigger's or catch-up's request stays pending, for the next
+			// tenure, whose claim finds the run an older tenure left.
+			l.log.Warn("ddblease: "+f.what+" not run: the tenure ended while it was being claimed", "slot", fmtSlot(f.slot), "fence", fence)
+			r.giveUp(f.token)
+			if f.what == "slot" {
+				r.unswept = append(r.unswept, f.slot)
+			}
+			_ = sleep(ctx, l.opts.RetryInterval)
+			return false, nil
 		case errors.Is(err, ErrLost), errors.Is(err, ErrNotLeader):
 			// The tenure is over: its timer cancels ctx, and Run campaigns
 			// again. Wait for that, but never for ever.
@@ -288,37 +350,47 @@ func (r *runner) fire(ctx context.Context, fence int64, slot time.Time, missed i
 		case ctx.Err() != nil:
 			return false, nil
 		case errors.Is(err, ErrMalformedItem):
-			l.log.Error("ddblease: slot skipped: its run item is malformed", "slot", fmtSlot(slot), "err", err)
+			l.log.Error("ddblease: "+f.what+" skipped: its run item is malformed", "slot", fmtSlot(f.slot), "err", err)
 			return true, nil
 		case !retryable(err):
 			return false, err
 		}
-		if next, nerr := nextSlot(r.sched, slot); nerr == nil && !next.IsZero() && !next.After(l.opts.Now()) {
-			l.log.Warn("ddblease: slot given up: the next one is due", "slot", fmtSlot(slot), "err", err)
-			r.giveUp(token)
+		if !giveUpAt.IsZero() && !l.opts.Now().Before(giveUpAt) {
+			l.log.Warn("ddblease: "+f.what+" given up: the next slot is due", "slot", fmtSlot(f.slot), "err", err)
+			r.giveUp(f.token)
 			return false, nil
 		}
-		l.notify.emit(l.event(EventRetry, Event{Op: "claim", Fence: fence, Slot: slot, Err: err}))
+		l.notify.emit(l.event(EventRetry, Event{Op: "claim", Fence: fence, Slot: f.slot, Err: err}))
 		if bo.wait(ctx) != nil {
 			return false, nil
 		}
 	}
-	if !l.leads(fence) {
-		// The tenure's deadline passed while the claim was in flight (a
-		// slow answer, a paused process): fn is not called on a tenure
-		// that is over. The run, claimed, is given up: the next resweep
-		// marks it abandoned, whichever slot is handled next. Then wait
-		// for the tenure's timer to cancel ctx, as for ErrLost.
-		l.log.Warn("ddblease: slot not run: the tenure ended while it was being claimed", "slot", fmtSlot(slot), "fence", fence)
-		r.giveUp(token)
-		r.unswept = append(r.unswept, slot)
-		_ = sleep(ctx, l.opts.RetryInterval)
-		return false, nil
+	if run.finished {
+		l.log.Info("ddblease: slot skipped: the job is paused", "slot", fmtSlot(f.slot), "fence", fence)
+		return true, nil
 	}
-	// A run whose outcome could not be recorded is not handled: the slot
+	if f.what != "slot" {
+		l.log.Info("ddblease: running a "+f.what, "run", run.id, "fence", fence)
+	}
+	// A run whose outcome could not be recorded is not settled: a slot
 	// stays due, so that a newer tenure's catch-up finds the run left
-	// running and marks it abandoned.
+	// running and marks it abandoned; a request stays pending.
 	return r.runAndFinish(ctx, fence, run), nil
+}
+
+// giveUpAt returns when a firing's claim is given up: once the next slot
+// after it is due (after now, for a firing outside the schedule), or
+// never (zero) when the schedule has no further slot.
+func (r *runner) giveUpAt(f firing) time.Time {
+	from := f.slot
+	if f.what != "slot" {
+		from = r.l.opts.Now()
+	}
+	next, err := nextSlot(r.sched, from)
+	if err != nil {
+		return time.Time{}
+	}
+	return next
 }
 
 // giveUp remembers the token of a claim given up, so that a sweep marks
@@ -335,6 +407,9 @@ func (r *runner) giveUp(token string) {
 // Run to end the tenure and resign. If fn calls runtime.Goexit, the run is
 // recorded as failed, and Run ends the tenure as after a panic.
 func (r *runner) call(ctx context.Context, fence int64, run *JobRun) error {
+	if r.busySince.IsZero() {
+		r.busySince = r.l.opts.Now()
+	}
 	returned := false
 	defer func() {
 		p := recover()

@@ -45,34 +45,6 @@ func (r *runner) lookIfAsked(ctx context.Context, fence int64) error {
 	return err
 }
 
-// fireUnlessPaused reads the controls and fires slot, or records it as
-// skipped by the pause. While the controls cannot be read, it does
-// neither: firing might break a pause. It reads again every RetryInterval,
-// and gives the slot up once the next one is due (the catch-up that
-// follows counts it as missed, as it does a slot whose claim kept failing).
-func (r *runner) fireUnlessPaused(ctx context.Context, fence int64, slot time.Time, missed int) (handled bool, err error) {
-	l := r.l
-	bo := fixed(l.opts.RetryInterval)
-	for {
-		paused, known, err := r.control(ctx, fence)
-		switch {
-		case err != nil || ctx.Err() != nil:
-			return false, err
-		case known && !paused:
-			return r.fire(ctx, fence, slot, missed)
-		case known:
-			return r.skip(ctx, fence, slot), nil
-		}
-		if next, nerr := nextSlot(r.sched, slot); nerr == nil && !next.IsZero() && !next.After(l.opts.Now()) {
-			l.log.Warn("ddblease: slot given up: the operator controls could not be read before the next one was due", "slot", fmtSlot(slot))
-			return false, nil
-		}
-		if bo.wait(ctx) != nil {
-			return false, nil
-		}
-	}
-}
-
 // control reads the lease item with a strongly consistent read, runs the
 // pending triggers and catch-up, and returns whether the job is paused.
 // known is false when the item could not be read (a transient error, or a
@@ -116,10 +88,14 @@ func (r *runner) control(ctx context.Context, fence int64) (paused, known bool, 
 		if ctx.Err() != nil {
 			return c.Paused, true, nil
 		}
-		r.runTrigger(ctx, fence, tr)
+		if err := r.runTrigger(ctx, fence, tr); err != nil {
+			return c.Paused, true, err
+		}
 	}
 	if c.catchUp != "" && !c.Paused && ctx.Err() == nil {
-		r.catchUp(ctx, fence, c)
+		if err := r.catchUp(ctx, fence, c); err != nil {
+			return c.Paused, true, err
+		}
 	}
 	return c.Paused, true, nil
 }
@@ -141,50 +117,38 @@ func (r *runner) token(id string) string {
 	return t
 }
 
-// runTrigger claims, runs and finishes a triggered run, then clears its
-// request. A claim that fails for a transient reason leaves the request
-// for the next look.
-func (r *runner) runTrigger(ctx context.Context, fence int64, tr pendingTrigger) {
-	l := r.l
-	run, err := l.claimRun(ctx, tr.slot, &r.o, r.token(tr.id), 0, claimSpec{trigger: tr.id})
-	switch {
-	case err == nil:
-		l.log.Info("ddblease: running a triggered run", "run", run.id, "fence", fence)
-		r.runAndFinish(ctx, fence, run)
-	case errors.Is(err, ErrSlotTaken), errors.Is(err, ErrMalformedItem):
-		l.log.Warn("ddblease: triggered run already handled", "trigger", tr.id, "err", err)
-	default:
-		if ctx.Err() == nil && !errors.Is(err, ErrLost) && !errors.Is(err, ErrNotLeader) {
-			l.log.Warn("ddblease: could not claim a triggered run; will try again", "trigger", tr.id, "err", err)
-		}
-		return
+// runTrigger runs a triggered run through the one run protocol (execute),
+// then clears its request once the run is settled. A run not settled
+// (its claim given up, its outcome not recorded, the tenure over) leaves
+// the request pending: this tenure looks again after its next firing, and
+// a newer tenure's claim finds the run an older one left.
+func (r *runner) runTrigger(ctx context.Context, fence int64, tr pendingTrigger) error {
+	done, err := r.execute(ctx, fence, firing{what: "triggered run", slot: tr.slot, token: r.token(tr.id),
+		spec: claimSpec{trigger: tr.id}})
+	if err != nil || !done {
+		r.ctl.look = r.ctl.look || err == nil && ctx.Err() == nil
+		return err
 	}
 	r.clearControl(ctx, "REMOVE #tr.#id", "", map[string]string{"#tr": attrTriggers, "#id": tr.id}, map[string]types.AttributeValue{})
 	delete(r.ctl.tokens, tr.id)
+	return nil
 }
 
 // catchUp runs the latest slot that fell due during the pause that c ended,
-// claiming again its run skipped by the pause, then clears the request.
-func (r *runner) catchUp(ctx context.Context, fence int64, c Control) {
+// claiming again its run skipped by the pause, through the one run
+// protocol, then clears the request once the run is settled.
+func (r *runner) catchUp(ctx context.Context, fence int64, c Control) error {
 	l := r.l
 	if !c.PausedAt.IsZero() && !c.ResumedAt.IsZero() {
 		first, err := nextSlot(r.sched, c.PausedAt)
 		if err == nil && !first.IsZero() && !first.After(c.ResumedAt) {
 			var latest time.Time
 			if latest, _, _, err = r.dueSlots(first, c.ResumedAt); err == nil {
-				run, err := l.claimRun(ctx, latest, &r.o, r.token(c.catchUp), 0, claimSpec{reclaimed: true})
-				switch {
-				case err == nil:
-					l.log.Info("ddblease: running the latest slot skipped by the pause, as the resumption asked", "slot", run.id, "fence", fence)
-					r.runAndFinish(ctx, fence, run)
-				case errors.Is(err, ErrSlotTaken), errors.Is(err, ErrMalformedItem):
-					l.log.Info("ddblease: catch-up: the slot was already handled", "slot", fmtSlot(latest), "err", err)
-					r.keepOrphan(err, fence, latest)
-				default:
-					if ctx.Err() == nil && !errors.Is(err, ErrLost) && !errors.Is(err, ErrNotLeader) {
-						l.log.Warn("ddblease: catch-up claim failed; will try again", "slot", fmtSlot(latest), "err", err)
-					}
-					return
+				done, err := r.execute(ctx, fence, firing{what: "catch-up", slot: latest, token: r.token(c.catchUp),
+					spec: claimSpec{reclaimed: true, unpaused: true}})
+				if err != nil || !done {
+					r.ctl.look = r.ctl.look || err == nil && ctx.Err() == nil
+					return err
 				}
 				if latest.After(r.last) {
 					r.last = latest
@@ -198,6 +162,7 @@ func (r *runner) catchUp(ctx context.Context, fence int64, c Control) {
 	r.clearControl(ctx, "SET #cud = :cu", "#cu = :cu", map[string]string{"#cu": attrCatchUp, "#cud": attrCatchUpDone},
 		map[string]types.AttributeValue{":cu": avS(c.catchUp)})
 	delete(r.ctl.tokens, c.catchUp)
+	return nil
 }
 
 // runAndFinish runs fn for a claimed run and records its outcome (a panic
@@ -210,25 +175,6 @@ func (r *runner) runAndFinish(ctx context.Context, fence int64, run *JobRun) boo
 		fnErr = fmt.Errorf("%w (%v)", fnErr, context.Cause(ctx))
 	}
 	return r.finish(ctx, fence, run, fnErr)
-}
-
-// skip records slot as skipped by the pause. It reports whether the slot
-// was handled (recorded, or found already handled).
-func (r *runner) skip(ctx context.Context, fence int64, slot time.Time) bool {
-	l := r.l
-	_, err := l.claimRun(ctx, slot, &r.o, randomID(8), 0, claimSpec{status: RunSkippedByPause})
-	switch {
-	case err == nil:
-		l.log.Info("ddblease: slot skipped: the job is paused", "slot", fmtSlot(slot), "fence", fence)
-		return true
-	case errors.Is(err, ErrSlotTaken), errors.Is(err, ErrMalformedItem):
-		r.keepOrphan(err, fence, slot)
-		return true
-	case ctx.Err() == nil && !errors.Is(err, ErrLost) && !errors.Is(err, ErrNotLeader):
-		// Recorded at the next catch-up, like a slot whose claim failed.
-		l.log.Warn("ddblease: could not record a slot skipped by the pause", "slot", fmtSlot(slot), "err", err)
-	}
-	return false
 }
 
 // clearControl removes a handled operator request from the lease item. It

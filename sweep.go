@@ -62,6 +62,7 @@ func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n in
 				continue
 			}
 			found = true
+			r.inherit(item)
 			ok, retry := r.abandonOrphan(ctx, fence, chunk[i], item)
 			if ok {
 				abandoned++
@@ -108,6 +109,41 @@ func (r *runner) abandonOrphan(ctx context.Context, fence int64, slot time.Time,
 		return false, retryable(err)
 	}
 	return ok, false
+}
+
+// inherit takes on the slots that the tenure which claimed this run
+// (item) could not sweep, recorded in its claim: they are read back by
+// the next resweep.
+func (r *runner) inherit(item map[string]types.AttributeValue) {
+	rec, err := decodeRun(item)
+	if err != nil {
+		return
+	}
+	for _, id := range rec.unswept {
+		if s, err := time.Parse(time.RFC3339Nano, id); err == nil {
+			r.unswept = append(r.unswept, s.UTC())
+		}
+	}
+}
+
+// maxRecorded is how many unswept slots a claim records (the latest).
+const maxRecorded = 100
+
+// pendingIDs returns the latest slots still to be swept, for a claim to
+// record (claimSpec.unswept).
+func (r *runner) pendingIDs() []string {
+	if len(r.unswept) == 0 {
+		return nil
+	}
+	slots := slices.Clone(r.unswept)
+	slices.SortFunc(slots, time.Time.Compare)
+	slots = slices.CompactFunc(slots, time.Time.Equal)
+	slots = slots[max(len(slots)-maxRecorded, 0):]
+	ids := make([]string, len(slots))
+	for i, s := range slots {
+		ids[i] = fmtSlot(s)
+	}
+	return ids
 }
 
 // keepOrphan keeps slot for the next resweep when err, from its claim,
