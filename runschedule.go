@@ -142,7 +142,7 @@ type runner struct {
 
 // lead is the function given to Run: it fires slots for one tenure.
 func (r *runner) lead(ctx context.Context, fence int64) error {
-	r.ctl.look = true // schedcontrol.go: read the operator controls before the first wait
+	r.ctl.look = true  // schedcontrol.go: read the operator controls before the first wait
 	r.ctl.tokens = nil // a claim token belongs to one tenure
 	r.busySince = time.Time{}
 	for ctx.Err() == nil {
