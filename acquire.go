@@ -24,12 +24,16 @@ import (
 // When ctx ends it returns an error wrapping ctx's cause, joined with the
 // last error if the last attempt failed.
 func (l *Lease) Acquire(ctx context.Context) (int64, error) {
-	fence, _, err := l.acquire(ctx)
-	return fence, err
+	t, _, err := l.acquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return t.fence, nil
 }
 
-// acquire is Acquire; failing reports that every attempt failed.
-func (l *Lease) acquire(ctx context.Context) (fence int64, failing bool, err error) {
+// acquire is Acquire, returning the term; failing reports that every
+// attempt failed.
+func (l *Lease) acquire(ctx context.Context) (t *term, failing bool, err error) {
 	var lastErr error
 	succeeded := false
 	var unsentSince time.Time // first failure to send, while nothing has reached the table
@@ -38,12 +42,12 @@ func (l *Lease) acquire(ctx context.Context) (fence int64, failing bool, err err
 	bo := fixed(l.opts.RetryInterval)
 	for {
 		if ctx.Err() != nil {
-			return 0, !succeeded && lastErr != nil, errors.Join(fmt.Errorf("ddblease: acquire %q: %w", l.job, ended(ctx)), lastErr)
+			return nil, !succeeded && lastErr != nil, errors.Join(fmt.Errorf("ddblease: acquire %q: %w", l.job, ended(ctx)), lastErr)
 		}
 		var err error
 		if l.takeable() && l.yielding() <= 0 {
-			if fence, err = l.TryAcquire(ctx); err == nil {
-				return fence, false, nil
+			if t, err = l.tryAcquire(ctx); err == nil {
+				return t, false, nil
 			}
 		} else if err = l.poll(ctx); err == nil && l.takeable() && l.yielding() <= 0 {
 			continue
@@ -63,10 +67,10 @@ func (l *Lease) acquire(ctx context.Context) (fence int64, failing bool, err err
 		case unsent(err) && !l.reached.Load() && !l.mayPassAtStart(err, &unsentSince):
 			// Nothing has ever reached the table: a client without
 			// credentials or region would fail the same way for ever.
-			return 0, true, fmt.Errorf("ddblease: %q: no request could be sent to table %q (check the client's credentials and region): %w",
+			return nil, true, fmt.Errorf("ddblease: %q: no request could be sent to table %q (check the client's credentials and region): %w",
 				l.job, l.table, err)
 		case !retryable(err):
-			return 0, true, err
+			return nil, true, err
 		default:
 			lastErr = err
 			wait = max(wait, bo.next())

@@ -48,11 +48,11 @@ func (l *Lease) Claim(ctx context.Context, slot time.Time, optFns ...func(*JobOp
 	if err != nil {
 		return nil, err
 	}
-	return l.claim(ctx, slot, &o, randomID(8), 0)
-}
-
-func (l *Lease) claim(ctx context.Context, slot time.Time, o *JobOptions, token string, missed int) (*JobRun, error) {
-	return l.claimRun(ctx, slot, o, token, missed, claimSpec{})
+	t := l.current()
+	if t == nil {
+		return nil, fmt.Errorf("%w: claim %q", ErrNotLeader, l.job)
+	}
+	return t.claim(ctx, slot, &o, randomID(8), 0, claimSpec{})
 }
 
 // claimSpec says how claimRun departs from a plain claim (control.go).
@@ -81,7 +81,10 @@ var errPaused = errors.New("ddblease: the job is paused")
 // running for a newer tenure to find. Errors carrying it wrap ErrNotLeader.
 var errClaimedLate = errors.New("the tenure ended while the claim was answered; its run is left for the next tenure")
 
-func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, token string, missed int, spec claimSpec) (*JobRun, error) {
+// claim is Claim under this term, with the given token (one per firing,
+// reused by its retries) and claimSpec.
+func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token string, missed int, spec claimSpec) (*JobRun, error) {
+	l := tm.l
 	id, err := slotID(slot)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
@@ -95,10 +98,10 @@ func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, tok
 		spec.status = RunRunning
 	}
 	now := l.opts.Now()
-	t := l.current()
-	if !t.held || l.left(t.deadline, t.realDeadline) <= 0 {
+	if !tm.leads() {
 		return nil, fmt.Errorf("%w: claim %q slot %s", ErrNotLeader, l.job, id)
 	}
+	t := tm.snapshot()
 	key := map[string]types.AttributeValue{attrPK: avS(runItemKey(l.job, id))}
 	names := map[string]string{
 		"#pk": attrPK, "#job": attrJob, "#slot": attrSlot, "#fence": attrFence, "#owner": attrOwner,
@@ -155,7 +158,7 @@ func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, tok
 	}
 	run := &JobRun{l: l, slot: slot, id: id, key: key, fence: t.fence, claim: token, started: now.Round(0), missed: missed,
 		trigger: spec.trigger, finished: spec.status != RunRunning}
-	failed, old, err := l.claimWrite(ctx, t, upd, o, spec.unpaused)
+	failed, old, err := tm.claimWrite(ctx, t, upd, o, spec.unpaused)
 	switch {
 	case errors.Is(err, ErrLost), errors.Is(err, errPaused):
 		return nil, err
@@ -166,11 +169,11 @@ func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, tok
 		// before, with other parameters): read the item back.
 		rec, present, rerr := l.readRun(ctx, key)
 		if rerr == nil && present && mine(rec, token, t.fence) {
-			return l.claimed(run)
+			return tm.claimed(run)
 		}
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, errors.Join(err, rerr))
 	case !failed:
-		return l.claimed(run)
+		return tm.claimed(run)
 	}
 	rec, present, err := l.runFromFailure(ctx, key, old)
 	switch {
@@ -179,7 +182,7 @@ func (l *Lease) claimRun(ctx context.Context, slot time.Time, o *JobOptions, tok
 	case !present:
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: the condition failed but the run item is gone; try again", l.job, id)
 	case mine(rec, token, t.fence):
-		return l.claimed(run) // an SDK retry of a write that did land
+		return tm.claimed(run) // an SDK retry of a write that did land
 	}
 	taken := &SlotTakenError{Run: rec}
 	if rec.Status == RunRunning && rec.Fence < t.fence && o.Rerun == NeverRerun {
@@ -202,12 +205,13 @@ func mine(rec RunRecord, token string, fence int64) bool {
 // still leads by both clocks (its deadline may have passed while the claim
 // was in flight: a slow answer, a paused process), the run is not handed
 // out, and is left running for a newer tenure to find.
-func (l *Lease) claimed(run *JobRun) (*JobRun, error) {
+func (tm *term) claimed(run *JobRun) (*JobRun, error) {
+	l := tm.l
 	if run.finished { // schedcontrol.go: a slot recorded as skipped by a pause
 		l.notify.emit(l.event(EventRunFinished, Event{Slot: run.slot, Fence: run.fence, Status: RunSkippedByPause}))
 		return run, nil
 	}
-	if !l.leads(run.fence) {
+	if !tm.leads() {
 		return nil, fmt.Errorf("%w: claim %q slot %s: %w", ErrNotLeader, l.job, run.id, errClaimedLate)
 	}
 	l.notify.emit(l.event(EventRunClaimed, Event{Slot: run.slot, Fence: run.fence}))
@@ -218,7 +222,8 @@ func (l *Lease) claimed(run *JobRun) (*JobRun, error) {
 // item where the server supports them. failed reports that the run item's
 // condition failed, old is the item then returned, if any. A failed check
 // on the lease item ends the tenure and returns ErrLost.
-func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *JobOptions, unpaused bool) (failed bool, old map[string]types.AttributeValue, err error) {
+func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *JobOptions, unpaused bool) (failed bool, old map[string]types.AttributeValue, err error) {
+	l := tm.l
 	if !o.NoTransactions && !l.noTxn.Load() {
 		check := &types.ConditionCheck{
 			TableName:                           aws.String(l.table),
@@ -244,7 +249,7 @@ func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 			txRetry{now: l.opts.Now, deadline: deadline, timeout: l.opts.CallTimeout})
 		if !errors.Is(err, ErrTransactionsUnsupported) {
 			if item, ok := conditionFailed(err, 0); ok {
-				if err := l.checkLease(t.fence, item, len(item) > 0); err != nil {
+				if err := tm.checkLease(item, len(item) > 0); err != nil {
 					return false, nil, err
 				}
 				return false, nil, errors.New("the lease item changed while the claim checked it; try again")
@@ -264,7 +269,7 @@ func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 		if err != nil {
 			return false, nil, fmt.Errorf("read lease %q: %w", l.job, err)
 		}
-		if err := l.checkLease(t.fence, item, true); err != nil {
+		if err := tm.checkLease(item, true); err != nil {
 			return false, nil, err
 		}
 	}
@@ -284,28 +289,20 @@ func (l *Lease) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 // reports that item is what the table holds): nil when it names this
 // owner and fence and the job is not paused, errPaused when it is paused,
 // and otherwise ErrLost, ending the tenure.
-func (l *Lease) checkLease(fence int64, item map[string]types.AttributeValue, known bool) error {
-	if known && len(item) > 0 {
-		rec, err := decodeLease(item)
-		if err == nil && rec.Owner == l.opts.Owner && rec.Fence == fence {
+func (tm *term) checkLease(item map[string]types.AttributeValue, known bool) error {
+	l := tm.l
+	lost := fmt.Errorf("%w: %q fence %d: the lease item no longer names this owner and fence", ErrLost, l.job, tm.fence)
+	if rec, err := decodeLease(item); len(item) > 0 && err == nil {
+		if known && rec.Owner == l.opts.Owner && rec.Fence == tm.fence {
 			if rec.Control.Paused {
 				return errPaused
 			}
 			return nil
 		}
+		lost = movedOn(l.job, tm.fence, rec)
 	}
-	lost := l.lostError(fence, item)
-	l.end(fence, lost, LossDeposed)
+	tm.end(lost, LossDeposed)
 	return lost
-}
-
-// lostError describes a failed check on the lease item, from the item the
-// server returned with the failure, if any.
-func (l *Lease) lostError(fence int64, item map[string]types.AttributeValue) error {
-	if rec, err := decodeLease(item); len(item) > 0 && err == nil {
-		return movedOn(l.job, fence, rec)
-	}
-	return fmt.Errorf("%w: %q fence %d: the lease item no longer names this owner and fence", ErrLost, l.job, fence)
 }
 
 // runFromFailure decodes the run item returned with a failed condition, or

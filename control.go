@@ -63,15 +63,15 @@ func (l *Lease) ResignRequested() bool {
 // runner waiting for a slot when the controls changed, and asks Run to
 // resign when the item carries a resign request for this tenure.
 func (k *keeper) noticeControl() {
-	l := k.l
+	l := k.t.l
 	l.mu.Lock()
-	c, ok := l.obs.rec.Control, l.obs.present && l.obs.rec.Fence == k.fence
+	c, ok := l.obs.rec.Control, l.obs.present && l.obs.rec.Fence == k.t.fence
 	l.mu.Unlock()
 	if !ok {
 		return
 	}
 	l.ctl.note(c)
-	if c.ResignFence == k.fence {
+	if c.ResignFence == k.t.fence {
 		k.resignOnce.Do(func() { close(k.resign) })
 	}
 }

@@ -22,22 +22,28 @@ import (
 func (l *Lease) Heartbeat(ctx context.Context) error {
 	l.lockWrite()
 	defer l.unlockWrite()
-	return l.heartbeatLocked(ctx)
+	t := l.current()
+	if t == nil {
+		return fmt.Errorf("%w: heartbeat %q", ErrNotLeader, l.job)
+	}
+	return t.renew(ctx)
 }
 
-func (l *Lease) heartbeatLocked(ctx context.Context) error {
-	t := l.current()
+// renew is Heartbeat for this term, called with the write lock held.
+func (tm *term) renew(ctx context.Context) error {
+	l := tm.l
+	t := tm.snapshot()
 	if !t.held {
-		if lost := l.lostCause(); lost != nil {
-			return lost
+		if t.lost != nil {
+			return t.lost
 		}
 		return fmt.Errorf("%w: heartbeat %q", ErrNotLeader, l.job)
 	}
-	snt := l.sendNow()
+	snt := l.opts.sendNow()
 	now := snt.at
 	if !now.Before(t.deadline) {
 		err := fmt.Errorf("%w: %q fence %d: local deadline passed without a confirmed heartbeat", ErrLost, l.job, t.fence)
-		l.end(t.fence, err, LossDeadline)
+		tm.end(err, LossDeadline)
 		return err
 	}
 	rv := randomID(8)
@@ -57,10 +63,10 @@ func (l *Lease) heartbeatLocked(ctx context.Context) error {
 	}
 	// The write and its read-back end at the deadline: past it, nothing
 	// they learn could keep the tenure.
-	if err := l.fencedWrite(ctx, l.opts.CallTimeout, t.deadline, t, update, names, values, rv); err != nil {
+	if err := tm.fencedWrite(ctx, l.opts.CallTimeout, t.deadline, update, names, values, rv); err != nil {
 		return err
 	}
-	if !l.renewed(t.fence, rv, snt, l.opts.Now().Sub(now)) {
+	if !tm.renewed(rv, snt, l.opts.Now().Sub(now)) {
 		return fmt.Errorf("%w: %q fence %d: the heartbeat was confirmed only after the local deadline", ErrLost, l.job, t.fence)
 	}
 	return nil
@@ -71,8 +77,9 @@ func (l *Lease) heartbeatLocked(ctx context.Context) error {
 // version this handle wrote. It returns ErrLost (and ends the tenure) when
 // the condition fails, and the error when the outcome stays unknown. The
 // write and its read-back end by until (zero: CallTimeout each).
-func (l *Lease) fencedWrite(ctx context.Context, timeout time.Duration, until time.Time, t tenure, update string,
+func (t *term) fencedWrite(ctx context.Context, timeout time.Duration, until time.Time, update string,
 	names map[string]string, values map[string]types.AttributeValue, rv string) error {
+	l := t.l
 	cond := "#owner = :me AND #fence = :fence"
 	if mine := l.mineIn(values); mine != "" {
 		cond += " AND " + mine
@@ -104,7 +111,7 @@ func (l *Lease) fencedWrite(ctx context.Context, timeout time.Duration, until ti
 	default:
 		lost = &movedOnError{err: movedOn(l.job, t.fence, rec), inDoubt: err != nil}
 	}
-	l.end(t.fence, lost, LossDeposed)
+	t.end(lost, LossDeposed)
 	return lost
 }
 
@@ -112,8 +119,7 @@ func (l *Lease) fencedWrite(ctx context.Context, timeout time.Duration, until ti
 // tenure ends. It does not decide when the tenure ends: the term's own
 // timer does, and a keeper stuck in a request cannot hold that up.
 type keeper struct {
-	l         *Lease
-	fence     int64
+	t         *term
 	cancel    context.CancelFunc
 	done      chan struct{}
 	drainc    chan struct{}
@@ -124,11 +130,11 @@ type keeper struct {
 	resignOnce sync.Once
 }
 
-func (l *Lease) startKeeper(fence int64, termCtx context.Context) *keeper {
+func (t *term) keep() *keeper {
 	ctx, cancel := context.WithCancel(context.Background())
-	k := &keeper{l: l, fence: fence, cancel: cancel, done: make(chan struct{}), drainc: make(chan struct{}),
+	k := &keeper{t: t, cancel: cancel, done: make(chan struct{}), drainc: make(chan struct{}),
 		resign: make(chan struct{})}
-	go k.loop(ctx, termCtx)
+	go k.loop(ctx)
 	return k
 }
 
@@ -142,16 +148,16 @@ func (k *keeper) stop() {
 // standbys poll fast until the resignation.
 func (k *keeper) drain() { k.drainOnce.Do(func() { close(k.drainc) }) }
 
-func (k *keeper) loop(ctx, termCtx context.Context) {
+func (k *keeper) loop(ctx context.Context) {
 	defer close(k.done)
-	l := k.l
+	t, l := k.t, k.t.l
 	drainc := k.drainc
-	next := l.current().sentAt.Add(l.opts.HeartbeatInterval)
+	next := t.snapshot().sentAt.Add(l.opts.HeartbeatInterval)
 	// Back off, from RetryInterval up to half the heartbeat interval, so
 	// that an overloaded server is not made worse.
 	bo := &backoff{base: l.opts.RetryInterval, max: l.opts.HeartbeatInterval / 2}
 	for {
-		if !l.holds(k.fence) {
+		if !t.holds() {
 			return
 		}
 		timer := time.NewTimer(max(next.Sub(l.opts.Now()), 0))
@@ -159,13 +165,13 @@ func (k *keeper) loop(ctx, termCtx context.Context) {
 		case <-ctx.Done():
 			timer.Stop()
 			return
-		case <-termCtx.Done():
+		case <-t.ctx.Done():
 			timer.Stop()
 			return
 		case <-drainc:
 			timer.Stop()
 			drainc = nil
-			l.setDraining(k.fence)
+			t.setDraining()
 		case <-timer.C:
 			if l.opts.Now().Before(next) {
 				continue
@@ -174,16 +180,18 @@ func (k *keeper) loop(ctx, termCtx context.Context) {
 		// A heartbeat in flight is not abandoned when the keeper stops: it
 		// completes (bounded by CallTimeout and the deadline), so that the
 		// resignation that usually follows finds its outcome known.
-		err := l.Heartbeat(context.WithoutCancel(ctx))
+		l.lockWrite()
+		err := t.renew(context.WithoutCancel(ctx))
+		l.unlockWrite()
 		switch {
 		case err == nil:
-			next = l.current().sentAt.Add(l.opts.HeartbeatInterval)
+			next = t.snapshot().sentAt.Add(l.opts.HeartbeatInterval)
 			bo.reset()
 			k.noticeControl() // control.go: resign requests, operator controls
 		case ctx.Err() != nil, errors.Is(err, ErrLost), errors.Is(err, ErrNotLeader):
 			return
 		default:
-			l.notify.emit(l.event(EventRetry, Event{Op: "heartbeat", Fence: k.fence, Err: err}))
+			l.notify.emit(l.event(EventRetry, Event{Op: "heartbeat", Fence: t.fence, Err: err}))
 			next = l.opts.Now().Add(bo.next())
 		}
 	}

@@ -212,22 +212,31 @@ func (l *Lease) Holder(ctx context.Context) (Record, error) {
 // Errors the server blames on the request (a missing table, a wrong key
 // schema, denied access) name the table.
 func (l *Lease) TryAcquire(ctx context.Context) (int64, error) {
+	t, err := l.tryAcquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return t.fence, nil
+}
+
+// tryAcquire is TryAcquire, returning the term.
+func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 	l.lockWrite()
 	defer l.unlockWrite()
-	if t := l.current(); t.held && l.opts.Now().Before(t.deadline) {
-		err := l.heartbeatLocked(ctx)
+	if t := l.current(); t != nil && t.leads() {
+		err := t.renew(ctx)
 		if err == nil {
-			return t.fence, nil
+			return t, nil
 		}
 		if !errors.Is(err, ErrLost) {
-			return 0, err
+			return nil, err
 		}
 	}
 	return l.acquireLocked(ctx)
 }
 
-func (l *Lease) acquireLocked(ctx context.Context) (int64, error) {
-	snt := l.sendNow()
+func (l *Lease) acquireLocked(ctx context.Context) (*term, error) {
+	snt := l.opts.sendNow()
 	now := snt.at
 	rv := randomID(8)
 	names := map[string]string{
@@ -260,14 +269,15 @@ func (l *Lease) acquireLocked(ctx context.Context) (int64, error) {
 	deadline := now.Add(l.opts.LeaseDuration - l.opts.margin())
 	rec, ours, err := l.write(ctx, l.opts.CallTimeout, deadline, in, rv)
 	switch {
-	case ours && !l.begin(ctx, rec, snt, l.opts.Now().Sub(now)):
+	case ours:
+		if t := l.begin(ctx, rec, snt, l.opts.Now().Sub(now)); t != nil {
+			return t, nil
+		}
 		// The write landed, but we learned it only after the tenure's
 		// local deadline: it is over before it began.
-		return 0, fmt.Errorf("%w: %q fence %d: the acquisition was confirmed only after its local deadline", ErrLost, l.job, rec.Fence)
-	case ours:
-		return rec.Fence, nil
+		return nil, fmt.Errorf("%w: %q fence %d: the acquisition was confirmed only after its local deadline", ErrLost, l.job, rec.Fence)
 	case err != nil:
-		return 0, fmt.Errorf("ddblease: acquire %q: %w", l.job, explainTableError(ctx, l.db, l.table, err))
+		return nil, fmt.Errorf("ddblease: acquire %q: %w", l.job, explainTableError(ctx, l.db, l.table, err))
 	}
-	return 0, &HeldError{Job: l.job, Owner: rec.Owner, Fence: rec.Fence, ExpiresAt: rec.ExpiresAt, Draining: rec.Draining}
+	return nil, &HeldError{Job: l.job, Owner: rec.Owner, Fence: rec.Fence, ExpiresAt: rec.ExpiresAt, Draining: rec.Draining}
 }

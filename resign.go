@@ -30,7 +30,7 @@ import (
 // instead: it drains the function before it resigns.
 func (l *Lease) Resign(ctx context.Context) error {
 	t := l.current()
-	if !t.held {
+	if t == nil || !t.holds() {
 		return ErrNotLeader
 	}
 	// Stop believing before the write can land: a standby may lead the
@@ -46,16 +46,17 @@ func (l *Lease) Resign(ctx context.Context) error {
 	l.mu.Unlock()
 	cause := fmt.Errorf("%w: %q fence %d: resigned by a call to Resign", ErrLost, l.job, t.fence)
 	if reason != "" {
-		l.end(t.fence, cause, reason)
+		t.end(cause, reason)
 	} else {
-		l.endResigning(t.fence, cause)
+		t.endResigning(cause)
 	}
 	l.lockWrite()
 	defer l.unlockWrite()
-	return l.resignLocked(ctx, t)
+	return t.resign(ctx)
 }
 
-func (l *Lease) resignLocked(ctx context.Context, t tenure) error {
+func (t *term) resign(ctx context.Context) error {
+	l := t.l
 	now := l.opts.Now()
 	rv := randomID(8)
 	names := map[string]string{
@@ -70,7 +71,7 @@ func (l *Lease) resignLocked(ctx context.Context, t tenure) error {
 		":now":   avN(now.UnixMilli()),
 		":false": avBool(false),
 	}
-	err := l.fencedWrite(ctx, l.opts.CallTimeout, time.Time{}, t, "SET #exp = :zero, #rv = :rv, #ren = :now, #drn = :false", names, values, rv)
+	err := t.fencedWrite(ctx, l.opts.CallTimeout, time.Time{}, "SET #exp = :zero, #rv = :rv, #ren = :now, #drn = :false", names, values, rv)
 	var moved *movedOnError
 	if errors.As(err, &moved) && moved.inDoubt {
 		// The answer was lost and the lease has a newer holder: either our
@@ -86,19 +87,20 @@ func (l *Lease) resignLocked(ctx context.Context, t tenure) error {
 // force (until the tenure's deadline). It returns nil when the lease was
 // given up or another owner already held it, and an error wrapping
 // ErrNotResigned otherwise. The context's cancellation is ignored.
-func (l *Lease) resignRetrying(ctx context.Context, fence int64, cause error) error {
+func (tm *term) resignRetrying(ctx context.Context, cause error) error {
+	l, fence := tm.l, tm.fence
 	ctx = context.WithoutCancel(ctx)
-	t := l.current()
-	if !t.held || t.fence != fence {
+	t := tm.snapshot()
+	if !t.held {
 		return nil
 	}
-	l.endResigning(fence, cause)
+	tm.endResigning(cause)
 	bo := fixed(l.opts.RetryInterval)
 	for {
 		// The lock is taken for each attempt, not across the waits between
 		// them, so that the events of each are delivered as it ends.
 		l.lockWrite()
-		err := l.resignLocked(ctx, t)
+		err := tm.resign(ctx)
 		l.unlockWrite()
 		switch {
 		case err == nil, errors.Is(err, ErrLost):

@@ -83,6 +83,11 @@ func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, fence int6
 	if fn == nil {
 		return invalid("Run: fn is nil")
 	}
+	return l.campaign(ctx, func(ctx context.Context, t *term) error { return fn(ctx, t.fence) })
+}
+
+// campaign is Run, handing fn the term itself.
+func (l *Lease) campaign(ctx context.Context, fn func(ctx context.Context, t *term) error) (err error) {
 	if !l.campaigning.CompareAndSwap(false, true) {
 		return invalid("Run %q: another Run or RunSchedule is active on this handle; use one Lease per contender", l.job)
 	}
@@ -100,7 +105,7 @@ func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, fence int6
 		}
 	}()
 	for {
-		fence, failing, err := l.acquire(ctx)
+		t, failing, err := l.acquire(ctx)
 		if err != nil {
 			stopped = true
 			if ctx.Err() != nil && !failing {
@@ -108,7 +113,7 @@ func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, fence int6
 			}
 			return err
 		}
-		done, err := l.lead(ctx, fence, fn)
+		done, err := l.lead(ctx, t, fn)
 		if done {
 			stopped = true
 			return err
@@ -118,17 +123,17 @@ func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, fence int6
 
 // lead runs fn for one tenure. done is false when the tenure ended without
 // a shutdown or an error, and the campaign should go on.
-func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, int64) error) (done bool, err error) {
-	termCtx, ok := l.termContext(fence)
-	if !ok {
+func (l *Lease) lead(ctx context.Context, t *term, fn func(context.Context, *term) error) (done bool, err error) {
+	fence, termCtx := t.fence, t.ctx
+	if !t.holds() {
 		return ctx.Err() != nil, nil // over before it began
 	}
 	if ctx.Err() != nil {
-		return true, l.resignRetrying(ctx, fence, fmt.Errorf("%w: %q fence %d: shutting down", ErrLost, l.job, fence))
+		return true, t.resignRetrying(ctx, fmt.Errorf("%w: %q fence %d: shutting down", ErrLost, l.job, fence))
 	}
 	leaderCtx, cancelLeader := context.WithCancelCause(termCtx)
 	defer cancelLeader(nil)
-	k := l.startKeeper(fence, termCtx)
+	k := t.keep()
 	fnDone := make(chan struct{})
 	watchDone := make(chan struct{})
 	var drainExpired atomic.Bool
@@ -182,17 +187,17 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 				// runtime.Goexit (t.FailNow, say) unwinds this goroutine
 				// past Run: end the tenure as after a panic, and let the
 				// unwinding go on.
-				l.endAbnormally(ctx, fence, fmt.Errorf("%w: %q fence %d: the leader's function exited without returning (runtime.Goexit)",
+				t.endAbnormally(ctx, fmt.Errorf("%w: %q fence %d: the leader's function exited without returning (runtime.Goexit)",
 					ErrLost, l.job, fence))
 			}
 		}()
-		fnErr = soundError(fn(leaderCtx, fence))
+		fnErr = soundError(fn(leaderCtx, t))
 		over = leaderCtx.Err() != nil || ctx.Err() != nil
 		returned = true
 	}()
 
 	if panicked != nil {
-		l.endAbnormally(ctx, fence, fmt.Errorf("%w: %q fence %d: the leader's function panicked: %v", ErrLost, l.job, fence, panicked.Value))
+		t.endAbnormally(ctx, fmt.Errorf("%w: %q fence %d: the leader's function panicked: %v", ErrLost, l.job, fence, panicked.Value))
 		panic(panicked)
 	}
 	if over && endsWith(fnErr, leaderCtx, ctx) {
@@ -200,7 +205,7 @@ func (l *Lease) lead(ctx context.Context, fence int64, fn func(context.Context, 
 	}
 	var resignErr, drainErr error
 	if termCtx.Err() == nil {
-		resignErr = l.resignRetrying(ctx, fence, fmt.Errorf("%w: %q fence %d: resigning", ErrLost, l.job, fence))
+		resignErr = t.resignRetrying(ctx, fmt.Errorf("%w: %q fence %d: resigning", ErrLost, l.job, fence))
 	}
 	if drainExpired.Load() {
 		drainErr = fmt.Errorf("%w: fence %d ran past %v", ErrDrainTimeout, fence, l.opts.DrainTimeout)
@@ -237,12 +242,13 @@ func endsWith(err error, leaderCtx, ctx context.Context) bool {
 // endAbnormally ends the tenure with fence, whose function did not return (it
 // panicked or called runtime.Goexit), and resigns it at once: there is
 // nothing left to drain.
-func (l *Lease) endAbnormally(ctx context.Context, fence int64, cause error) {
-	l.end(fence, cause, LossPanic)
+func (t *term) endAbnormally(ctx context.Context, cause error) {
+	l := t.l
+	t.end(cause, LossPanic)
 	l.lockWrite()
 	defer l.unlockWrite()
-	if err := l.resignLocked(context.WithoutCancel(ctx), tenure{held: true, fence: fence}); err != nil && !errors.Is(err, ErrLost) {
+	if err := t.resign(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, ErrLost) {
 		l.log.Warn("ddblease: could not resign after the leader's function ended abnormally; the lease lapses at its expiry",
-			"fence", fence, "err", err)
+			"fence", t.fence, "err", err)
 	}
 }

@@ -112,7 +112,7 @@ func (l *Lease) RunSchedule(ctx context.Context, sched Schedule, fn func(ctx con
 		return fmt.Errorf("RunSchedule: %w", err)
 	}
 	r := &runner{l: l, sched: sched, fn: fn, o: o}
-	return l.Run(ctx, r.lead)
+	return l.campaign(ctx, r.lead)
 }
 
 // runner fires a schedule's slots for RunSchedule. Its fields are used by
@@ -141,22 +141,22 @@ type runner struct {
 }
 
 // lead is the function given to Run: it fires slots for one tenure.
-func (r *runner) lead(ctx context.Context, fence int64) error {
+func (r *runner) lead(ctx context.Context, tn *term) error {
 	r.ctl.look = true  // schedcontrol.go: read the operator controls before the first wait
 	r.ctl.tokens = nil // a claim token belongs to one tenure
 	r.busySince = time.Time{}
 	for ctx.Err() == nil {
-		if err := r.lookIfAsked(ctx, fence); err != nil { // control.go: triggers, catch-up
+		if err := r.lookIfAsked(ctx, tn); err != nil { // control.go: triggers, catch-up
 			return err
 		}
-		slot, missed, ok, err := r.due(ctx, fence)
+		slot, missed, ok, err := r.due(ctx, tn)
 		if err != nil || !ok {
 			return err
 		}
 		if slot.IsZero() {
 			continue // control.go: woken by a change of the operator controls
 		}
-		handled, err := r.execute(ctx, fence, firing{what: "slot", slot: slot, missed: missed, token: randomID(8),
+		handled, err := r.execute(ctx, tn, firing{what: "slot", slot: slot, missed: missed, token: randomID(8),
 			spec: claimSpec{unpaused: true, unswept: r.pendingIDs()}})
 		if err != nil {
 			return err
@@ -164,7 +164,7 @@ func (r *runner) lead(ctx context.Context, fence int64) error {
 		if handled {
 			r.last = slot
 		}
-		r.resweep(ctx, fence)
+		r.resweep(ctx, tn)
 		// A slot not handled (given up, or the tenure ended) is due again
 		// at the next catch-up, which fires a later slot and sweeps it.
 	}
@@ -174,7 +174,7 @@ func (r *runner) lead(ctx context.Context, fence int64) error {
 // due waits for the next slot to fire and applies the catch-up rule. ok is
 // false when ctx ended or the schedule has no further slot. missed is -1
 // when the skipped slots could not be read back.
-func (r *runner) due(ctx context.Context, fence int64) (slot time.Time, missed int, ok bool, err error) {
+func (r *runner) due(ctx context.Context, tn *term) (slot time.Time, missed int, ok bool, err error) {
 	l := r.l
 	for {
 		now := l.opts.Now()
@@ -217,7 +217,7 @@ func (r *runner) due(ctx context.Context, fence int64) (slot time.Time, missed i
 			return time.Time{}, 0, false, err
 		}
 		if n > 0 {
-			missed = r.sweep(ctx, fence, older, n, latest)
+			missed = r.sweep(ctx, tn, older, n, latest)
 		}
 		return latest, missed, true, nil
 	}
@@ -309,33 +309,33 @@ type firing struct {
 // done reports that the run is settled: fn ran and its outcome is recorded,
 // the slot was recorded as skipped by the pause, or the run was found
 // handled already. err is set only when the campaign must stop.
-func (r *runner) execute(ctx context.Context, fence int64, f firing) (done bool, err error) {
+func (r *runner) execute(ctx context.Context, tn *term, f firing) (done bool, err error) {
 	l := r.l
 	giveUpAt := r.giveUpAt(f)
 	bo := fixed(l.opts.RetryInterval)
 	var run *JobRun
 	for {
-		run, err = l.claimRun(ctx, f.slot, &r.o, f.token, f.missed, f.spec)
+		run, err = tn.claim(ctx, f.slot, &r.o, f.token, f.missed, f.spec)
 		if err == nil {
 			break
 		}
 		switch {
 		case errors.Is(err, errPaused) && f.what == "slot":
-			return r.execute(ctx, fence, firing{what: f.what, slot: f.slot, spec: claimSpec{status: RunSkippedByPause},
+			return r.execute(ctx, tn, firing{what: f.what, slot: f.slot, spec: claimSpec{status: RunSkippedByPause},
 				token: randomID(8)})
 		case errors.Is(err, errPaused):
 			l.log.Info("ddblease: "+f.what+" not run: the job was paused again", "slot", fmtSlot(f.slot))
 			return true, nil
 		case errors.Is(err, ErrSlotTaken):
 			l.log.Debug("ddblease: "+f.what+" already handled", "slot", fmtSlot(f.slot), "err", err)
-			r.keepOrphan(err, fence, f.slot)
+			r.keepOrphan(err, tn, f.slot)
 			return true, nil
 		case errors.Is(err, errClaimedLate):
 			// fn is not called on a tenure that is over. The run, claimed,
 			// is given up: a slot's is marked abandoned by the next resweep;
 			// a trigger's or catch-up's request stays pending, for the next
 			// tenure, whose claim finds the run an older tenure left.
-			l.log.Warn("ddblease: "+f.what+" not run: the tenure ended while it was being claimed", "slot", fmtSlot(f.slot), "fence", fence)
+			l.log.Warn("ddblease: "+f.what+" not run: the tenure ended while it was being claimed", "slot", fmtSlot(f.slot), "fence", tn.fence)
 			r.giveUp(f.token)
 			if f.what == "slot" {
 				r.unswept = append(r.unswept, f.slot)
@@ -360,22 +360,22 @@ func (r *runner) execute(ctx context.Context, fence int64, f firing) (done bool,
 			r.giveUp(f.token)
 			return false, nil
 		}
-		l.notify.emit(l.event(EventRetry, Event{Op: "claim", Fence: fence, Slot: f.slot, Err: err}))
+		l.notify.emit(l.event(EventRetry, Event{Op: "claim", Fence: tn.fence, Slot: f.slot, Err: err}))
 		if bo.wait(ctx) != nil {
 			return false, nil
 		}
 	}
 	if run.finished {
-		l.log.Info("ddblease: slot skipped: the job is paused", "slot", fmtSlot(f.slot), "fence", fence)
+		l.log.Info("ddblease: slot skipped: the job is paused", "slot", fmtSlot(f.slot), "fence", tn.fence)
 		return true, nil
 	}
 	if f.what != "slot" {
-		l.log.Info("ddblease: running a "+f.what, "run", run.id, "fence", fence)
+		l.log.Info("ddblease: running a "+f.what, "run", run.id, "fence", tn.fence)
 	}
 	// A run whose outcome could not be recorded is not settled: a slot
 	// stays due, so that a newer tenure's catch-up finds the run left
 	// running and marks it abandoned; a request stays pending.
-	return r.runAndFinish(ctx, fence, run), nil
+	return r.runAndFinish(ctx, tn, run), nil
 }
 
 // giveUpAt returns when a firing's claim is given up: once the next slot
@@ -406,7 +406,7 @@ func (r *runner) giveUp(token string) {
 // the panic's value and stack, and the panic goes on as a *PanicError, for
 // Run to end the tenure and resign. If fn calls runtime.Goexit, the run is
 // recorded as failed, and Run ends the tenure as after a panic.
-func (r *runner) call(ctx context.Context, fence int64, run *JobRun) error {
+func (r *runner) call(ctx context.Context, tn *term, run *JobRun) error {
 	if r.busySince.IsZero() {
 		r.busySince = r.l.opts.Now()
 	}
@@ -416,10 +416,10 @@ func (r *runner) call(ctx context.Context, fence int64, run *JobRun) error {
 		switch {
 		case p != nil:
 			pe := &PanicError{Value: p, Stack: debug.Stack()}
-			r.finish(ctx, fence, run, pe)
+			r.finish(ctx, tn, run, pe)
 			panic(pe)
 		case !returned:
-			r.finish(ctx, fence, run, errGoexit)
+			r.finish(ctx, tn, run, errGoexit)
 		}
 	}()
 	err := soundError(r.fn(ctx, run))
@@ -434,7 +434,7 @@ var errGoexit = errors.New("ddblease: the job's function exited without returnin
 // finish records the run's outcome, retrying transient errors while the
 // tenure lasts, even when ctx has ended (the firing is draining). It
 // reports whether the outcome is recorded.
-func (r *runner) finish(ctx context.Context, fence int64, run *JobRun, fnErr error) bool {
+func (r *runner) finish(ctx context.Context, tn *term, run *JobRun, fnErr error) bool {
 	l := r.l
 	if run.isFinished() {
 		return true
@@ -446,15 +446,15 @@ func (r *runner) finish(ctx context.Context, fence int64, run *JobRun, fnErr err
 		if err == nil {
 			return true
 		}
-		if errors.Is(err, ErrStaleFence) || !retryable(err) || !l.leads(fence) {
-			args := []any{"slot", run.id, "fence", fence, "err", err}
+		if errors.Is(err, ErrStaleFence) || !retryable(err) || !tn.leads() {
+			args := []any{"slot", run.id, "fence", tn.fence, "err", err}
 			if fnErr != nil {
 				args = append(args, "run_err", fnErr)
 			}
 			l.log.Warn("ddblease: could not record the run's outcome", args...)
 			return errors.Is(err, ErrStaleFence) // a newer tenure settled it
 		}
-		l.notify.emit(l.event(EventRetry, Event{Op: "finish", Fence: fence, Slot: run.slot, Err: err}))
+		l.notify.emit(l.event(EventRetry, Event{Op: "finish", Fence: tn.fence, Slot: run.slot, Err: err}))
 		_ = bo.wait(fctx)
 	}
 }

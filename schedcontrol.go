@@ -36,12 +36,12 @@ func (r *runner) wait(ctx context.Context, d time.Duration) (woken bool, err err
 
 // lookIfAsked reads the controls when the runner was woken, or its tenure
 // just began.
-func (r *runner) lookIfAsked(ctx context.Context, fence int64) error {
+func (r *runner) lookIfAsked(ctx context.Context, tn *term) error {
 	if !r.ctl.look {
 		return nil
 	}
 	r.ctl.look = false
-	_, _, err := r.control(ctx, fence)
+	_, _, err := r.control(ctx, tn)
 	return err
 }
 
@@ -49,7 +49,7 @@ func (r *runner) lookIfAsked(ctx context.Context, fence int64) error {
 // pending triggers and catch-up, and returns whether the job is paused.
 // known is false when the item could not be read (a transient error, or a
 // malformed item: logged). err is set only when the campaign must stop.
-func (r *runner) control(ctx context.Context, fence int64) (paused, known bool, err error) {
+func (r *runner) control(ctx context.Context, tn *term) (paused, known bool, err error) {
 	l := r.l
 	item, err := getItem(ctx, l.db, l.table, l.key, l.opts.CallTimeout)
 	switch {
@@ -68,7 +68,7 @@ func (r *runner) control(ctx context.Context, fence int64) (paused, known bool, 
 		l.log.Error("ddblease: the lease item is malformed", "err", err)
 		return false, false, nil
 	}
-	if rec.Fence != fence {
+	if rec.Fence != tn.fence {
 		// The tenure is over; the keeper ends it soon. Without a
 		// transaction, a claim would rest on the local tenure alone.
 		return false, false, nil
@@ -88,12 +88,12 @@ func (r *runner) control(ctx context.Context, fence int64) (paused, known bool, 
 		if ctx.Err() != nil {
 			return c.Paused, true, nil
 		}
-		if err := r.runTrigger(ctx, fence, tr); err != nil {
+		if err := r.runTrigger(ctx, tn, tr); err != nil {
 			return c.Paused, true, err
 		}
 	}
 	if c.catchUp != "" && !c.Paused && ctx.Err() == nil {
-		if err := r.catchUp(ctx, fence, c); err != nil {
+		if err := r.catchUp(ctx, tn, c); err != nil {
 			return c.Paused, true, err
 		}
 	}
@@ -122,8 +122,8 @@ func (r *runner) token(id string) string {
 // (its claim given up, its outcome not recorded, the tenure over) leaves
 // the request pending: this tenure looks again after its next firing, and
 // a newer tenure's claim finds the run an older one left.
-func (r *runner) runTrigger(ctx context.Context, fence int64, tr pendingTrigger) error {
-	done, err := r.execute(ctx, fence, firing{what: "triggered run", slot: tr.slot, token: r.token(tr.id),
+func (r *runner) runTrigger(ctx context.Context, tn *term, tr pendingTrigger) error {
+	done, err := r.execute(ctx, tn, firing{what: "triggered run", slot: tr.slot, token: r.token(tr.id),
 		spec: claimSpec{trigger: tr.id}})
 	if err != nil || !done {
 		r.ctl.look = r.ctl.look || err == nil && ctx.Err() == nil
@@ -137,14 +137,14 @@ func (r *runner) runTrigger(ctx context.Context, fence int64, tr pendingTrigger)
 // catchUp runs the latest slot that fell due during the pause that c ended,
 // claiming again its run skipped by the pause, through the one run
 // protocol, then clears the request once the run is settled.
-func (r *runner) catchUp(ctx context.Context, fence int64, c Control) error {
+func (r *runner) catchUp(ctx context.Context, tn *term, c Control) error {
 	l := r.l
 	if !c.PausedAt.IsZero() && !c.ResumedAt.IsZero() {
 		first, err := nextSlot(r.sched, c.PausedAt)
 		if err == nil && !first.IsZero() && !first.After(c.ResumedAt) {
 			var latest time.Time
 			if latest, _, _, err = r.dueSlots(first, c.ResumedAt); err == nil {
-				done, err := r.execute(ctx, fence, firing{what: "catch-up", slot: latest, token: r.token(c.catchUp),
+				done, err := r.execute(ctx, tn, firing{what: "catch-up", slot: latest, token: r.token(c.catchUp),
 					spec: claimSpec{reclaimed: true, unpaused: true}})
 				if err != nil || !done {
 					r.ctl.look = r.ctl.look || err == nil && ctx.Err() == nil
@@ -169,12 +169,12 @@ func (r *runner) catchUp(ctx context.Context, fence int64, c Control) error {
 // in fn is recorded and goes on, through r.call). It reports whether the
 // outcome is recorded. A failed run is logged once: by the record of its
 // outcome (EventRunFinished), or by finish when it cannot be recorded.
-func (r *runner) runAndFinish(ctx context.Context, fence int64, run *JobRun) bool {
-	fnErr := r.call(ctx, fence, run)
+func (r *runner) runAndFinish(ctx context.Context, tn *term, run *JobRun) bool {
+	fnErr := r.call(ctx, tn, run)
 	if fnErr != nil && ctx.Err() != nil && (errors.Is(fnErr, context.Canceled) || errors.Is(fnErr, context.DeadlineExceeded)) {
 		fnErr = fmt.Errorf("%w (%v)", fnErr, context.Cause(ctx))
 	}
-	return r.finish(ctx, fence, run, fnErr)
+	return r.finish(ctx, tn, run, fnErr)
 }
 
 // clearControl removes a handled operator request from the lease item. It

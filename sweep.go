@@ -20,10 +20,10 @@ import (
 // The first tenure a job ever has (fence 1) skips the slots before its
 // acquisition: no one led then, so nothing was missed and nothing can be
 // left running.
-func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n int, latest time.Time) int {
+func (r *runner) sweep(ctx context.Context, tn *term, older []time.Time, n int, latest time.Time) int {
 	l := r.l
-	if fence == 1 {
-		acquired := l.State().AcquiredAt
+	if tn.fence == 1 {
+		acquired := tn.acquiredAt
 		i := 0
 		for i < len(older) && older[i].Before(acquired) {
 			i++
@@ -50,7 +50,7 @@ func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n in
 		})
 		if err != nil {
 			r.unswept = append(append(r.unswept, older[:end]...), again...)
-			l.notify.emit(l.event(EventSlotsMissed, Event{Slot: latest, Fence: fence, Missed: -1, Err: err}))
+			l.notify.emit(l.event(EventSlotsMissed, Event{Slot: latest, Fence: tn.fence, Missed: -1, Err: err}))
 			return -1
 		}
 		for i := len(ids) - 1; i >= 0; i-- {
@@ -63,7 +63,7 @@ func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n in
 			}
 			found = true
 			r.inherit(item)
-			ok, retry := r.abandonOrphan(ctx, fence, chunk[i], item)
+			ok, retry := r.abandonOrphan(ctx, tn, chunk[i], item)
 			if ok {
 				abandoned++
 			}
@@ -83,7 +83,7 @@ func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n in
 		missed = -1
 	}
 	if missed != 0 {
-		l.notify.emit(l.event(EventSlotsMissed, Event{Slot: latest, Fence: fence, Missed: missed}))
+		l.notify.emit(l.event(EventSlotsMissed, Event{Slot: latest, Fence: tn.fence, Missed: missed}))
 	}
 	return missed
 }
@@ -92,7 +92,7 @@ func (r *runner) sweep(ctx context.Context, fence int64, older []time.Time, n in
 // left it running, or this one claimed and gave it up. It reports whether
 // it did, and whether the marking failed transiently (the slot is then
 // kept for the next resweep).
-func (r *runner) abandonOrphan(ctx context.Context, fence int64, slot time.Time, item map[string]types.AttributeValue) (abandoned, retry bool) {
+func (r *runner) abandonOrphan(ctx context.Context, tn *term, slot time.Time, item map[string]types.AttributeValue) (abandoned, retry bool) {
 	l := r.l
 	id := fmtSlot(slot)
 	rec, err := decodeRun(item)
@@ -100,10 +100,10 @@ func (r *runner) abandonOrphan(ctx context.Context, fence int64, slot time.Time,
 		l.log.Error("ddblease: skipped slot has a malformed run item", "slot", id, "err", err)
 		return false, false
 	}
-	if rec.Status != RunRunning || !(rec.Fence < fence || rec.Fence == fence && slices.Contains(r.givenUp, rec.claim)) {
+	if rec.Status != RunRunning || !(rec.Fence < tn.fence || rec.Fence == tn.fence && slices.Contains(r.givenUp, rec.claim)) {
 		return false, false
 	}
-	_, ok, err := l.abandon(ctx, rec, fence)
+	_, ok, err := l.abandon(ctx, rec, tn.fence)
 	if err != nil {
 		l.log.Warn("ddblease: could not mark an orphaned run abandoned", "slot", id, "fence", rec.Fence, "err", err)
 		return false, retryable(err)
@@ -149,9 +149,9 @@ func (r *runner) pendingIDs() []string {
 // keepOrphan keeps slot for the next resweep when err, from its claim,
 // says that the slot holds a run an older tenure left running, which the
 // claim could not mark abandoned.
-func (r *runner) keepOrphan(err error, fence int64, slot time.Time) {
+func (r *runner) keepOrphan(err error, tn *term, slot time.Time) {
 	var taken *SlotTakenError
-	if errors.As(err, &taken) && !taken.Abandoned && taken.Run.Status == RunRunning && taken.Run.Fence < fence {
+	if errors.As(err, &taken) && !taken.Abandoned && taken.Run.Status == RunRunning && taken.Run.Fence < tn.fence {
 		r.unswept = append(r.unswept, slot)
 	}
 }
@@ -161,7 +161,7 @@ func (r *runner) keepOrphan(err error, fence int64, slot time.Time) {
 // next time, the latest maxSweep slots, whatever their age: a slot that
 // left the catch-up window while its reads failed is never fired again,
 // but its run, if left running, must still be marked.
-func (r *runner) resweep(ctx context.Context, fence int64) {
+func (r *runner) resweep(ctx context.Context, tn *term) {
 	if len(r.unswept) == 0 || ctx.Err() != nil {
 		return
 	}
@@ -185,7 +185,7 @@ func (r *runner) resweep(ctx context.Context, fence int64) {
 		}
 		for i, id := range ids {
 			if item, ok := items[runItemKey(r.l.job, id)]; ok {
-				if _, retry := r.abandonOrphan(ctx, fence, chunk[i], item); retry {
+				if _, retry := r.abandonOrphan(ctx, tn, chunk[i], item); retry {
 					r.unswept = append(r.unswept, chunk[i])
 				}
 			}

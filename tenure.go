@@ -7,14 +7,22 @@ import (
 )
 
 // term is one tenure of this handle: from the acquisition that gave it a
-// fence to its end. It owns the tenure's deadline and the leader context,
-// and is the one place where "belief ends at the deadline" is enforced: a
-// timer ends the term at its deadline whatever calls are in flight, and a
-// renewal confirmed at or after the deadline never revives it.
+// fence to its end. It owns the tenure's deadline, its timer and the
+// leader context, and is the one place where "belief ends at the deadline"
+// is enforced: the timer ends the term at its deadline whatever calls are
+// in flight, and a renewal confirmed at or after the deadline never
+// revives it. The acquisition returns the term (Lease.begin); Run's
+// leader, the keeper, the resignation, the claims and RunSchedule's runner
+// hold it, and a term that is over stays over.
 //
-// A term's fields are guarded by Lease.mu.
+// fence, ctx and cancel are set at the start; the other fields are guarded
+// by Lease.mu.
 type term struct {
-	fence    int64
+	l      *Lease
+	fence  int64
+	ctx    context.Context // ends when the term ends; its cause wraps ErrLost
+	cancel context.CancelCauseFunc
+
 	version  string    // renewal version of the last write confirmed in this term
 	sentAt   time.Time // when that write was sent (Options.Now, monotonic)
 	deadline time.Time // sentAt + LeaseDuration - margin
@@ -28,27 +36,14 @@ type term struct {
 	over         bool
 	lost         error // why the term ended, if it was lost rather than given up
 
-	ctx    context.Context // ends when the term ends; its cause wraps ErrLost
-	cancel context.CancelCauseFunc
-	timer  *time.Timer // ends the term at its deadline
-	armed  int         // counts the timer's armings; a stale firing is ignored
+	timer *time.Timer // ends the term at its deadline
+	armed int         // counts the timer's armings; a stale firing is ignored
 }
 
-// arm (re)starts t's timer to end it in d, by the monotonic clock of the
-// runtime. Called with Lease.mu held.
-func (l *Lease) arm(t *term, d time.Duration) {
-	if t.timer != nil {
-		t.timer.Stop()
-	}
-	t.armed++
-	armed := t.armed
-	t.timer = time.AfterFunc(d, func() { l.expire(t, armed) })
-}
-
-// tenure is a snapshot of the current term, for code that reads it without
-// holding Lease.mu.
+// tenure is a snapshot of a term, for code that reads it without holding
+// Lease.mu.
 type tenure struct {
-	held     bool // there is a term and it is not over
+	held     bool // the term is not over
 	fence    int64
 	version  string
 	sentAt   time.Time
@@ -56,18 +51,7 @@ type tenure struct {
 	// realDeadline is the deadline by the runtime's monotonic clock.
 	realDeadline time.Time
 	draining     bool
-}
-
-// current returns a snapshot of the current term.
-func (l *Lease) current() tenure {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	t := l.ten
-	if t == nil {
-		return tenure{}
-	}
-	return tenure{held: !t.over, fence: t.fence, version: t.version, sentAt: t.sentAt, deadline: t.deadline,
-		realDeadline: t.realDeadline, draining: t.draining}
+	lost         error // why the term ended, if it was lost
 }
 
 // sent is when a write was sent, by Options.Now and by the runtime's
@@ -75,125 +59,161 @@ func (l *Lease) current() tenure {
 type sent struct{ at, real time.Time }
 
 // sendNow returns the time of a write being sent now.
-func (l *Lease) sendNow() sent { return sent{at: l.opts.Now(), real: time.Now()} }
+func (o *Options) sendNow() sent { return sent{at: o.Now(), real: time.Now()} }
 
-// left returns how long a term with these deadlines (by Options.Now and by
-// the runtime's clock) may last from now: until the earlier of them.
-func (l *Lease) left(deadline, realDeadline time.Time) time.Duration {
-	return min(deadline.Sub(l.opts.Now()), time.Until(realDeadline))
+// current returns the current or last term, nil before the first.
+func (l *Lease) current() *term {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ten
 }
 
-// begin opens a term for the item our acquisition produced, sent at s.
-// base supplies the values of the leader context. It returns false, and
-// opens nothing, when the deadline had already passed.
-func (l *Lease) begin(base context.Context, rec Record, s sent, latency time.Duration) bool {
-	sentAt := s.at
-	deadline := sentAt.Add(l.opts.LeaseDuration - l.opts.margin())
-	realDeadline := s.real.Add(l.opts.LeaseDuration - l.opts.margin())
-	if l.left(deadline, realDeadline) <= 0 {
-		return false
+// begin opens a term for the item our acquisition produced, sent at s, and
+// returns it. base supplies the values of the leader context. It returns
+// nil, and opens nothing, when the deadline had already passed.
+func (l *Lease) begin(base context.Context, rec Record, s sent, latency time.Duration) *term {
+	t := &term{l: l, fence: rec.Fence, version: rec.version, acquiredAt: s.at.Round(0), renewedAt: s.at.Round(0)}
+	t.setDeadline(s)
+	if t.left() <= 0 {
+		return nil
 	}
-	ctx, cancel := context.WithCancelCause(context.WithoutCancel(base))
-	t := &term{
-		fence:        rec.Fence,
-		version:      rec.version,
-		sentAt:       sentAt,
-		deadline:     deadline,
-		realDeadline: realDeadline,
-		acquiredAt:   sentAt.Round(0),
-		renewedAt:    sentAt.Round(0),
-		ctx:          ctx,
-		cancel:       cancel,
-	}
+	t.ctx, t.cancel = context.WithCancelCause(context.WithoutCancel(base))
 	l.mu.Lock()
 	if old := l.ten; old != nil && !old.over {
-		l.closeLocked(old, fmt.Errorf("%w: %q fence %d: fence %d was acquired", ErrLost, l.job, old.fence, rec.Fence), LossDeposed)
+		old.closeLocked(fmt.Errorf("%w: %q fence %d: fence %d was acquired", ErrLost, l.job, old.fence, rec.Fence), LossDeposed)
 	}
 	l.ten = t
-	l.arm(t, l.left(deadline, realDeadline))
+	t.armLocked()
 	l.notify.push(l.event(EventAcquired, Event{Fence: rec.Fence, Latency: latency}))
 	l.mu.Unlock()
 	l.notify.flush()
-	return true
+	return t
 }
 
-// expire is the deadline timer's function: it ends t, unless t was renewed
-// (or ended) since this arming. The timer was armed for the earlier of the
-// two deadlines, so a tenure ends after at most LeaseDuration - margin of
-// real time from its last confirmed write's sending, even when
-// Options.Now runs slow; IsLeader turns false when Options.Now passes the
-// deadline, and with the timer otherwise.
-func (l *Lease) expire(t *term, armed int) {
+// setDeadline sets the deadlines of a write of this term sent at s.
+func (t *term) setDeadline(s sent) {
+	d := t.l.opts.LeaseDuration - t.l.opts.margin()
+	t.sentAt, t.deadline, t.realDeadline = s.at, s.at.Add(d), s.real.Add(d)
+}
+
+// left returns how long the term may last from now, by Options.Now and by
+// the runtime's clock: until the earlier of its deadlines. Called with
+// Lease.mu held, or before the term is published.
+func (t *term) left() time.Duration {
+	return min(t.deadline.Sub(t.l.opts.Now()), time.Until(t.realDeadline))
+}
+
+// armLocked (re)starts the timer to end the term at its deadline, by the
+// monotonic clock of the runtime. The timer is armed for the earlier of
+// the two deadlines, so a tenure ends after at most LeaseDuration - margin
+// of real time from its last confirmed write's sending, even when
+// Options.Now runs slow.
+func (t *term) armLocked() {
+	if t.timer != nil {
+		t.timer.Stop()
+	}
+	t.armed++
+	armed := t.armed
+	t.timer = time.AfterFunc(t.left(), func() { t.expire(armed) })
+}
+
+// expire is the timer's function: it ends the term, unless it was renewed
+// (or ended) since this arming.
+func (t *term) expire(armed int) {
+	l := t.l
 	l.mu.Lock()
 	if t.over || t.armed != armed {
 		l.mu.Unlock()
 		return
 	}
-	l.closeLocked(t, fmt.Errorf("%w: %q fence %d: local deadline passed without a confirmed heartbeat", ErrLost, l.job, t.fence), LossDeadline)
+	t.closeLocked(fmt.Errorf("%w: %q fence %d: local deadline passed without a confirmed heartbeat", ErrLost, l.job, t.fence), LossDeadline)
 	l.mu.Unlock()
 	l.notify.flush()
 }
 
-// renewed records a write of this term's fence, sent at s, as confirmed
-// now. It reports false when the term is over, or when the confirmation
-// came at or after the deadline: the term then ends, and the write only
-// keeps the item ours until it expires.
-func (l *Lease) renewed(fence int64, version string, s sent, latency time.Duration) bool {
+// snapshot returns the term's state as it is now.
+func (t *term) snapshot() tenure {
+	t.l.mu.Lock()
+	defer t.l.mu.Unlock()
+	return tenure{held: !t.over, fence: t.fence, version: t.version, sentAt: t.sentAt, deadline: t.deadline,
+		realDeadline: t.realDeadline, draining: t.draining, lost: t.lost}
+}
+
+// leads reports whether the term is open and its local deadline has not
+// passed, by Options.Now and by the runtime's clock. It does not wait for
+// the timer, which may not have run yet (a process just resumed from a
+// pause, say).
+func (t *term) leads() bool {
+	t.l.mu.Lock()
+	defer t.l.mu.Unlock()
+	return !t.over && t.left() > 0
+}
+
+// holds reports whether the term is still open.
+func (t *term) holds() bool {
+	t.l.mu.Lock()
+	defer t.l.mu.Unlock()
+	return !t.over
+}
+
+// renewed records a write of this term, sent at s, as confirmed now. It
+// reports false when the term is over, or when the confirmation came at or
+// after the deadline: the term then ends, and the write only keeps the
+// item ours until it expires.
+func (t *term) renewed(version string, s sent, latency time.Duration) bool {
+	l := t.l
 	now := l.opts.Now()
 	l.mu.Lock()
-	t := l.ten
-	if t == nil || t.over || t.fence != fence {
+	if t.over {
 		l.mu.Unlock()
 		return false
 	}
-	if l.left(t.deadline, t.realDeadline) <= 0 {
-		l.closeLocked(t, fmt.Errorf("%w: %q fence %d: the heartbeat was confirmed only after the local deadline", ErrLost, l.job, fence), LossDeadline)
+	if t.left() <= 0 {
+		t.closeLocked(fmt.Errorf("%w: %q fence %d: the heartbeat was confirmed only after the local deadline", ErrLost, l.job, t.fence), LossDeadline)
 		l.mu.Unlock()
 		l.notify.flush()
 		return false
 	}
 	margin := t.deadline.Sub(now)
 	t.version = version
-	t.sentAt = s.at
-	t.deadline = s.at.Add(l.opts.LeaseDuration - l.opts.margin())
-	t.realDeadline = s.real.Add(l.opts.LeaseDuration - l.opts.margin())
+	t.setDeadline(s)
 	t.renewedAt = s.at.Round(0)
-	l.arm(t, l.left(t.deadline, t.realDeadline))
-	l.notify.push(l.event(EventRenewed, Event{Fence: fence, Latency: latency, Margin: margin}))
+	t.armLocked()
+	l.notify.push(l.event(EventRenewed, Event{Fence: t.fence, Latency: latency, Margin: margin}))
 	l.mu.Unlock()
 	l.notify.flush()
 	return true
 }
 
-// end closes the term with this fence, if it is open, with the given
-// cause; reason is reported with EventLost ("" reports nothing: the caller
-// reports the end itself).
-func (l *Lease) end(fence int64, cause error, reason LossReason) {
+// end closes the term, if it is open, with the given cause; reason is
+// reported with EventLost.
+func (t *term) end(cause error, reason LossReason) {
+	t.l.mu.Lock()
+	if !t.over {
+		t.closeLocked(cause, reason)
+	}
+	t.l.mu.Unlock()
+	t.l.notify.flush()
+}
+
+// endResigning closes the term, if it is open, because this handle is
+// giving the lease up: EventResigned is reported at once, before the
+// resignation is written.
+func (t *term) endResigning(cause error) {
+	l := t.l
 	l.mu.Lock()
-	if t := l.ten; t != nil && !t.over && t.fence == fence {
-		l.closeLocked(t, cause, reason)
+	if !t.over {
+		t.closeLocked(cause, "")
+		l.notify.push(l.event(EventResigned, Event{Fence: t.fence}))
 	}
 	l.mu.Unlock()
 	l.notify.flush()
 }
 
-// endResigning closes the term with this fence, if it is open, because
-// this handle is giving the lease up: EventResigned is reported at once,
-// before the resignation is written.
-func (l *Lease) endResigning(fence int64, cause error) {
-	l.mu.Lock()
-	if t := l.ten; t != nil && !t.over && t.fence == fence {
-		l.closeLocked(t, cause, "")
-		l.notify.push(l.event(EventResigned, Event{Fence: fence}))
-	}
-	l.mu.Unlock()
-	l.notify.flush()
-}
-
-// closeLocked ends t: the leader context is cancelled with cause before
-// the lock is released, so that no one can see the term over and its
-// context live.
-func (l *Lease) closeLocked(t *term, cause error, reason LossReason) {
+// closeLocked ends the term: the leader context is cancelled with cause
+// before the lock is released, so that no one can see the term over and
+// its context live. reason "" reports nothing: the caller reports the end.
+func (t *term) closeLocked(cause error, reason LossReason) {
 	t.over = true
 	t.draining = false
 	if reason != "" {
@@ -202,54 +222,16 @@ func (l *Lease) closeLocked(t *term, cause error, reason LossReason) {
 	t.timer.Stop()
 	t.cancel(cause)
 	if reason != "" {
-		l.notify.push(l.event(EventLost, Event{Fence: t.fence, Reason: reason, Err: cause}))
+		t.l.notify.push(t.l.event(EventLost, Event{Fence: t.fence, Reason: reason, Err: cause}))
 	}
 }
 
-// termContext returns the leader context of the term with this fence, and
-// false when that term is no longer the current one or is over.
-func (l *Lease) termContext(fence int64) (context.Context, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	t := l.ten
-	if t == nil || t.fence != fence || t.over {
-		return nil, false
-	}
-	return t.ctx, true
-}
-
-// lostCause returns why the last term ended, if it was lost (not given
-// up), and nil otherwise.
-func (l *Lease) lostCause() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if t := l.ten; t != nil && t.over {
-		return t.lost
-	}
-	return nil
-}
-
-// holds reports whether the term with this fence is still open.
-func (l *Lease) holds(fence int64) bool {
-	t := l.current()
-	return t.held && t.fence == fence
-}
-
-// leads reports whether the term with this fence is open and its local
-// deadline has not passed, by Options.Now and by the runtime's clock. It
-// does not wait for the deadline timer, which may not have run yet (a
-// process just resumed from a pause, say).
-func (l *Lease) leads(fence int64) bool {
-	t := l.current()
-	return t.held && t.fence == fence && l.left(t.deadline, t.realDeadline) > 0
-}
-
-// setDraining marks the term with this fence as draining: its next
-// heartbeat says so in the item.
-func (l *Lease) setDraining(fence int64) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if t := l.ten; t != nil && !t.over && t.fence == fence {
+// setDraining marks the term as draining: its next heartbeat says so in
+// the item.
+func (t *term) setDraining() {
+	t.l.mu.Lock()
+	defer t.l.mu.Unlock()
+	if !t.over {
 		t.draining = true
 	}
 }
