@@ -64,7 +64,7 @@ func (l *Lease) acquire(ctx context.Context) (t *term, failing bool, err error) 
 			bo.reset()
 		case ctx.Err() != nil:
 			continue
-		case unsent(err) && !l.reached.Load() && !l.mayPassAtStart(err, &unsentSince):
+		case unsent(err) && !l.reached.Load() && !l.opts.mayPassAtStart(err, &unsentSince):
 			// Nothing has ever reached the table: a client without
 			// credentials or region would fail the same way for ever.
 			return nil, true, fmt.Errorf("ddblease: %q: no request could be sent to table %q (check the client's credentials and region): %w",
@@ -86,15 +86,15 @@ func (l *Lease) acquire(ctx context.Context) (t *term, failing bool, err error) 
 // nothing has reached the table, may still pass: it looks like a network
 // not up yet (mayPass), and such failures began, at *since (set by the
 // first), less than a LeaseDuration ago.
-func (l *Lease) mayPassAtStart(err error, since *time.Time) bool {
+func (o *Options) mayPassAtStart(err error, since *time.Time) bool {
 	if !mayPass(err) {
 		return false
 	}
-	now := l.opts.Now()
+	now := o.Now()
 	if since.IsZero() {
 		*since = now
 	}
-	return now.Sub(*since) < l.opts.LeaseDuration
+	return now.Sub(*since) < o.LeaseDuration
 }
 
 // yielding returns how long Acquire still leaves a free lease to others.

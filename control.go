@@ -77,12 +77,13 @@ func (k *keeper) noticeControl() {
 }
 
 // yieldToOthers applies the hand-over rule after an operator ended this
-// replica's tenure with fence, by a resign request or a forced release (as
+// replica's tenure, by a resign request or a forced release (as
 // the lease item last seen shows): Acquire leaves a free lease to the other
 // replicas for one LeaseDuration, so that the lease goes to another replica
 // instead of straight back to the one asked to let go; a lone replica takes
 // it back after that. err, the resignation's own failure if any, is logged.
-func (l *Lease) yieldToOthers(fence int64, err error) {
+func (t *term) yieldToOthers(err error) {
+	l, fence := t.l, t.fence
 	l.mu.Lock()
 	c, present := l.obs.rec.Control, l.obs.present
 	asked := present && (c.ResignFence == fence || c.ReleasedFence == fence)

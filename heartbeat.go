@@ -20,8 +20,8 @@ import (
 // Other errors (throttling, timeouts) leave the tenure open until its
 // deadline: call again.
 func (l *Lease) Heartbeat(ctx context.Context) error {
-	l.lockWrite()
-	defer l.unlockWrite()
+	l.writes.lock()
+	defer l.writes.unlock()
 	t := l.current()
 	if t == nil {
 		return fmt.Errorf("%w: heartbeat %q", ErrNotLeader, l.job)
@@ -180,9 +180,9 @@ func (k *keeper) loop(ctx context.Context) {
 		// A heartbeat in flight is not abandoned when the keeper stops: it
 		// completes (bounded by CallTimeout and the deadline), so that the
 		// resignation that usually follows finds its outcome known.
-		l.lockWrite()
+		l.writes.lock()
 		err := t.renew(context.WithoutCancel(ctx))
-		l.unlockWrite()
+		l.writes.unlock()
 		switch {
 		case err == nil:
 			next = t.snapshot().sentAt.Add(l.opts.HeartbeatInterval)

@@ -27,7 +27,7 @@ type Lease struct {
 	notify notifier
 	warn   warnLimiter
 
-	writeMu     sync.Mutex  // held across every write to the lease item: lockWrite, unlockWrite
+	writes      writeLock   // held across every write to the lease item
 	campaigning atomic.Bool // Run or RunSchedule is active
 	// runCtx is the context of the active Run, whose values (trace ids)
 	// the log lines carry.
@@ -113,26 +113,30 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 		log:   lineLogger(o.Logger).With("job", job, "owner", o.Owner),
 	}
 	l.notify.fn = l.deliver
+	l.writes.notify = &l.notify
 	l.db = observedDB{db: db, now: o.Now, report: func(e Event) { l.notify.emit(l.event(EventCall, e)) },
 		answered: func() { l.reached.Store(true) }}
 	return l, nil
 }
 
-// lockWrite takes the lock held across every write to the lease item.
-// Events are not delivered while it is held: unlockWrite delivers them
-// once it is released, so that an observer may call any method of the
-// handle.
-func (l *Lease) lockWrite() {
-	l.writeMu.Lock()
-	l.notify.hold()
+// writeLock is held across every write to the lease item. Events are
+// not delivered while it is held: unlock delivers them once it is
+// released, so that an observer may call any method of the handle.
+type writeLock struct {
+	mu     sync.Mutex
+	notify *notifier
 }
 
-// unlockWrite releases the write lock and delivers the events queued
-// meanwhile.
-func (l *Lease) unlockWrite() {
-	l.notify.release()
-	l.writeMu.Unlock()
-	l.notify.flush()
+func (w *writeLock) lock() {
+	w.mu.Lock()
+	w.notify.hold()
+}
+
+// unlock releases the lock and delivers the events queued meanwhile.
+func (w *writeLock) unlock() {
+	w.notify.release()
+	w.mu.Unlock()
+	w.notify.flush()
 }
 
 // deliver hands an event to the health check, the log and the user's
@@ -221,8 +225,8 @@ func (l *Lease) TryAcquire(ctx context.Context) (int64, error) {
 
 // tryAcquire is TryAcquire, returning the term.
 func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
-	l.lockWrite()
-	defer l.unlockWrite()
+	l.writes.lock()
+	defer l.writes.unlock()
 	if t := l.current(); t != nil && t.leads() {
 		err := t.renew(ctx)
 		if err == nil {
@@ -232,10 +236,6 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 			return nil, err
 		}
 	}
-	return l.acquireLocked(ctx)
-}
-
-func (l *Lease) acquireLocked(ctx context.Context) (*term, error) {
 	snt := l.opts.sendNow()
 	now := snt.at
 	rv := randomID(8)

@@ -50,8 +50,8 @@ func (l *Lease) Resign(ctx context.Context) error {
 	} else {
 		t.endResigning(cause)
 	}
-	l.lockWrite()
-	defer l.unlockWrite()
+	l.writes.lock()
+	defer l.writes.unlock()
 	return t.resign(ctx)
 }
 
@@ -99,9 +99,9 @@ func (tm *term) resignRetrying(ctx context.Context, cause error) error {
 	for {
 		// The lock is taken for each attempt, not across the waits between
 		// them, so that the events of each are delivered as it ends.
-		l.lockWrite()
+		l.writes.lock()
 		err := tm.resign(ctx)
-		l.unlockWrite()
+		l.writes.unlock()
 		switch {
 		case err == nil, errors.Is(err, ErrLost):
 			return nil

@@ -113,7 +113,7 @@ func (l *Lease) campaign(ctx context.Context, fn func(ctx context.Context, t *te
 			}
 			return err
 		}
-		done, err := l.lead(ctx, t, fn)
+		done, err := t.lead(ctx, fn)
 		if done {
 			stopped = true
 			return err
@@ -121,10 +121,10 @@ func (l *Lease) campaign(ctx context.Context, fn func(ctx context.Context, t *te
 	}
 }
 
-// lead runs fn for one tenure. done is false when the tenure ended without
+// lead runs fn for this tenure. done is false when the tenure ended without
 // a shutdown or an error, and the campaign should go on.
-func (l *Lease) lead(ctx context.Context, t *term, fn func(context.Context, *term) error) (done bool, err error) {
-	fence, termCtx := t.fence, t.ctx
+func (t *term) lead(ctx context.Context, fn func(context.Context, *term) error) (done bool, err error) {
+	l, fence, termCtx := t.l, t.fence, t.ctx
 	if !t.holds() {
 		return ctx.Err() != nil, nil // over before it began
 	}
@@ -220,7 +220,7 @@ func (l *Lease) lead(ctx context.Context, t *term, fn func(context.Context, *ter
 			l.log.Warn("ddblease: the leader's function returned an error after its tenure ended; campaigning again",
 				"fence", fence, "err", fnErr, "cause", context.Cause(leaderCtx))
 		}
-		l.yieldToOthers(fence, errors.Join(resignErr, drainErr))
+		t.yieldToOthers(errors.Join(resignErr, drainErr))
 		return false, nil
 	}
 	return true, errors.Join(fnErr, resignErr, drainErr)
@@ -245,8 +245,8 @@ func endsWith(err error, leaderCtx, ctx context.Context) bool {
 func (t *term) endAbnormally(ctx context.Context, cause error) {
 	l := t.l
 	t.end(cause, LossPanic)
-	l.lockWrite()
-	defer l.unlockWrite()
+	l.writes.lock()
+	defer l.writes.unlock()
 	if err := t.resign(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, ErrLost) {
 		l.log.Warn("ddblease: could not resign after the leader's function ended abnormally; the lease lapses at its expiry",
 			"fence", t.fence, "err", err)
