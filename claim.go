@@ -185,7 +185,7 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 		return tm.claimed(run) // an SDK retry of a write that did land
 	}
 	taken := &SlotTakenError{Run: rec}
-	if rec.Status == RunRunning && rec.Fence < t.fence && o.Rerun == NeverRerun {
+	if rec.orphanFor(t.fence) && o.Rerun == NeverRerun {
 		var err error
 		if taken.Run, taken.Abandoned, err = l.abandon(ctx, rec, t.fence); err != nil {
 			l.log.Warn("ddblease: could not mark an orphaned run abandoned", "slot", id, "fence", rec.Fence, "err", err)

@@ -77,6 +77,14 @@ type RunRecord struct {
 	unswept []string
 }
 
+// orphanFor reports whether the run was left running by a tenure older
+// than the one with fence: the one rule by which a tenure decides that a
+// run is abandoned (Claim under NeverRerun, and RunSchedule's sweeps).
+// The marking is a write conditional on the run being unchanged
+// (Lease.abandon), so it never overrides an outcome the claimant
+// recorded late.
+func (r RunRecord) orphanFor(fence int64) bool { return r.Status == RunRunning && r.Fence < fence }
+
 // runItem is a job-run item as stored: the record that decodeRun decodes
 // with attributevalue and then validates.
 type runItem struct {

@@ -179,12 +179,18 @@ func TestRunScheduleRequestsPerTick(t *testing.T) {
 	for _, r := range runs {
 		assert.Equal(t, ddblease.RunSucceeded, r.Status)
 	}
+	// With transactions a slot costs its claim and its finish: the claim
+	// checks the fence and the pause itself. Without, a consistent read of
+	// the lease item precedes each claim. Either way the operator controls
+	// are read once, when the tenure begins.
 	if caps.Transactions {
 		assert.Equal(t, n, c["TransactWriteItems"], "one claim per slot")
 		assert.Equal(t, n, c["UpdateItem jobrun"], "one finish per slot")
+		assert.Equal(t, 1, c["GetItem lease"], "no read of the lease item per slot")
 	} else {
 		assert.Equal(t, 1, c["TransactWriteItems"], "one probe for transactions")
 		assert.Equal(t, 2*n, c["UpdateItem jobrun"], "one claim and one finish per slot")
+		assert.Equal(t, 1+n, c["GetItem lease"], "one read of the lease item per slot")
 	}
 	// No catch-up read when the job's first tenure began (no one led
 	// before it), and one each time a firing ran late past the next slot

@@ -100,7 +100,8 @@ func (r *runner) abandonOrphan(ctx context.Context, tn *term, slot time.Time, it
 		l.log.Error("ddblease: skipped slot has a malformed run item", "slot", id, "err", err)
 		return false, false
 	}
-	if rec.Status != RunRunning || !(rec.Fence < tn.fence || rec.Fence == tn.fence && slices.Contains(r.givenUp, rec.claim)) {
+	givenUp := rec.Status == RunRunning && rec.Fence == tn.fence && slices.Contains(r.givenUp, rec.claim)
+	if !rec.orphanFor(tn.fence) && !givenUp {
 		return false, false
 	}
 	_, ok, err := l.abandon(ctx, rec, tn.fence)
@@ -151,7 +152,7 @@ func (r *runner) pendingIDs() []string {
 // claim could not mark abandoned.
 func (r *runner) keepOrphan(err error, tn *term, slot time.Time) {
 	var taken *SlotTakenError
-	if errors.As(err, &taken) && !taken.Abandoned && taken.Run.Status == RunRunning && taken.Run.Fence < tn.fence {
+	if errors.As(err, &taken) && !taken.Abandoned && taken.Run.orphanFor(tn.fence) {
 		r.unswept = append(r.unswept, slot)
 	}
 }
