@@ -389,3 +389,9 @@ func (l *Lease) logEvent(e Event) {
 		log.DebugContext(ctx, "ddblease: renewed the lease", "fence", e.Fence, "margin", e.Margin, "latency", e.Latency)
 	}
 }
+
+// event fills in the fields every event of this handle carries.
+func (l *Lease) event(kind EventKind, e Event) Event {
+	e.Kind, e.Job, e.Owner, e.Time = kind, l.job, l.opts.Owner, l.opts.Now()
+	return e
+}

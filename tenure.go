@@ -235,9 +235,3 @@ func (t *term) setDraining() {
 		t.draining = true
 	}
 }
-
-// event fills in the fields every event of this handle carries.
-func (l *Lease) event(kind EventKind, e Event) Event {
-	e.Kind, e.Job, e.Owner, e.Time = kind, l.job, l.opts.Owner, l.opts.Now()
-	return e
-}

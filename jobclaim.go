@@ -68,7 +68,7 @@ type claimSpec struct {
 	// unswept lists slots whose runs an older tenure may have left
 	// running, not yet marked abandoned: the claim records them in the run
 	// item, so that the catch-up of a later tenure that stops at this run
-	// reads them back (sweep.go).
+	// reads them back (jobrunner.go).
 	unswept []string
 }
 
@@ -207,7 +207,7 @@ func mine(rec RunRecord, token string, fence int64) bool {
 // out, and is left running for a newer tenure to find.
 func (tm *term) claimed(run *JobRun) (*JobRun, error) {
 	l := tm.l
-	if run.finished { // schedcontrol.go: a slot recorded as skipped by a pause
+	if run.finished { // jobrunner.go: a slot recorded as skipped by a pause
 		l.notify.emit(l.event(EventRunFinished, Event{Slot: run.slot, Fence: run.fence, Status: RunSkippedByPause}))
 		return run, nil
 	}

@@ -2,7 +2,7 @@ package ddblease_test
 
 // Leadership as a user sees it (RunSchedule's leadership across late renewals, clock steps and long outages): each test is the regression test
 // of a defect where the library's own idea of its tenure and what a user
-// observed disagreed (see leadership_test.go).
+// observed disagreed (see tenure_test.go).
 
 import (
 	"bytes"

@@ -5,7 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
 // Limits of the runner's catch-up bookkeeping.
@@ -133,7 +138,7 @@ type runner struct {
 	// they are swept (the latest maxSweep are kept), so that a run an
 	// older tenure left running there is still marked abandoned.
 	unswept []time.Time
-	ctl     runnerControl // operator controls (schedcontrol.go)
+	ctl     runnerControl // operator controls (jobrunner.go)
 	// busySince is when the runs that kept the runner busy since it last
 	// looked for due slots began: a slot that came due while this tenure
 	// led and was busy (a long fn, a trigger) is fired whatever its age.
@@ -142,11 +147,11 @@ type runner struct {
 
 // lead is the function given to Run: it fires slots for one tenure.
 func (r *runner) lead(ctx context.Context, tn *term) error {
-	r.ctl.look = true  // schedcontrol.go: read the operator controls before the first wait
+	r.ctl.look = true  // jobrunner.go: read the operator controls before the first wait
 	r.ctl.tokens = nil // a claim token belongs to one tenure
 	r.busySince = time.Time{}
 	for ctx.Err() == nil {
-		if err := r.lookIfAsked(ctx, tn); err != nil { // control.go: triggers, catch-up
+		if err := r.lookIfAsked(ctx, tn); err != nil { // jobrunner.go: triggers, catch-up
 			return err
 		}
 		slot, missed, ok, err := r.due(ctx, tn)
@@ -154,7 +159,7 @@ func (r *runner) lead(ctx context.Context, tn *term) error {
 			return err
 		}
 		if slot.IsZero() {
-			continue // control.go: woken by a change of the operator controls
+			continue // jobrunner.go: woken by a change of the operator controls
 		}
 		handled, err := r.execute(ctx, tn, firing{what: "slot", slot: slot, missed: missed, token: randomID(8),
 			spec: claimSpec{unpaused: true, unswept: r.pendingIDs()}})
@@ -205,7 +210,7 @@ func (r *runner) due(ctx context.Context, tn *term) (slot time.Time, missed int,
 			return time.Time{}, 0, false, nil
 		}
 		if first.After(now) {
-			// control.go: an operator request wakes the wait; due then
+			// jobrunner.go: an operator request wakes the wait; due then
 			// returns no slot, and lead reads the controls.
 			if woken, err := r.wait(ctx, min(first.Sub(now), maxSleep)); err != nil || woken {
 				return time.Time{}, 0, err == nil, nil
@@ -456,5 +461,400 @@ func (r *runner) finish(ctx context.Context, tn *term, run *JobRun, fnErr error)
 		}
 		l.notify.emit(l.event(EventRetry, Event{Op: "finish", Fence: tn.fence, Slot: run.slot, Err: err}))
 		_ = bo.wait(fctx)
+	}
+}
+
+// sweep reads back the skipped slots, latest first, 100 per request,
+// until it reaches one that has a run: the slots after the latest run are
+// the missed ones, and runs that an older tenure left running (or that this
+// one claimed and gave up) in the slots read are marked abandoned. n is how
+// many slots were skipped in all, of which older are the latest. It returns
+// the number missed, or -1 when it is not known (the slots could not be
+// read, or there were more than were enumerated).
+//
+// The first tenure a job ever has (fence 1) skips the slots before its
+// acquisition: no one led then, so nothing was missed and nothing can be
+// left running.
+func (r *runner) sweep(ctx context.Context, tn *term, older []time.Time, n int, latest time.Time) int {
+	l := r.l
+	if tn.fence == 1 {
+		acquired := tn.acquiredAt
+		i := 0
+		for i < len(older) && older[i].Before(acquired) {
+			i++
+		}
+		n -= i
+		older = older[i:]
+		if len(older) == 0 {
+			return 0
+		}
+	}
+	missed, abandoned, found := 0, 0, false
+	var again []time.Time // orphans whose marking failed transiently
+	for end := len(older); end > 0 && !found; end -= 100 {
+		chunk := older[max(end-100, 0):end]
+		ids := make([]string, len(chunk))
+		for i, s := range chunk {
+			ids[i] = fmtSlot(s)
+		}
+		var items map[string]map[string]types.AttributeValue
+		err := retry(ctx, fixed(l.opts.RetryInterval), 3, func() error {
+			var err error
+			items, err = l.getRuns(ctx, ids)
+			return err
+		})
+		if err != nil {
+			r.unswept = append(append(r.unswept, older[:end]...), again...)
+			l.notify.emit(l.event(EventSlotsMissed, Event{Slot: latest, Fence: tn.fence, Missed: -1, Err: err}))
+			return -1
+		}
+		for i := len(ids) - 1; i >= 0; i-- {
+			item, ok := items[runItemKey(l.job, ids[i])]
+			if !ok {
+				if !found {
+					missed++
+				}
+				continue
+			}
+			found = true
+			r.inherit(item)
+			ok, retry := r.abandonOrphan(ctx, tn, chunk[i], item)
+			if ok {
+				abandoned++
+			}
+			if retry {
+				again = append(again, chunk[i])
+			}
+		}
+	}
+	r.unswept = append(r.unswept, again...)
+	if abandoned > 0 {
+		l.log.Info("ddblease: runs left running by an earlier leader were marked abandoned", "abandoned", abandoned,
+			"firing", fmtSlot(latest))
+	}
+	if !found && n > len(older) {
+		// More slots were skipped than enumerated: the count is a lower
+		// bound.
+		missed = -1
+	}
+	if missed != 0 {
+		l.notify.emit(l.event(EventSlotsMissed, Event{Slot: latest, Fence: tn.fence, Missed: missed}))
+	}
+	return missed
+}
+
+// abandonOrphan marks the run item of slot abandoned if an older tenure
+// left it running, or this one claimed and gave it up. It reports whether
+// it did, and whether the marking failed transiently (the slot is then
+// kept for the next resweep).
+func (r *runner) abandonOrphan(ctx context.Context, tn *term, slot time.Time, item map[string]types.AttributeValue) (abandoned, retry bool) {
+	l := r.l
+	id := fmtSlot(slot)
+	rec, err := decodeRun(item)
+	if err != nil {
+		l.log.Error("ddblease: skipped slot has a malformed run item", "slot", id, "err", err)
+		return false, false
+	}
+	givenUp := rec.Status == RunRunning && rec.Fence == tn.fence && slices.Contains(r.givenUp, rec.claim)
+	if !rec.orphanFor(tn.fence) && !givenUp {
+		return false, false
+	}
+	_, ok, err := l.abandon(ctx, rec, tn.fence)
+	if err != nil {
+		l.log.Warn("ddblease: could not mark an orphaned run abandoned", "slot", id, "fence", rec.Fence, "err", err)
+		return false, retryable(err)
+	}
+	return ok, false
+}
+
+// inherit takes on the slots that the tenure which claimed this run
+// (item) could not sweep, recorded in its claim: they are read back by
+// the next resweep.
+func (r *runner) inherit(item map[string]types.AttributeValue) {
+	rec, err := decodeRun(item)
+	if err != nil {
+		return
+	}
+	for _, id := range rec.unswept {
+		if s, err := time.Parse(time.RFC3339Nano, id); err == nil {
+			r.unswept = append(r.unswept, s.UTC())
+		}
+	}
+}
+
+// maxRecorded is how many unswept slots a claim records (the latest).
+const maxRecorded = 100
+
+// pendingIDs returns the latest slots still to be swept, for a claim to
+// record (claimSpec.unswept).
+func (r *runner) pendingIDs() []string {
+	if len(r.unswept) == 0 {
+		return nil
+	}
+	slots := slices.Clone(r.unswept)
+	slices.SortFunc(slots, time.Time.Compare)
+	slots = slices.CompactFunc(slots, time.Time.Equal)
+	slots = slots[max(len(slots)-maxRecorded, 0):]
+	ids := make([]string, len(slots))
+	for i, s := range slots {
+		ids[i] = fmtSlot(s)
+	}
+	return ids
+}
+
+// keepOrphan keeps slot for the next resweep when err, from its claim,
+// says that the slot holds a run an older tenure left running, which the
+// claim could not mark abandoned.
+func (r *runner) keepOrphan(err error, tn *term, slot time.Time) {
+	var taken *SlotTakenError
+	if errors.As(err, &taken) && !taken.Abandoned && taken.Run.orphanFor(tn.fence) {
+		r.unswept = append(r.unswept, slot)
+	}
+}
+
+// resweep reads back the slots a catch-up could not, and marks orphaned
+// runs among them abandoned; what it cannot read or mark it keeps for the
+// next time, the latest maxSweep slots, whatever their age: a slot that
+// left the catch-up window while its reads failed is never fired again,
+// but its run, if left running, must still be marked.
+func (r *runner) resweep(ctx context.Context, tn *term) {
+	if len(r.unswept) == 0 || ctx.Err() != nil {
+		return
+	}
+	slots := r.unswept
+	slices.SortFunc(slots, time.Time.Compare)
+	slots = slices.CompactFunc(slots, time.Time.Equal)
+	if len(slots) > maxSweep {
+		slots = slots[len(slots)-maxSweep:] // the latest, as a catch-up reads
+	}
+	r.unswept = nil
+	for start := 0; start < len(slots); start += 100 {
+		chunk := slots[start:min(start+100, len(slots))]
+		ids := make([]string, len(chunk))
+		for i, s := range chunk {
+			ids[i] = fmtSlot(s)
+		}
+		items, err := r.l.getRuns(ctx, ids)
+		if err != nil {
+			r.unswept = append(r.unswept, slots[start:]...)
+			return
+		}
+		for i, id := range ids {
+			if item, ok := items[runItemKey(r.l.job, id)]; ok {
+				if _, retry := r.abandonOrphan(ctx, tn, chunk[i], item); retry {
+					r.unswept = append(r.unswept, chunk[i])
+				}
+			}
+		}
+	}
+}
+
+// logTooOld logs the slots after last that fell out of the catch-up window
+// before this replica could fire them.
+func (r *runner) logTooOld(last, floor time.Time) {
+	n, s := 0, last
+	for n < maxEnumerate {
+		next, err := nextSlot(r.sched, s)
+		if err != nil || next.IsZero() || next.After(floor) {
+			break
+		}
+		n++
+		s = next
+	}
+	if n > 0 {
+		r.l.log.Warn("ddblease: slots older than the catch-up window were skipped", "after", fmtSlot(last),
+			"skipped", n, "window", r.o.CatchUpWindow)
+	}
+}
+
+// runnerControl is RunSchedule's view of the operator controls.
+type runnerControl struct {
+	look   bool              // read the controls before waiting for a slot
+	paused bool              // as last read
+	tokens map[string]string // claim token of each trigger and catch-up tried, by id
+}
+
+// wait sleeps for d, or until the keeper sees the operator controls change
+// (woken), or ctx ends (err).
+func (r *runner) wait(ctx context.Context, d time.Duration) (woken bool, err error) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false, context.Cause(ctx)
+	case <-t.C:
+		return false, nil
+	case <-r.l.ctl.ch():
+		r.ctl.look = true
+		return true, nil
+	}
+}
+
+// lookIfAsked reads the controls when the runner was woken, or its tenure
+// just began.
+func (r *runner) lookIfAsked(ctx context.Context, tn *term) error {
+	if !r.ctl.look {
+		return nil
+	}
+	r.ctl.look = false
+	_, _, err := r.control(ctx, tn)
+	return err
+}
+
+// control reads the lease item with a strongly consistent read, runs the
+// pending triggers and catch-up, and returns whether the job is paused.
+// known is false when the item could not be read (a transient error, or a
+// malformed item: logged). err is set only when the campaign must stop.
+func (r *runner) control(ctx context.Context, tn *term) (paused, known bool, err error) {
+	l := r.l
+	item, err := getItem(ctx, l.db, l.table, l.key, l.opts.CallTimeout)
+	switch {
+	case ctx.Err() != nil:
+		return false, false, nil
+	case err != nil && retryable(err):
+		l.log.Warn("ddblease: could not read the operator controls", "err", err)
+		return false, false, nil
+	case err != nil:
+		return false, false, fmt.Errorf("ddblease: read lease %q: %w", l.job, err)
+	case len(item) == 0:
+		return r.ctl.paused, true, nil // the tenure is over: the claim will say so
+	}
+	rec, err := decodeLease(item)
+	if err != nil {
+		l.log.Error("ddblease: the lease item is malformed", "err", err)
+		return false, false, nil
+	}
+	if rec.Fence != tn.fence {
+		// The tenure is over; the keeper ends it soon. Without a
+		// transaction, a claim would rest on the local tenure alone.
+		return false, false, nil
+	}
+	c := rec.Control
+	l.ctl.note(c)
+	select { // what we just read needs no second look
+	case <-l.ctl.ch():
+	default:
+	}
+	if r.ctl.paused != c.Paused {
+		l.log.Info("ddblease: operator pause changed", "paused", c.Paused, "pausedBy", c.PausedBy, "resumedBy", c.ResumedBy)
+	}
+	r.ctl.paused = c.Paused
+	trs, _ := pendingTriggers(item) // decodeLease checked them
+	for _, tr := range trs {
+		if ctx.Err() != nil {
+			return c.Paused, true, nil
+		}
+		if err := r.runTrigger(ctx, tn, tr); err != nil {
+			return c.Paused, true, err
+		}
+	}
+	if c.catchUp != "" && !c.Paused && ctx.Err() == nil {
+		if err := r.catchUp(ctx, tn, c); err != nil {
+			return c.Paused, true, err
+		}
+	}
+	return c.Paused, true, nil
+}
+
+// token returns the claim token used for the request id, the same on every
+// attempt, so that a claim whose answer was lost is recognised.
+func (r *runner) token(id string) string {
+	if r.ctl.tokens == nil {
+		r.ctl.tokens = map[string]string{}
+	}
+	if t, ok := r.ctl.tokens[id]; ok {
+		return t
+	}
+	if len(r.ctl.tokens) > maxSweep {
+		clear(r.ctl.tokens)
+	}
+	t := randomID(8)
+	r.ctl.tokens[id] = t
+	return t
+}
+
+// runTrigger runs a triggered run through the one run protocol (execute),
+// then clears its request once the run is settled. A run not settled
+// (its claim given up, its outcome not recorded, the tenure over) leaves
+// the request pending: this tenure looks again after its next firing, and
+// a newer tenure's claim finds the run an older one left.
+func (r *runner) runTrigger(ctx context.Context, tn *term, tr pendingTrigger) error {
+	done, err := r.execute(ctx, tn, firing{what: "triggered run", slot: tr.slot, token: r.token(tr.id),
+		spec: claimSpec{trigger: tr.id}})
+	if err != nil || !done {
+		r.ctl.look = r.ctl.look || err == nil && ctx.Err() == nil
+		return err
+	}
+	r.clearControl(ctx, "REMOVE #tr.#id", "", map[string]string{"#tr": attrTriggers, "#id": tr.id}, map[string]types.AttributeValue{})
+	delete(r.ctl.tokens, tr.id)
+	return nil
+}
+
+// catchUp runs the latest slot that fell due during the pause that c ended,
+// claiming again its run skipped by the pause, through the one run
+// protocol, then clears the request once the run is settled.
+func (r *runner) catchUp(ctx context.Context, tn *term, c Control) error {
+	l := r.l
+	if !c.PausedAt.IsZero() && !c.ResumedAt.IsZero() {
+		first, err := nextSlot(r.sched, c.PausedAt)
+		if err == nil && !first.IsZero() && !first.After(c.ResumedAt) {
+			var latest time.Time
+			if latest, _, _, err = r.dueSlots(first, c.ResumedAt); err == nil {
+				done, err := r.execute(ctx, tn, firing{what: "catch-up", slot: latest, token: r.token(c.catchUp),
+					spec: claimSpec{reclaimed: true, unpaused: true}})
+				if err != nil || !done {
+					r.ctl.look = r.ctl.look || err == nil && ctx.Err() == nil
+					return err
+				}
+				if latest.After(r.last) {
+					r.last = latest
+				}
+			}
+		}
+		if err != nil {
+			l.log.Error("ddblease: catch-up: the schedule failed; dropping the request", "err", err)
+		}
+	}
+	r.clearControl(ctx, "SET #cud = :cu", "#cu = :cu", map[string]string{"#cu": attrCatchUp, "#cud": attrCatchUpDone},
+		map[string]types.AttributeValue{":cu": avS(c.catchUp)})
+	delete(r.ctl.tokens, c.catchUp)
+	return nil
+}
+
+// runAndFinish runs fn for a claimed run and records its outcome (a panic
+// in fn is recorded and goes on, through r.call). It reports whether the
+// outcome is recorded. A failed run is logged once: by the record of its
+// outcome (EventRunFinished), or by finish when it cannot be recorded.
+func (r *runner) runAndFinish(ctx context.Context, tn *term, run *JobRun) bool {
+	fnErr := r.call(ctx, tn, run)
+	if fnErr != nil && ctx.Err() != nil && (errors.Is(fnErr, context.Canceled) || errors.Is(fnErr, context.DeadlineExceeded)) {
+		fnErr = fmt.Errorf("%w (%v)", fnErr, context.Cause(ctx))
+	}
+	return r.finish(ctx, tn, run, fnErr)
+}
+
+// clearControl removes a handled operator request from the lease item. It
+// touches no attribute of the lease protocol, so it cannot disturb the
+// holder's writes; a failure leaves the request to be handled again, which
+// finds its run already claimed.
+func (r *runner) clearControl(ctx context.Context, update, cond string, names map[string]string, values map[string]types.AttributeValue) {
+	l := r.l
+	names["#pk"] = attrPK
+	full := "attribute_exists(#pk)"
+	if cond != "" {
+		full += " AND " + cond
+	}
+	in := &dynamodb.UpdateItemInput{
+		TableName: aws.String(l.table), Key: l.key, UpdateExpression: aws.String(update),
+		ConditionExpression: aws.String(full), ExpressionAttributeNames: names,
+	}
+	if len(values) > 0 {
+		in.ExpressionAttributeValues = values
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.CallTimeout)
+	defer cancel()
+	var ccf *types.ConditionalCheckFailedException
+	if _, err := l.db.UpdateItem(cctx, in); err != nil && !errors.As(err, &ccf) {
+		l.log.Warn("ddblease: could not clear a handled operator request", "err", err)
 	}
 }

@@ -271,7 +271,7 @@ func TestPanicInFn(t *testing.T) {
 	var pe *ddblease.PanicError
 	require.ErrorAs(t, p.(error), &pe)
 	assert.Equal(t, "boom", pe.Value)
-	assert.Contains(t, string(pe.Stack), "leadership_test.go")
+	assert.Contains(t, string(pe.Stack), "tenure_test.go")
 	assert.False(t, a.IsLeader())
 	assert.ErrorIs(t, context.Cause(fnCtx), ddblease.ErrLost)
 	rec, err := a.Holder(ctx)
@@ -295,7 +295,7 @@ func TestPanicInFn(t *testing.T) {
 	require.Len(t, runs, 1)
 	assert.Equal(t, ddblease.RunFailed, runs[0].Status)
 	assert.Contains(t, runs[0].Error, "wrapped: file already closed")
-	assert.Contains(t, runs[0].Error, "leadership_test.go", "the stack is recorded")
+	assert.Contains(t, runs[0].Error, "tenure_test.go", "the stack is recorded")
 
 	fired := make(chan int64, 1)
 	rctx, cancel := context.WithCancel(ctx)

@@ -3,7 +3,7 @@ package ddblease_test
 // Leadership as a user sees it (what Run returns and logs when the table
 // keeps failing, or fn returns a typed nil error): each test is the
 // regression test of a defect where the library's own idea of its tenure
-// and what a user observed disagreed (see leadership_test.go).
+// and what a user observed disagreed (see tenure_test.go).
 
 import (
 	"context"
