@@ -249,7 +249,15 @@ func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 			txRetry{now: l.opts.Now, deadline: deadline, timeout: l.opts.CallTimeout})
 		if !errors.Is(err, ErrTransactionsUnsupported) {
 			if item, ok := conditionFailed(err, 0); ok {
-				if err := tm.checkLease(item, len(item) > 0); err != nil {
+				if len(item) == 0 {
+					// The server returned no item with the refusal: read it,
+					// to tell a pause from a lost lease.
+					var rerr error
+					if item, rerr = getItem(ctx, l.db, l.table, l.key, l.opts.CallTimeout); rerr != nil {
+						return false, nil, fmt.Errorf("read lease %q after a refused claim: %w", l.job, rerr)
+					}
+				}
+				if err := tm.checkLease(item, true); err != nil {
 					return false, nil, err
 				}
 				return false, nil, errors.New("the lease item changed while the claim checked it; try again")
@@ -333,7 +341,7 @@ func (l *Lease) readRun(ctx context.Context, key map[string]types.AttributeValue
 // fence. ok reports that this call did it; the record returned is the run
 // as it now stands, as far as known.
 func (l *Lease) abandon(ctx context.Context, rec RunRecord, fence int64) (RunRecord, bool, error) {
-	id := fmtSlot(rec.Slot)
+	id := rec.runID()
 	now := l.opts.Now()
 	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
 	defer cancel()

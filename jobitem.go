@@ -78,6 +78,15 @@ type RunRecord struct {
 	unswept []string
 }
 
+// runID is the id in the run's key: its slot, or for a triggered run the
+// slot and the trigger (Trigger.RunID).
+func (r RunRecord) runID() string {
+	if r.Trigger != "" {
+		return triggerRunID(r.Slot, r.Trigger)
+	}
+	return fmtSlot(r.Slot)
+}
+
 // orphanFor reports whether the run was left running by a tenure older
 // than the one with fence: the one rule by which a tenure decides that a
 // run is abandoned (Claim under NeverRerun, and RunSchedule's sweeps).
