@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -187,6 +188,20 @@ func runAt(t *testing.T, admin *ddblease.Admin, job string, slot time.Time) (ddb
 	return ddblease.RunRecord{}, false
 }
 
+// triggerState describes the run of tr as an operator reads it now.
+func triggerState(admin *ddblease.Admin, tr ddblease.Trigger) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rec, ok, err := admin.TriggerRun(ctx, tr)
+	switch {
+	case err != nil:
+		return "unreadable: " + err.Error()
+	case !ok:
+		return "not claimed"
+	}
+	return fmt.Sprintf("%s with fence %d, by %q", rec.Status, rec.Fence, rec.Owner)
+}
+
 // final reports whether st is a final status.
 func final(st ddblease.RunStatus) bool {
 	return st == ddblease.RunSucceeded || st == ddblease.RunFailed || st == ddblease.RunAbandoned
@@ -255,8 +270,8 @@ func TestTriggerClaimAnswerLostRunEndsFinal(t *testing.T) {
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	run, err := admin.WaitRun(wctx, tr, 20*time.Millisecond)
-	assert.NoError(t, err, "WaitRun: the triggered run never ended (status %q, fence %d; the lease's fence is %d)",
-		run.Status, run.Fence, l.State().Fence)
+	assert.NoError(t, err, "WaitRun: the triggered run never ended: it is %s; the lease's fence is %d",
+		triggerState(admin, tr), l.State().Fence)
 	got := calls.all()
 	checkCallsMatchItem(t, got)
 	if err == nil && len(got) == 0 {
@@ -383,7 +398,7 @@ func TestTriggerClaimAnsweredAfterDeadlineNotRun(t *testing.T) {
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	run, err := admin.WaitRun(wctx, tr, 20*time.Millisecond)
-	assert.NoError(t, err, "WaitRun: the triggered run never ended")
+	assert.NoError(t, err, "WaitRun: the triggered run never ended: it is %s", triggerState(admin, tr))
 	for _, c := range calls.all() {
 		assert.NotEqual(t, f1, c.fence,
 			"fn ran the trigger for the tenure with fence %d, whose deadline had passed when the claim was answered (leader context done: %v, IsLeader: %v)",
@@ -491,8 +506,8 @@ func TestTriggerRunUnfinishedAfterTenureEndsIsAbandoned(t *testing.T) {
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	run, err := admin.WaitRun(wctx, tr, 20*time.Millisecond)
-	if assert.NoError(t, err, "WaitRun: the triggered run whose tenure ended stays %s (fence %d; b leads with fence %d)",
-		run.Status, run.Fence, b.State().Fence) {
+	if assert.NoError(t, err, "WaitRun: the triggered run whose tenure ended never ended: it is %s; b leads with fence %d",
+		triggerState(admin, tr), b.State().Fence) {
 		assert.Equal(t, ddblease.RunAbandoned, run.Status)
 	}
 	rec, ok, err := admin.TriggerRun(ctx, tr)
