@@ -319,13 +319,19 @@ func (r *runner) execute(ctx context.Context, tn *term, f firing) (done bool, er
 	giveUpAt := r.giveUpAt(f)
 	bo := fixed(l.opts.RetryInterval)
 	var run *JobRun
-	for {
+	for attempt := 1; ; attempt++ {
 		run, err = tn.claim(ctx, f.slot, &r.o, f.token, f.missed, f.spec)
 		if err == nil {
 			break
 		}
 		switch {
 		case errors.Is(err, errPaused) && f.what == "slot":
+			if attempt > 1 {
+				// An earlier attempt may have landed unseen: its run, if
+				// any, is given up and swept like one claimed too late.
+				r.giveUp(f.token)
+				r.unswept = append(r.unswept, f.slot)
+			}
 			return r.execute(ctx, tn, firing{what: f.what, slot: f.slot, spec: claimSpec{status: RunSkippedByPause},
 				token: randomID(8)})
 		case errors.Is(err, errPaused):
