@@ -150,6 +150,7 @@ func (r *runner) lead(ctx context.Context, tn *term) error {
 	r.ctl.look = true  // jobrunner.go: read the operator controls before the first wait
 	r.ctl.tokens = nil // a claim token belongs to one tenure
 	r.busySince = time.Time{}
+	r.adopt(ctx, tn)
 	for ctx.Err() == nil {
 		if err := r.lookIfAsked(ctx, tn); err != nil { // jobrunner.go: triggers, catch-up
 			return err
@@ -161,8 +162,14 @@ func (r *runner) lead(ctx context.Context, tn *term) error {
 		if slot.IsZero() {
 			continue // jobrunner.go: woken by a change of the operator controls
 		}
-		handled, err := r.execute(ctx, tn, firing{what: "slot", slot: slot, missed: missed, token: randomID(8),
-			spec: claimSpec{unpaused: true, unswept: r.pendingIDs()}})
+		f := firing{what: "slot", slot: slot, missed: missed, token: randomID(8),
+			spec: claimSpec{unpaused: true, unswept: r.pendingIDs()}}
+		if r.ctl.inPause(slot) {
+			// Due while the job was paused and no one recorded it (the
+			// job had no leader then): recorded as skipped now.
+			f.spec = claimSpec{status: RunSkippedByPause, unswept: f.spec.unswept}
+		}
+		handled, err := r.execute(ctx, tn, f)
 		if err != nil {
 			return err
 		}
@@ -332,8 +339,8 @@ func (r *runner) execute(ctx context.Context, tn *term, f firing) (done bool, er
 				r.giveUp(f.token)
 				r.unswept = append(r.unswept, f.slot)
 			}
-			return r.execute(ctx, tn, firing{what: f.what, slot: f.slot, spec: claimSpec{status: RunSkippedByPause},
-				token: randomID(8)})
+			return r.execute(ctx, tn, firing{what: f.what, slot: f.slot, missed: f.missed, token: randomID(8),
+				spec: claimSpec{status: RunSkippedByPause, unswept: f.spec.unswept}})
 		case errors.Is(err, errPaused):
 			l.log.Info("ddblease: "+f.what+" not run: the job was paused again", "slot", fmtSlot(f.slot))
 			return true, nil
@@ -655,6 +662,61 @@ func (r *runner) resweep(ctx context.Context, tn *term) {
 	}
 }
 
+// adopt reads, when a tenure begins, the latest run among the 100 slots
+// before the catch-up window (the window's own slots are fired or swept by
+// the catch-up), in one BatchGetItem: a run an older tenure left running
+// there is marked abandoned, and the slots its claim recorded as still to
+// sweep are taken on. This is how the run of a leader that died during a
+// slow schedule's slot (nightly, say) is settled when the next tenure
+// begins after the window, and how a tenure that could not sweep hands its
+// slots on. The job's first tenure (fence 1) has no predecessor.
+func (r *runner) adopt(ctx context.Context, tn *term) {
+	if tn.fence == 1 {
+		return
+	}
+	slots := r.slotsBefore(r.l.opts.Now().Add(-r.o.CatchUpWindow), 100, r.o.Retention)
+	if len(slots) == 0 {
+		return
+	}
+	ids := make([]string, len(slots))
+	for i, s := range slots {
+		ids[i] = fmtSlot(s)
+	}
+	items, err := r.l.getRuns(ctx, ids)
+	if err != nil {
+		r.unswept = append(r.unswept, slots...)
+		return
+	}
+	for i := len(ids) - 1; i >= 0; i-- {
+		if item, ok := items[runItemKey(r.l.job, ids[i])]; ok {
+			r.inherit(item)
+			if _, retry := r.abandonOrphan(ctx, tn, slots[i], item); retry {
+				r.unswept = append(r.unswept, slots[i])
+			}
+			return
+		}
+	}
+}
+
+// slotsBefore returns up to the latest n slots at or before t (oldest
+// first), looking back at most limit, by enumerating from t less doubling
+// spans.
+func (r *runner) slotsBefore(t time.Time, n int, limit time.Duration) []time.Time {
+	var slots []time.Time
+	for span := time.Second; ; span *= 2 {
+		span = min(span, limit)
+		slots = slots[:0]
+		s, err := nextSlot(r.sched, t.Add(-span))
+		for i := 0; err == nil && !s.IsZero() && !s.After(t) && i < maxEnumerate; i++ {
+			slots = append(slots, s)
+			s, err = nextSlot(r.sched, s)
+		}
+		if err != nil || len(slots) >= n || span >= limit {
+			return slots[max(len(slots)-n, 0):]
+		}
+	}
+}
+
 // logTooOld logs the slots after last that fell out of the catch-up window
 // before this replica could fire them.
 func (r *runner) logTooOld(last, floor time.Time) {
@@ -677,7 +739,16 @@ func (r *runner) logTooOld(last, floor time.Time) {
 type runnerControl struct {
 	look   bool              // read the controls before waiting for a slot
 	paused bool              // as last read
+	last   Control           // as last read
 	tokens map[string]string // claim token of each trigger and catch-up tried, by id
+}
+
+// inPause reports whether slot came due during the latest pause, by the
+// controls as last read: from the pause to its resumption (the catch-up a
+// resumption may ask for runs one of them; the others are not fired).
+func (c *runnerControl) inPause(slot time.Time) bool {
+	p := c.last
+	return !p.PausedAt.IsZero() && !p.ResumedAt.IsZero() && !slot.Before(p.PausedAt) && !slot.After(p.ResumedAt)
 }
 
 // wait sleeps for d, or until the keeper sees the operator controls change
@@ -744,7 +815,7 @@ func (r *runner) control(ctx context.Context, tn *term) (paused, known bool, err
 	if r.ctl.paused != c.Paused {
 		l.log.Info("ddblease: operator pause changed", "paused", c.Paused, "pausedBy", c.PausedBy, "resumedBy", c.ResumedBy)
 	}
-	r.ctl.paused = c.Paused
+	r.ctl.paused, r.ctl.last = c.Paused, c
 	trs, _ := pendingTriggers(item) // decodeLease checked them
 	for _, tr := range trs {
 		if ctx.Err() != nil {
@@ -806,7 +877,9 @@ func (r *runner) catchUp(ctx context.Context, tn *term, c Control) error {
 		if err == nil && !first.IsZero() && !first.After(c.ResumedAt) {
 			var latest time.Time
 			if latest, _, _, err = r.dueSlots(first, c.ResumedAt); err == nil {
-				done, err := r.execute(ctx, tn, firing{what: "catch-up", slot: latest, token: r.token(c.catchUp),
+				// The slots before it were in the pause, or before it: their
+				// count is not known.
+				done, err := r.execute(ctx, tn, firing{what: "catch-up", slot: latest, token: r.token(c.catchUp), missed: -1,
 					spec: claimSpec{reclaimed: true, unpaused: true}})
 				if err != nil || !done {
 					r.ctl.look = r.ctl.look || err == nil && ctx.Err() == nil
