@@ -596,7 +596,7 @@ func (c *checker) runs(admin *dynamodb.Client, calls []fnCall) {
 		}
 		lo, hi := count(loFloor), count(hiFloor)
 		if r.Missed < lo || r.Missed > hi {
-			c.fail(VMissedCount, "slot %v: Missed=%d marked known, but %d to %d slots before it have no run", r.Slot.Sub(start), r.Missed, lo, hi)
+			c.fail(VMissedCount, "slot %v (%s, fence %d): Missed=%d marked known, but %d to %d slots before it have no run", r.Slot.Sub(start), r.Status, r.Fence, r.Missed, lo, hi)
 		}
 	}
 }

@@ -421,13 +421,31 @@ func (p *Plan) drawOperator(phase time.Duration) {
 		}
 		return lo + time.Duration(r.Float64()*float64(hi-lo))
 	}
+	// Most calls land where the plan already hurts: just after a fault
+	// window opens, or just before a crash, so that the run they start
+	// meets the faults (lost claims, tenures ending during the run).
+	hurt := func(lo, hi time.Duration) time.Duration {
+		if r.Float64() < 0.6 && len(p.Faults)+len(p.Crashes) > 0 {
+			var t time.Duration
+			if i := r.IntN(len(p.Faults) + len(p.Crashes)); i < len(p.Faults) {
+				f := p.Faults[i]
+				t = f.From + time.Duration(r.Float64()*float64(min(f.To-f.From, p.Lease)))
+			} else {
+				t = p.Crashes[i-len(p.Faults)].At - time.Duration(r.Float64()*float64(p.Lease))
+			}
+			if t >= lo && t <= hi {
+				return t
+			}
+		}
+		return between(lo, hi)
+	}
 	p.OpClock = Clock{Offset: time.Duration((r.Float64()*2 - 1) * float64(p.Skew) * 0.4), Rate: 1}
 	if p.Schedule {
 		for range pick(r, 0, 1, 1, 2, 3) {
-			p.Ops = append(p.Ops, Op{Kind: OpTrigger, At: between(p.Lease, last)})
+			p.Ops = append(p.Ops, Op{Kind: OpTrigger, At: hurt(p.Lease, last)})
 		}
 		if r.Float64() < 0.6 {
-			from := between(p.Lease/2, last-p.Lease)
+			from := hurt(p.Lease/2, last-p.Lease)
 			d := max(time.Duration(pick(r, 2.5, 4, 8)*float64(p.Interval)), p.Lease)
 			to := min(from+d, last)
 			if to > from {
@@ -437,7 +455,7 @@ func (p *Plan) drawOperator(phase time.Duration) {
 	}
 	if !p.Schedule || r.Float64() < 0.4 {
 		for range pick(r, 1, 1, 2) {
-			p.Ops = append(p.Ops, Op{Kind: OpRelease, At: between(p.Lease, phase-2*p.Lease)})
+			p.Ops = append(p.Ops, Op{Kind: OpRelease, At: hurt(p.Lease, phase-2*p.Lease)})
 		}
 	}
 	if len(p.Ops) == 0 {
