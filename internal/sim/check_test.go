@@ -791,12 +791,12 @@ func (c *checker) pauses(calls []fnCall) {
 		}
 		inWindow := x.slotAt.After(lo) && x.slotAt.Before(hi)
 		switch {
+		case x.at > late && x.at < resumed:
+			c.fail(VPauseRespect, "slot %v fired on r%d (fence %d) at %v, %v after the Pause returned at %v (Resume called at %v): the pause was missed",
+				x.slotAt.Sub(start), x.rep, x.fence, x.at, x.at-paused, paused, resumed)
 		case inWindow && timed && x.at < resumed:
 			c.fail(VPauseRespect, "slot %v fired on r%d (fence %d) at %v: the job was paused from %v (Pause returned) until %v (Resume called)",
 				x.slotAt.Sub(start), x.rep, x.fence, x.at, paused, resumed)
-		case !inWindow && x.at > late && x.at < resumed:
-			c.fail(VPauseRespect, "slot %v fired on r%d (fence %d) at %v, %v after the Pause returned at %v (Resume called at %v): the pause was missed",
-				x.slotAt.Sub(start), x.rep, x.fence, x.at, x.at-paused, paused, resumed)
 		case inWindow && timed && !catchUp:
 			c.fail(VPauseRespect, "slot %v, due while the job was paused (Pause returned at %v, Resume called at %v without catch-up), fired on r%d (fence %d) at %v",
 				x.slotAt.Sub(start), paused, resumed, x.rep, x.fence, x.at)
