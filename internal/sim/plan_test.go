@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -462,6 +463,32 @@ func (p *Plan) drawOperator(phase time.Duration) {
 		return
 	}
 	sortActs(p.Ops, func(o Op) time.Duration { return o.At })
+	// Targeted shapes: the leader's claims and finishes (transactions)
+	// lose their answers or hang from a trigger on, or from just before a
+	// pause, and sometimes its heartbeats too, so that the tenure ends
+	// during the run.
+	for _, o := range p.Ops {
+		if o.Kind != OpTrigger && o.Kind != OpPause || r.Float64() >= 0.5 {
+			continue
+		}
+		from := o.At
+		if o.Kind == OpPause {
+			from = max(o.At-time.Duration(r.Float64()*float64(p.Interval)), 0)
+		}
+		to := min(from+time.Duration(float64(p.Lease)*pick(r, 0.5, 1, 2)), last)
+		if to <= from {
+			continue
+		}
+		kind := pick(r, FDropHang, FDropReset, FBlackHole, F500)
+		p.Faults = append(p.Faults, Fault{Rep: leader, Op: "TransactWriteItems", Kind: kind, P: pick(r, 0.5, 1.0), From: from, To: to})
+		if r.Float64() < 0.4 {
+			p.Faults = append(p.Faults, Fault{Rep: leader, Op: "UpdateItem", Kind: FBlackHole, P: 1,
+				From: from + time.Duration(r.Float64()*float64(p.Heartbeat)), To: to})
+		}
+		if tag := "op-" + string(o.Kind) + "-hurt"; !slices.Contains(p.Tags, tag) {
+			p.Tags = append(p.Tags, tag)
+		}
+	}
 	if r.Float64() < 0.5 {
 		p.OpFaulty = true
 		for range pick(r, 1, 1, 2) {
