@@ -39,7 +39,10 @@
 // catch-up) under RunSchedule, and Admin.Job then Admin.ForceRelease with
 // the fence read (a plain release, never ReleaseOptions.HolderDead) under
 // either. Most calls land just after a fault window of the plan opens or
-// just before a crash. Half the operators have a clean network (a laptop
+// just before a crash, and at half the triggers and pauses the leader's
+// transactions (claims, finishes) lose their answers, hang or fail from
+// the call on (from up to a slot before a pause), sometimes with its
+// heartbeats black-holed, so that the tenure ends during the run. Half the operators have a clean network (a laptop
 // outside the faulty one), half the world's: faults of their own (Rep N,
 // printed "operator") and every replica's. A Pause that fails is made
 // again (up to three tries), a Resume until it is applied or refused as
@@ -78,8 +81,8 @@
 //     in 100ms;
 //   - leak: every goroutine ends (synctest reports a bubble that cannot);
 //   - trigger-fence: a triggered run whose item ends succeeded or failed
-//     was run by fn only with the fence its item holds, and, under
-//     NeverRerun, once; fn never ran a trigger that has no run item
+//     was run by fn only with the fence its item holds (under Rerun, its
+//     latest call), and, under NeverRerun, once; fn never ran a trigger that has no run item
 //     (Admin.TriggerRun and Admin.Runs are read after the shutdown);
 //     run-fence: likewise for a slot's run (under Rerun, its latest
 //     call);
