@@ -42,9 +42,10 @@
 // just before a crash, and at half the triggers and pauses the leader's
 // transactions (claims, finishes) lose their answers, hang or fail from
 // the call on (from up to a slot before a pause), sometimes with its
-// heartbeats black-holed, so that the tenure ends during the run. Half the operators have a clean network (a laptop
-// outside the faulty one), half the world's: faults of their own (Rep N,
-// printed "operator") and every replica's. A Pause that fails is made
+// heartbeats black-holed, so that the tenure ends during the run. Half
+// the operators have a clean network (a laptop outside the faulty one),
+// half the world's: faults of their own (Rep N, printed "operator") and
+// every replica's. A Pause that fails is made
 // again (up to three tries), a Resume until it is applied or refused as
 // not paused; what every call returned is recorded. Every call is made a
 // lease before the faulty phase ends (a release two leases before), so
@@ -82,10 +83,9 @@
 //   - leak: every goroutine ends (synctest reports a bubble that cannot);
 //   - trigger-fence: a triggered run whose item ends succeeded or failed
 //     was run by fn only with the fence its item holds (under Rerun, its
-//     latest call), and, under NeverRerun, once; fn never ran a trigger that has no run item
-//     (Admin.TriggerRun and Admin.Runs are read after the shutdown);
-//     run-fence: likewise for a slot's run (under Rerun, its latest
-//     call);
+//     latest call), and, under NeverRerun, once; fn never ran a trigger
+//     that has no run item (Admin.TriggerRun and Admin.Runs are read
+//     after the shutdown);
 //   - pause-respect (the clock-free part): no slot's fn is called later
 //     than 2*CallTimeout + MaxClockSkew (plus the plan's longest delay)
 //     after a Pause returned and before the Resume was called, whatever
@@ -121,6 +121,9 @@
 //   - missed-count: RunRecord.Missed, when marked known, is the number of
 //     slots without a run before the fired one (within the window; runs
 //     of a later fence, claimed after it, do not count);
+//   - run-fence: a slot's run whose item (ListRuns) ends succeeded or
+//     failed was run by fn only with the fence its item holds (under
+//     Rerun, its latest call);
 //   - trigger-final: a trigger whose run was claimed (Admin.TriggerRun
 //     finds it) is not left running; trigger-lost: a trigger the
 //     operator's Admin.Trigger returned is claimed once replicas led, after
