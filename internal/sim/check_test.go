@@ -33,13 +33,21 @@ const (
 	VRunning     = "run-running"  // a run left running for ever
 	VMissedCount = "missed-count" // RunRecord.Missed is wrong while marked known
 	VBusyLoop    = "busy-loop"    // a replica sent requests in a loop without waiting
-	VLeak        = "leak"         // a goroutine outlived the run (synctest deadlock)
-	VSetup       = "setup"
+	// The operator's calls (Admin: Trigger, Pause, Resume, ForceRelease).
+	VTriggerFinal = "trigger-final" // a triggered run left running after the quiet period
+	VTriggerLost  = "trigger-lost"  // a trigger never claimed though replicas led long after it
+	VTriggerFence = "trigger-fence" // a triggered run's fn saw a fence its finished item does not hold, or ran twice under NeverRerun
+	VRunFence     = "run-fence"     // a slot's fn saw a fence its finished item does not hold (NeverRerun)
+	VPauseRespect = "pause-respect" // a slot's fn was called while the job was paused
+	VCatchUpOnce  = "catch-up-once" // more than one run after a Resume with catchUp of the slots the pause covered
+	VLeak         = "leak"          // a goroutine outlived the run (synctest deadlock)
+	VSetup        = "setup"
 )
 
 type checker struct {
 	s       *sim
 	p       *Plan
+	ops     []opCall
 	out     []string
 	crashAt map[int]time.Duration
 	checkAt time.Duration
@@ -101,6 +109,14 @@ func (c *checker) settled() time.Duration {
 	for _, t := range c.crashAt {
 		at = max(at, t+delay+p.CallTimeout+p.Lease+2*p.Skew)
 	}
+	// A forced release keeps the recorded expiry: no one leads until it
+	// is MaxClockSkew old (the plan makes releases early enough that this
+	// is before the faults end).
+	for _, o := range c.ops {
+		if o.kind == OpRelease {
+			at = max(at, o.called+p.Lease+2*p.Skew+p.Heartbeat+p.Retry+2*p.CallTimeout+delay)
+		}
+	}
 	return at
 }
 
@@ -138,6 +154,7 @@ func check(s *sim, admin *dynamodb.Client, checkAt time.Duration) []string {
 	}
 	calls := slices.Clone(s.h.calls)
 	returns := slices.Clone(s.h.returns)
+	c.ops = slices.Clone(s.h.ops)
 	resigns, shutdown := s.h.resigns, s.h.shutdown
 	s.h.mu.Unlock()
 	s.w.mu.Lock()
@@ -260,7 +277,9 @@ func check(s *sim, admin *dynamodb.Client, checkAt time.Duration) []string {
 	if p.Schedule && !p.Rerun {
 		per := map[string][]fnCall{}
 		for _, x := range calls {
-			per[x.slot] = append(per[x.slot], x)
+			if x.trigger == "" { // triggers: see c.triggers
+				per[x.slot] = append(per[x.slot], x)
+			}
 		}
 		for slot, xs := range per {
 			if len(xs) > 1 {
@@ -310,7 +329,7 @@ func check(s *sim, admin *dynamodb.Client, checkAt time.Duration) []string {
 		c.fail(VRunReturned, "r%d call %d: returned %v at %v while its context was live (%s)", r.rep, r.call, r.err, r.at, cause)
 	}
 
-	for _, r := range s.reps {
+	for _, r := range append(slices.Clone(s.reps), s.op) {
 		r.mu.Lock()
 		if r.busy != "" {
 			c.fail(VBusyLoop, "%s", r.busy)
@@ -321,8 +340,12 @@ func check(s *sim, admin *dynamodb.Client, checkAt time.Duration) []string {
 		c.handover(ctxs, shutdown)
 		c.liveness(samples, shutdown)
 		if p.Schedule {
-			c.runs(admin)
+			c.runs(admin, calls)
 		}
+	}
+	if p.Schedule {
+		c.triggers(admin, calls, samples, shutdown)
+		c.pauses(calls)
 	}
 	return c.out
 }
@@ -437,7 +460,7 @@ func (c *checker) liveness(samples []sample, shutdown map[int]time.Duration) {
 
 // runs judges the job-run items: due slots fired, none left running,
 // missed counts right.
-func (c *checker) runs(admin *dynamodb.Client) {
+func (c *checker) runs(admin *dynamodb.Client, calls []fnCall) {
 	p := c.p
 	lh, err := ddblease.New(admin, table, job)
 	if err != nil {
@@ -471,6 +494,32 @@ func (c *checker) runs(admin *dynamodb.Client) {
 	bySlot := map[time.Time]ddblease.RunRecord{}
 	for _, r := range recs {
 		bySlot[r.Slot] = r
+	}
+	// A finished slot's fn saw the fence its item holds (NeverRerun: every
+	// call; Rerun: the latest claim's call).
+	perSlot := map[time.Time][]fnCall{}
+	for _, x := range calls {
+		if x.trigger == "" {
+			perSlot[x.slotAt.UTC()] = append(perSlot[x.slotAt.UTC()], x)
+		}
+	}
+	for slot, xs := range perSlot {
+		r, ok := bySlot[slot]
+		if !ok || r.Status != ddblease.RunSucceeded && r.Status != ddblease.RunFailed {
+			continue
+		}
+		var top int64
+		for _, x := range xs {
+			top = max(top, x.fence)
+			if !p.Rerun && x.fence != r.Fence {
+				c.fail(VRunFence, "slot %v is %s with fence %d (%s), but r%d's fn ran it with fence %d at %v (returned %s)",
+					slot.Sub(start), r.Status, r.Fence, r.Owner, x.rep, x.fence, x.at, x.result)
+			}
+		}
+		if p.Rerun && top != r.Fence {
+			c.fail(VRunFence, "slot %v is %s with fence %d (%s), but the latest fence its fn ran with is %d (%s)",
+				slot.Sub(start), r.Status, r.Fence, r.Owner, top, describeCalls(xs))
+		}
 	}
 	// Every slot due after the leader came back fired.
 	end := c.checkAt
@@ -547,7 +596,7 @@ func (c *checker) runs(admin *dynamodb.Client) {
 		}
 		lo, hi := count(loFloor), count(hiFloor)
 		if r.Missed < lo || r.Missed > hi {
-			c.fail(VMissedCount, "slot %v: Missed=%d marked known, but %d to %d slots before it have no run", r.Slot.Sub(start), r.Missed, lo, hi)
+			c.fail(VMissedCount, "slot %v (%s, fence %d): Missed=%d marked known, but %d to %d slots before it have no run", r.Slot.Sub(start), r.Status, r.Fence, r.Missed, lo, hi)
 		}
 	}
 }
@@ -558,4 +607,220 @@ func later(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+func describeCalls(xs []fnCall) string {
+	if len(xs) == 0 {
+		return "fn never called"
+	}
+	var b strings.Builder
+	b.WriteString("fn calls:")
+	for _, x := range xs {
+		fmt.Fprintf(&b, " r%d fence %d at %v", x.rep, x.fence, x.at)
+		if x.dead {
+			b.WriteString(" (its context already ended)")
+		}
+		fmt.Fprintf(&b, " returned %s;", x.result)
+	}
+	return strings.TrimSuffix(b.String(), ";")
+}
+
+// triggers judges the triggered runs, from what Admin reports of them at
+// the end: a run claimed is not left running (trigger-final; clocks
+// within the bound), a trigger is claimed once replicas led long enough
+// after it (trigger-lost), and a finished run's fn saw the fence its item
+// holds, once under NeverRerun (trigger-fence, every run).
+func (c *checker) triggers(admin *dynamodb.Client, calls []fnCall, samples []sample, shutdown map[int]time.Duration) {
+	p := c.p
+	start := c.s.w.start
+	adm, err := ddblease.NewAdmin(admin, table, func(o *ddblease.AdminOptions) { o.Operator = "checker" })
+	if err != nil {
+		c.fail(VSetup, "%v", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	type trig struct {
+		t         ddblease.Trigger
+		requested time.Duration // when the operator's Trigger returned it; -1 if it did not
+		calls     []fnCall
+	}
+	byID := map[string]*trig{}
+	var ids []string
+	get := func(t ddblease.Trigger) *trig {
+		if x, ok := byID[t.ID]; ok {
+			return x
+		}
+		x := &trig{t: t, requested: -1}
+		byID[t.ID] = x
+		ids = append(ids, t.ID)
+		return x
+	}
+	for _, o := range c.ops {
+		if o.kind == OpTrigger && o.err == nil {
+			get(o.trigger).requested = o.returned
+		}
+	}
+	for _, x := range calls {
+		if x.trigger != "" {
+			t := get(ddblease.Trigger{Job: job, ID: x.trigger, At: x.slotAt.UTC()})
+			t.calls = append(t.calls, x)
+		}
+	}
+	// Runs the operator's Trigger did not return (its answer lost) and fn
+	// never saw: Admin.Runs lists every triggered run.
+	all, err := adm.Runs(ctx, job, time.Time{})
+	if err != nil {
+		c.fail(VSetup, "Admin.Runs: %v", err)
+	}
+	for _, r := range all {
+		if r.Trigger != "" {
+			get(ddblease.Trigger{Job: job, ID: r.Trigger, At: r.Slot})
+		}
+	}
+	st, err := adm.Job(ctx, job)
+	if err != nil {
+		c.fail(VSetup, "Admin.Job: %v", err)
+	}
+	end := c.checkAt
+	for _, t := range shutdown {
+		end = min(end, t)
+	}
+	for _, id := range ids {
+		x := byID[id]
+		rec, ok, err := adm.TriggerRun(ctx, x.t)
+		if err != nil {
+			c.fail(VSetup, "Admin.TriggerRun %s: %v", x.t.RunID(), err)
+			continue
+		}
+		name := fmt.Sprintf("trigger %s (slot %v)", id, x.t.At.Sub(start))
+		if x.requested >= 0 {
+			name += fmt.Sprintf(", requested at %v,", x.requested)
+		}
+		if !ok {
+			if len(x.calls) > 0 {
+				c.fail(VTriggerFence, "%s has no run item, but %s", name, describeCalls(x.calls))
+				continue
+			}
+			if x.requested < 0 || p.wild() {
+				continue
+			}
+			// Claimed by a leader that led for a heartbeat, a look at the
+			// controls and a claim, after the request and after the
+			// faults ended.
+			from := max(x.requested, c.settled())
+			need := 2*p.Heartbeat + 4*p.CallTimeout + 2*p.Retry + p.Work + p.Lease/2
+			first, lastLed := time.Duration(-1), time.Duration(-1)
+			for _, sm := range samples {
+				if sm.leader && sm.at >= from && sm.at < end {
+					if first < 0 || sm.at < first {
+						first = sm.at
+					}
+					lastLed = max(lastLed, sm.at)
+				}
+			}
+			if first >= 0 && lastLed-first >= need {
+				c.fail(VTriggerLost, "%s was never claimed, though replicas led from %v to %v after it (faults ended at %v; %d requests pending in the lease item)",
+					name, first, lastLed, p.FaultEnd, st.Lease.Control.Triggers)
+			}
+			continue
+		}
+		switch rec.Status {
+		case ddblease.RunRunning:
+			if !p.wild() {
+				c.fail(VTriggerFinal, "%s left running: its item holds fence %d (%s, claims %d, started %v), the lease's fence is %d; %s",
+					name, rec.Fence, rec.Owner, rec.Claims, rec.StartedAt.Sub(start), st.Lease.Fence, describeCalls(x.calls))
+			}
+		case ddblease.RunSucceeded, ddblease.RunFailed:
+			// Under Rerun a later tenure may run it again: its latest
+			// call is the one recorded.
+			var top int64
+			for _, y := range x.calls {
+				top = max(top, y.fence)
+				if !p.Rerun && y.fence != rec.Fence {
+					c.fail(VTriggerFence, "%s is %s with fence %d (%s), but r%d's fn ran it with fence %d at %v (returned %s)",
+						name, rec.Status, rec.Fence, rec.Owner, y.rep, y.fence, y.at, y.result)
+				}
+			}
+			if p.Rerun && len(x.calls) > 0 && top != rec.Fence {
+				c.fail(VTriggerFence, "%s is %s with fence %d (%s), but the latest fence its fn ran with is %d; %s",
+					name, rec.Status, rec.Fence, rec.Owner, top, describeCalls(x.calls))
+			}
+		}
+		if !p.Rerun && len(x.calls) > 1 {
+			c.fail(VTriggerFence, "%s: fn called %d times under NeverRerun (item %s, fence %d); %s",
+				name, len(x.calls), rec.Status, rec.Fence, describeCalls(x.calls))
+		}
+	}
+}
+
+// pauses judges the slots against the operator's Pause and Resume, by
+// virtual time: from the first Pause that returned without error to the
+// first Resume call made after it, no slot of that window (with a margin
+// of MaxClockSkew each side; clocks within the bound) gets fn called
+// before the Resume, nor after it unless the Resume asked for the
+// catch-up; no slot gets fn called, whatever its instant, once the pause
+// has been in the table longer than a control read and a claim take
+// (every run); and after a Resume with catchUp, the slots of the window
+// get at most one fn call (catch-up-once).
+func (c *checker) pauses(calls []fnCall) {
+	p := c.p
+	start := c.s.w.start
+	paused, resumed := time.Duration(-1), time.Duration(-1)
+	catchUp := false
+	for _, o := range c.ops {
+		switch {
+		case o.kind == OpPause && o.err == nil && paused < 0:
+			paused = o.returned
+		case o.kind == OpResume && paused >= 0 && resumed < 0:
+			resumed, catchUp = o.called, o.catchUp
+		}
+	}
+	if paused < 0 {
+		return
+	}
+	if resumed < 0 {
+		resumed = c.checkAt
+	}
+	var delay time.Duration
+	for _, f := range p.Faults {
+		delay = max(delay, f.Delay)
+	}
+	timed := !p.wild() && !p.stepped()
+	lo, hi := start.Add(paused+p.Skew), start.Add(resumed-p.Skew)
+	late := paused + 2*p.CallTimeout + p.Skew + delay
+	var after []fnCall
+	for _, x := range calls {
+		if x.trigger != "" {
+			continue // triggers run while the job is paused (documented)
+		}
+		if at, ok := c.crashAt[x.rep]; ok && x.at >= at {
+			continue
+		}
+		inWindow := x.slotAt.After(lo) && x.slotAt.Before(hi)
+		switch {
+		case x.at > late && x.at < resumed:
+			c.fail(VPauseRespect, "slot %v fired on r%d (fence %d) at %v, %v after the Pause returned at %v (Resume called at %v): the pause was missed",
+				x.slotAt.Sub(start), x.rep, x.fence, x.at, x.at-paused, paused, resumed)
+		case inWindow && timed && x.at < resumed:
+			c.fail(VPauseRespect, "slot %v fired on r%d (fence %d) at %v: the job was paused from %v (Pause returned) until %v (Resume called)",
+				x.slotAt.Sub(start), x.rep, x.fence, x.at, paused, resumed)
+		case inWindow && timed && !catchUp:
+			c.fail(VPauseRespect, "slot %v, due while the job was paused (Pause returned at %v, Resume called at %v without catch-up), fired on r%d (fence %d) at %v",
+				x.slotAt.Sub(start), paused, resumed, x.rep, x.fence, x.at)
+		case inWindow && timed:
+			after = append(after, x)
+		}
+	}
+	if len(after) > 1 {
+		c.fail(VCatchUpOnce, "after the Resume with catch-up at %v, %d runs of slots the pause covered: %s", resumed, len(after), describeSlots(after, start))
+	}
+}
+
+func describeSlots(xs []fnCall, start time.Time) string {
+	var parts []string
+	for _, x := range xs {
+		parts = append(parts, fmt.Sprintf("slot %v on r%d fence %d at %v", x.slotAt.Sub(start), x.rep, x.fence, x.at))
+	}
+	return strings.Join(parts, "; ")
 }

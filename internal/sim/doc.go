@@ -30,6 +30,27 @@
 // frozen; its requests, answers and fn held). Users misbehave as real ones do:
 // Resign while Run leads, two Run calls on one handle, a panic in fn
 // recovered by a supervisor that calls Run again, slots whose fn fails.
+//
+// At about 40% of the seeds an operator acts too, drawn from a hash stream
+// of its own (a seed draws everything else as it did before, and a seed
+// without an operator runs as it did then). From one goroutine, with its
+// own *ddblease.Admin and its own clock (within 0.4*MaxClockSkew), it calls
+// Admin.Trigger, Admin.Pause then Admin.Resume (with or without the
+// catch-up) under RunSchedule, and Admin.Job then Admin.ForceRelease with
+// the fence read (a plain release, never ReleaseOptions.HolderDead) under
+// either. Most calls land just after a fault window of the plan opens or
+// just before a crash, and at half the triggers and pauses the leader's
+// transactions (claims, finishes) lose their answers, hang or fail from
+// the call on (from up to a slot before a pause), sometimes with its
+// heartbeats black-holed, so that the tenure ends during the run. Half
+// the operators have a clean network (a laptop outside the faulty one),
+// half the world's: faults of their own (Rep N, printed "operator") and
+// every replica's. A Pause that fails is made
+// again (up to three tries), a Resume until it is applied or refused as
+// not paused; what every call returned is recorded. Every call is made a
+// lease before the faulty phase ends (a release two leases before), so
+// that FaultEnd and the quiet period are as without an operator.
+//
 // After FaultEnd the plan is quiet; then every live replica is shut down by
 // cancelling its context.
 //
@@ -57,8 +78,23 @@
 //     call a supervisor makes after it, with the ended context, returns
 //     an error wrapping context.Canceled, as documented);
 //     run-hang: Run returns after its context ends;
-//   - busy-loop: no replica sends more than 50 requests in 100ms;
-//   - leak: every goroutine ends (synctest reports a bubble that cannot).
+//   - busy-loop: no replica (nor the operator) sends more than 50 requests
+//     in 100ms;
+//   - leak: every goroutine ends (synctest reports a bubble that cannot);
+//   - trigger-fence: a triggered run whose item ends succeeded or failed
+//     was run by fn only with the fence its item holds (under Rerun, its
+//     latest call), and, under NeverRerun, once; fn never ran a trigger
+//     that has no run item (Admin.TriggerRun and Admin.Runs are read
+//     after the shutdown);
+//   - pause-respect (the clock-free part): no slot's fn is called later
+//     than 2*CallTimeout + MaxClockSkew (plus the plan's longest delay)
+//     after a Pause returned and before the Resume was called, whatever
+//     the slot's instant (a firing whose controls were read before the
+//     pause landed has had a read and a claim's time to finish).
+//
+// Forced releases keep the invariants above (stale-leader, fence-order,
+// guard-order) and those below; the gap checks start, besides, once a
+// release's recorded expiry is MaxClockSkew old and a standby has polled.
 //
 // With clocks within MaxClockSkew and no wall step beyond it:
 //
@@ -84,7 +120,27 @@
 //     the catch-up window of its slot;
 //   - missed-count: RunRecord.Missed, when marked known, is the number of
 //     slots without a run before the fired one (within the window; runs
-//     of a later fence, claimed after it, do not count).
+//     of a later fence, claimed after it, do not count);
+//   - run-fence: a slot's run whose item (ListRuns) ends succeeded or
+//     failed was run by fn only with the fence its item holds (under
+//     Rerun, its latest call);
+//   - trigger-final: a trigger whose run was claimed (Admin.TriggerRun
+//     finds it) is not left running; trigger-lost: a trigger the
+//     operator's Admin.Trigger returned is claimed once replicas led, after
+//     it and after the faults settled, for two heartbeats, four
+//     CallTimeouts, two RetryIntervals, a slot's work and half a lease.
+//
+// With clocks within the bound and no wall step beyond it, judged by the
+// slots' instants against the operator's calls in virtual time, with a
+// margin of MaxClockSkew each side:
+//
+//   - pause-respect: no slot due after the first Pause that returned and
+//     before the Resume call that followed gets fn called before that
+//     Resume, nor after it unless the Resume asked for the catch-up (the
+//     slots there end skipped-by-pause or without a run);
+//   - catch-up-once: after a Resume with catchUp, the slots the pause
+//     covered get at most one fn call between them (the latest slot,
+//     once).
 //
 // # Running it
 //

@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -71,6 +72,24 @@ type Act struct {
 	Dur time.Duration // pauses
 }
 
+// OpKind is an operator's call on the job (Admin).
+type OpKind string
+
+// The operator's calls.
+const (
+	OpTrigger OpKind = "trigger" // Admin.Trigger
+	OpPause   OpKind = "pause"   // Admin.Pause, tried again on an error
+	OpResume  OpKind = "resume"  // Admin.Resume, tried again until it is applied or refused
+	OpRelease OpKind = "release" // Admin.Job, then Admin.ForceRelease with the fence read (no HolderDead)
+)
+
+// Op is one operator call at a time.
+type Op struct {
+	Kind    OpKind
+	At      time.Duration
+	CatchUp bool // OpResume: Resume's catchUp
+}
+
 // Plan is everything a seed decides.
 type Plan struct {
 	Seed     uint64
@@ -97,6 +116,13 @@ type Plan struct {
 	Double  int      // replica whose handle gets two concurrent Run calls; -1 none
 	Clean   []int    // replicas kept free of faults (see clean)
 	Tags    []string // the scenarios drawn, for the survey
+
+	// The operator (drawOperator): its calls in time order, its clock
+	// (Admin's Options.Now) and whether its network is the world's
+	// (faults of Rep N and of every replica) or a clean one.
+	Ops      []Op
+	OpClock  Clock
+	OpFaulty bool
 
 	FaultEnd time.Duration // every fault, action and wall step is over
 	Quiet    time.Duration // fault-free time after FaultEnd before shutdown
@@ -365,7 +391,117 @@ func newPlan(seed uint64) *Plan {
 		p.FaultEnd = max(p.FaultEnd, s.At+s.Dur)
 	}
 	p.Quiet = p.liveBound() + 2*p.Lease + 4*max(p.Interval, p.Heartbeat)
+	p.drawOperator(phase)
 	return p
+}
+
+// opRep is the operator's number in the fault plan: its faults have Rep
+// opRep; faults of every replica (Rep -1) reach it too when OpFaulty.
+func (p *Plan) opRep() int { return p.N }
+
+// drawOperator draws the operator's calls from a stream of its own, so
+// that a seed draws everything else as it did before operators existed,
+// and a seed without an operator runs as it did then. About 40% of the
+// seeds have an operator. Under RunSchedule it triggers runs, pauses and
+// resumes the schedule (with or without the catch-up) and sometimes
+// releases the lease by force; under Run it releases the lease. Every
+// call is made at least a lease before the phase of faults ends (a
+// release two leases before it), and the operator's own faults end
+// by then too, so that FaultEnd and the quiet period are the plan's
+// as before and a Resume retried after a fault lands before the checks
+// of the quiet period start.
+func (p *Plan) drawOperator(phase time.Duration) {
+	r := rand.New(rand.NewPCG(p.Seed^0x6f70657261746f72, p.Seed*0x2545f4914f6cdd1d+1))
+	if r.Float64() >= 0.4 {
+		return
+	}
+	last := phase - p.Lease
+	between := func(lo, hi time.Duration) time.Duration {
+		if hi <= lo {
+			return lo
+		}
+		return lo + time.Duration(r.Float64()*float64(hi-lo))
+	}
+	// Most calls land where the plan already hurts: just after a fault
+	// window opens, or just before a crash, so that the run they start
+	// meets the faults (lost claims, tenures ending during the run).
+	hurt := func(lo, hi time.Duration) time.Duration {
+		if r.Float64() < 0.6 && len(p.Faults)+len(p.Crashes) > 0 {
+			var t time.Duration
+			if i := r.IntN(len(p.Faults) + len(p.Crashes)); i < len(p.Faults) {
+				f := p.Faults[i]
+				t = f.From + time.Duration(r.Float64()*float64(min(f.To-f.From, p.Lease)))
+			} else {
+				t = p.Crashes[i-len(p.Faults)].At - time.Duration(r.Float64()*float64(p.Lease))
+			}
+			if t >= lo && t <= hi {
+				return t
+			}
+		}
+		return between(lo, hi)
+	}
+	p.OpClock = Clock{Offset: time.Duration((r.Float64()*2 - 1) * float64(p.Skew) * 0.4), Rate: 1}
+	if p.Schedule {
+		for range pick(r, 0, 1, 1, 2, 3) {
+			p.Ops = append(p.Ops, Op{Kind: OpTrigger, At: hurt(p.Lease, last)})
+		}
+		if r.Float64() < 0.6 {
+			from := hurt(p.Lease/2, last-p.Lease)
+			d := max(time.Duration(pick(r, 2.5, 4, 8)*float64(p.Interval)), p.Lease)
+			to := min(from+d, last)
+			if to > from {
+				p.Ops = append(p.Ops, Op{Kind: OpPause, At: from}, Op{Kind: OpResume, At: to, CatchUp: r.Float64() < 0.5})
+			}
+		}
+	}
+	if !p.Schedule || r.Float64() < 0.4 {
+		for range pick(r, 1, 1, 2) {
+			p.Ops = append(p.Ops, Op{Kind: OpRelease, At: hurt(p.Lease, phase-2*p.Lease)})
+		}
+	}
+	if len(p.Ops) == 0 {
+		return
+	}
+	sortActs(p.Ops, func(o Op) time.Duration { return o.At })
+	// Targeted shapes: the leader's claims and finishes (transactions)
+	// lose their answers or hang from a trigger on, or from just before a
+	// pause, and sometimes its heartbeats too, so that the tenure ends
+	// during the run.
+	for _, o := range p.Ops {
+		if o.Kind != OpTrigger && o.Kind != OpPause || r.Float64() >= 0.5 {
+			continue
+		}
+		from := o.At
+		if o.Kind == OpPause {
+			from = max(o.At-time.Duration(r.Float64()*float64(p.Interval)), 0)
+		}
+		to := min(from+time.Duration(float64(p.Lease)*pick(r, 0.5, 1, 2)), last)
+		if to <= from {
+			continue
+		}
+		kind := pick(r, FDropHang, FDropReset, FBlackHole, F500)
+		p.Faults = append(p.Faults, Fault{Rep: leader, Op: "TransactWriteItems", Kind: kind, P: pick(r, 0.5, 1.0), From: from, To: to})
+		if r.Float64() < 0.4 {
+			p.Faults = append(p.Faults, Fault{Rep: leader, Op: "UpdateItem", Kind: FBlackHole, P: 1,
+				From: from + time.Duration(r.Float64()*float64(p.Heartbeat)), To: to})
+		}
+		if tag := "op-" + string(o.Kind) + "-hurt"; !slices.Contains(p.Tags, tag) {
+			p.Tags = append(p.Tags, tag)
+		}
+	}
+	if r.Float64() < 0.5 {
+		p.OpFaulty = true
+		for range pick(r, 1, 1, 2) {
+			from := between(0, last)
+			f := Fault{Rep: p.opRep(), Kind: FaultKind(1 + r.IntN(int(nKinds)-1)), P: pick(r, 0.3, 0.7, 1.0),
+				From: from, To: min(from+time.Duration(float64(p.Lease)*pick(r, 0.5, 1, 2)), last)}
+			if f.Kind == FDelay || f.Kind == FSlowAnswer {
+				f.Delay = min(time.Duration(float64(p.CallTimeout)*pick(r, 0.5, 1.5)), phase-f.To)
+			}
+			p.Faults = append(p.Faults, f)
+		}
+	}
+	p.Tags = append(p.Tags, "operator")
 }
 
 // clean takes rep out of every fault, pause, crash and wall step.
@@ -441,7 +577,11 @@ func (p *Plan) String() string {
 		fmt.Fprintf(&b, "  wall step %s at %v for %v by %v\n", repName(s.Rep), s.At, s.Dur, s.By)
 	}
 	for _, f := range p.Faults {
-		fmt.Fprintf(&b, "  fault %s op=%q %s p=%.1f [%v, %v) delay=%v\n", repName(f.Rep), f.Op, f.Kind, f.P, f.From, f.To, f.Delay)
+		who := repName(f.Rep)
+		if f.Rep == p.opRep() {
+			who = "operator"
+		}
+		fmt.Fprintf(&b, "  fault %s op=%q %s p=%.1f [%v, %v) delay=%v\n", who, f.Op, f.Kind, f.P, f.From, f.To, f.Delay)
 	}
 	for _, a := range p.Crashes {
 		if a.Rep < 0 {
@@ -461,6 +601,20 @@ func (p *Plan) String() string {
 	}
 	if p.Double >= 0 {
 		fmt.Fprintf(&b, "  two Run calls on r%d's handle\n", p.Double)
+	}
+	if len(p.Ops) > 0 {
+		net := "a clean network"
+		if p.OpFaulty {
+			net = fmt.Sprintf("the world's network (faults of r%d and of all)", p.opRep())
+		}
+		fmt.Fprintf(&b, "  operator (clock %v, %s):", p.OpClock.Offset, net)
+		for _, o := range p.Ops {
+			fmt.Fprintf(&b, " %s at %v", o.Kind, o.At)
+			if o.Kind == OpResume {
+				fmt.Fprintf(&b, " (catchUp=%v)", o.CatchUp)
+			}
+		}
+		b.WriteString("\n")
 	}
 	fmt.Fprintf(&b, "  faults end %v, quiet until %v (live bound %v, gap bound %v)", p.FaultEnd, p.end(), p.liveBound(), p.gapBound())
 	return b.String()

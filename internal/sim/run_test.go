@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -41,9 +42,25 @@ type sample struct {
 
 type fnCall struct {
 	rep, call int
-	slot      string
+	slot      string    // the run's id: the slot, then "#trigger-<id>" for a triggered run
+	slotAt    time.Time // run.Slot()
+	trigger   string    // run.Trigger()
 	fence     int64
 	at        time.Duration
+	dead      bool   // fn's context had already ended when fn was called
+	result    string // what fn returned ("" while it runs, "nil" for nil)
+}
+
+// opCall is one operator call as the operator saw it.
+type opCall struct {
+	kind     OpKind
+	try      int           // 1 for the first attempt
+	called   time.Duration // when the call was made
+	returned time.Duration
+	err      error
+	catchUp  bool
+	trigger  ddblease.Trigger // OpTrigger, when it returned one
+	fence    int64            // OpRelease: the fence read by Admin.Job and released
 }
 
 type runReturn struct {
@@ -65,6 +82,7 @@ type history struct {
 	resigns  map[int]time.Duration // replica -> first Resign call
 	shutdown map[int]time.Duration // replica -> when its contexts were cancelled
 	crashAt  map[int]time.Duration
+	ops      []opCall
 	notes    []string
 }
 
@@ -74,6 +92,7 @@ type sim struct {
 	w    *world
 	h    history
 	reps []*replicaState
+	op   *replicaState // the operator's network and clock
 	ls   []*ddblease.Lease
 	gs   []*ddblease.Guard
 	ctxs []context.Context
@@ -189,13 +208,25 @@ func (s *sim) fnRun(rep, call int) func(context.Context, int64) error {
 
 func (s *sim) fnSchedule(rep, call int) func(context.Context, *ddblease.JobRun) error {
 	r := s.reps[rep]
-	return func(ctx context.Context, run *ddblease.JobRun) error {
+	return func(ctx context.Context, run *ddblease.JobRun) (err error) {
 		fence := run.Fence()
+		dead := ctx.Err() != nil
 		s.enter(rep, call, ctx, fence)
 		slot := run.Slot().UTC().Format(time.RFC3339Nano)
+		if run.Trigger() != "" {
+			// Its own key for the effects: a trigger's instant may be a slot's.
+			slot += "#trigger-" + run.Trigger()
+		}
 		s.h.mu.Lock()
-		s.h.calls = append(s.h.calls, fnCall{rep: rep, call: call, slot: slot, fence: fence, at: s.now()})
+		idx := len(s.h.calls)
+		s.h.calls = append(s.h.calls, fnCall{rep: rep, call: call, slot: slot, slotAt: run.Slot(), trigger: run.Trigger(),
+			fence: fence, at: s.now(), dead: dead})
 		s.h.mu.Unlock()
+		defer func() {
+			s.h.mu.Lock()
+			s.h.calls[idx].result = fmt.Sprint(err)
+			s.h.mu.Unlock()
+		}()
 		r.hold(nil)
 		s.maybePanic(rep)
 		s.sample(rep)
@@ -208,7 +239,6 @@ func (s *sim) fnSchedule(rep, call int) func(context.Context, *ddblease.JobRun) 
 		s.nEffect++
 		n := s.nEffect
 		s.mu.Unlock()
-		var err error
 		switch s.p.Effect {
 		case "commit":
 			err = run.Commit(ctx, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(sink),
@@ -225,9 +255,79 @@ func (s *sim) fnSchedule(rep, call int) func(context.Context, *ddblease.JobRun) 
 			return err
 		}
 		if s.p.FnError > 0 && n%10 == 0 {
-			return errors.New("simulated job failure")
+			err = errors.New("simulated job failure")
 		}
-		return nil
+		return err
+	}
+}
+
+// operate makes the operator's calls of the plan, in time order, from
+// one goroutine (one operator at a laptop), with its own Admin.
+func (s *sim) operate(adm *ddblease.Admin) {
+	p := s.p
+	rec := func(c opCall) {
+		c.returned = s.now()
+		s.h.mu.Lock()
+		s.h.ops = append(s.h.ops, c)
+		s.h.mu.Unlock()
+		extra := ""
+		switch {
+		case c.kind == OpTrigger && c.err == nil:
+			extra = " " + c.trigger.RunID()
+		case c.kind == OpRelease:
+			extra = fmt.Sprintf(" fence %d", c.fence)
+		case c.kind == OpResume:
+			extra = fmt.Sprintf(" catchUp=%v", c.catchUp)
+		}
+		s.note("operator: %s%s (try %d, called at %v) -> %v", c.kind, extra, c.try, c.called, c.err)
+	}
+	ctx := context.Background()
+	wait := max(p.Lease/4, time.Millisecond)
+	for _, o := range p.Ops {
+		if d := o.At - s.now(); d > 0 {
+			time.Sleep(d)
+		}
+		switch o.Kind {
+		case OpTrigger:
+			c := opCall{kind: o.Kind, try: 1, called: s.now()}
+			c.trigger, c.err = adm.Trigger(ctx, job)
+			rec(c)
+		case OpPause:
+			// Tried again while it fails, as an operator would: a pause
+			// whose answer was lost finds the job paused and says so.
+			for try := 1; try <= 3; try++ {
+				c := opCall{kind: o.Kind, try: try, called: s.now()}
+				_, c.err = adm.Pause(ctx, job)
+				rec(c)
+				if c.err == nil {
+					break
+				}
+				time.Sleep(wait)
+			}
+		case OpResume:
+			// Tried again until applied, or refused because the job is
+			// not paused (a lost answer's write landed, or no pause did).
+			for try := 1; try <= 40; try++ {
+				c := opCall{kind: o.Kind, try: try, called: s.now(), catchUp: o.CatchUp}
+				_, c.err = adm.Resume(ctx, job, o.CatchUp)
+				rec(c)
+				if c.err == nil || errors.Is(c.err, ddblease.ErrInvalid) {
+					break
+				}
+				time.Sleep(wait)
+			}
+		case OpRelease:
+			c := opCall{kind: o.Kind, try: 1, called: s.now()}
+			st, err := adm.Job(ctx, job)
+			if err != nil {
+				c.err = fmt.Errorf("Job: %w", err)
+				rec(c)
+				continue
+			}
+			c.fence = st.Lease.Fence
+			_, c.err = adm.ForceRelease(ctx, job, c.fence)
+			rec(c)
+		}
 	}
 }
 
@@ -338,6 +438,25 @@ func execute(p *Plan) (violations []string, h *history) {
 		s.ls, s.gs = append(s.ls, l), append(s.gs, g)
 		ctx, stop := context.WithCancel(context.Background())
 		s.ctxs, s.stop = append(s.ctxs, ctx), append(s.stop, stop)
+	}
+	// The operator: its own client, through the world's network (its
+	// faults and every replica's) or a clean one, and its own clock.
+	s.op = &replicaState{id: p.opRep(), w: w, dead: make(chan struct{}), clock: p.OpClock}
+	var opDone sync.WaitGroup
+	if len(p.Ops) > 0 {
+		var rt http.RoundTripper = direct{w}
+		if p.OpFaulty {
+			rt = transport{s.op}
+		}
+		adm, err := ddblease.NewAdmin(client(rt, 0), table, func(o *ddblease.AdminOptions) {
+			o.Operator = "operator"
+			o.CallTimeout = p.Lease
+			o.Now = s.op.now
+		})
+		if err != nil {
+			return []string{"setup: " + err.Error()}, &s.h
+		}
+		opDone.Go(func() { s.operate(adm) })
 	}
 	var wgs = make([]*sync.WaitGroup, p.N)
 	for i := range p.N {
@@ -456,6 +575,10 @@ func execute(p *Plan) (violations []string, h *history) {
 	if d := p.end() - s.now(); d > 0 {
 		time.Sleep(d)
 	}
+	var opHung []string
+	if !waitFor(&opDone, p.Lease) {
+		opHung = append(opHung, fmt.Sprintf("%s: the operator's calls had not returned by the end of the quiet period", VRunHang))
+	}
 	// Clean shutdown of the live replicas.
 	wait := p.Drain + 3*p.Lease + 10*p.CallTimeout + 10*p.Retry + p.Work + time.Second
 	for i := range p.N {
@@ -485,7 +608,7 @@ func execute(p *Plan) (violations []string, h *history) {
 	}
 	checkAt := s.now()
 	close(samplersDone)
-	violations = append(hung, check(s, admin, checkAt)...)
+	violations = append(append(hung, opHung...), check(s, admin, checkAt)...)
 	// Wind the crashed replicas down, and anything still hung: black-hole
 	// their networks, unfreeze them and end their contexts.
 	for i := range p.N {
@@ -500,6 +623,7 @@ func execute(p *Plan) (violations []string, h *history) {
 		}
 	}
 	samplers.Wait()
+	opDone.Wait()
 	return violations, &s.h
 }
 
