@@ -60,11 +60,11 @@ type claimSpec struct {
 	trigger   string    // a triggered run's trigger id: the run id is triggerRunID
 	status    RunStatus // the status written, if not RunRunning: a final one
 	reclaimed bool      // a run skipped by a pause may be claimed again
-	// unpaused makes the claim conditional on the job not being paused,
-	// checked with the lease's fence at the instant of the write (in the
-	// transaction, or by a consistent read where there is none): a refusal
-	// for that reason is errPaused. RunSchedule's slots and catch-ups.
-	unpaused bool
+	// pause is what the claim checks of the operator's pause, with the
+	// lease's fence, at the instant of the write (in the transaction, or by
+	// a consistent read just before it where there is none): a refusal for
+	// that reason is errPaused.
+	pause pauseCheck
 	// unswept lists slots whose runs an older tenure may have left
 	// running, not yet marked abandoned: the claim records them in the run
 	// item, so that the catch-up of a later tenure that stops at this run
@@ -72,8 +72,51 @@ type claimSpec struct {
 	unswept []string
 }
 
-// errPaused is returned by a claim made with claimSpec.unpaused when the
-// job is paused.
+// pauseCheck says what a claim checks of the operator's pause.
+type pauseCheck uint8
+
+const (
+	pauseIgnored pauseCheck = iota // triggers, the adapters' claims
+	pauseNow                       // the job is not paused (a resumption's catch-up)
+	// pauseSlot: the job is not paused, and the slot did not come due
+	// during the latest pause (RunSchedule's slots: a slot whose claim was
+	// retried across a pause, or that came due in a pause no leader saw,
+	// is skipped rather than fired after the resumption).
+	pauseSlot
+)
+
+// condition returns the part of the lease check that p adds, and sets its
+// names and values.
+func (p pauseCheck) condition(slot time.Time, names map[string]string, values map[string]types.AttributeValue) string {
+	if p == pauseIgnored {
+		return ""
+	}
+	names["#paused"] = attrPaused
+	values[":true"] = &types.AttributeValueMemberBOOL{Value: true}
+	cond := " AND NOT #paused = :true"
+	if p == pauseSlot {
+		names["#pat"], names["#rat"] = attrPausedAt, attrResumedAt
+		values[":slotms"] = avN(slot.UnixMilli())
+		cond += " AND NOT (#pat <= :slotms AND #rat >= :slotms)"
+	}
+	return cond
+}
+
+// refuses reports whether p refuses a claim of slot under the controls c.
+func (p pauseCheck) refuses(c Control, slot time.Time) bool {
+	switch {
+	case p == pauseIgnored:
+		return false
+	case c.Paused:
+		return true
+	}
+	ms := slot.UnixMilli()
+	return p == pauseSlot && !c.PausedAt.IsZero() && !c.ResumedAt.IsZero() &&
+		c.PausedAt.UnixMilli() <= ms && c.ResumedAt.UnixMilli() >= ms
+}
+
+// errPaused is returned by a claim whose pause check (claimSpec.pause)
+// refused it.
 var errPaused = errors.New("ddblease: the job is paused")
 
 // errClaimedLate marks a claim that was applied but answered once the
@@ -158,7 +201,7 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 	}
 	run := &JobRun{l: l, slot: slot, id: id, key: key, fence: t.fence, claim: token, started: now.Round(0), missed: missed,
 		trigger: spec.trigger, finished: spec.status != RunRunning}
-	failed, old, err := tm.claimWrite(ctx, t, upd, o, spec.unpaused)
+	failed, old, err := tm.claimWrite(ctx, t, upd, o, spec.pause, slot)
 	switch {
 	case errors.Is(err, ErrLost), errors.Is(err, errPaused):
 		return nil, err
@@ -222,7 +265,7 @@ func (tm *term) claimed(run *JobRun) (*JobRun, error) {
 // item where the server supports them. failed reports that the run item's
 // condition failed, old is the item then returned, if any. A failed check
 // on the lease item ends the tenure and returns ErrLost.
-func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *JobOptions, unpaused bool) (failed bool, old map[string]types.AttributeValue, err error) {
+func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *JobOptions, pause pauseCheck, slot time.Time) (failed bool, old map[string]types.AttributeValue, err error) {
 	l := tm.l
 	if !o.NoTransactions && !l.noTxn.Load() {
 		check := &types.ConditionCheck{
@@ -233,11 +276,7 @@ func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 			ExpressionAttributeValues:           map[string]types.AttributeValue{":me": avS(l.opts.Owner), ":fence": avN(t.fence)},
 			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 		}
-		if unpaused {
-			*check.ConditionExpression += " AND NOT #paused = :true"
-			check.ExpressionAttributeNames["#paused"] = attrPaused
-			check.ExpressionAttributeValues[":true"] = &types.AttributeValueMemberBOOL{Value: true}
-		}
+		*check.ConditionExpression += pause.condition(slot, check.ExpressionAttributeNames, check.ExpressionAttributeValues)
 		// Conflicts (a heartbeat renewing the lease item as the claim
 		// checks it) are retried until CallTimeout has passed, and never
 		// past the tenure's local deadline.
@@ -257,7 +296,7 @@ func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 						return false, nil, fmt.Errorf("read lease %q after a refused claim: %w", l.job, rerr)
 					}
 				}
-				if err := tm.checkLease(item, true); err != nil {
+				if err := tm.checkLease(item, true, pause, slot); err != nil {
 					return false, nil, err
 				}
 				return false, nil, errors.New("the lease item changed while the claim checked it; try again")
@@ -270,14 +309,14 @@ func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 		l.log.Info("ddblease: the server does not support transactions; claims will not check the lease item", "err", err)
 		l.noTxn.Store(true)
 	}
-	if unpaused {
+	if pause != pauseIgnored {
 		// No transaction: the pause (and the fence, which the keeper checks
 		// too) is read just before the write.
 		item, err := getItem(ctx, l.db, l.table, l.key, l.opts.CallTimeout)
 		if err != nil {
 			return false, nil, fmt.Errorf("read lease %q: %w", l.job, err)
 		}
-		if err := tm.checkLease(item, true); err != nil {
+		if err := tm.checkLease(item, true, pause, slot); err != nil {
 			return false, nil, err
 		}
 	}
@@ -295,14 +334,14 @@ func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 // checkLease judges the lease item seen by a claim's check (item, which
 // may be empty when the server returned none with a failed check; known
 // reports that item is what the table holds): nil when it names this
-// owner and fence and the job is not paused, errPaused when it is paused,
+// owner and fence and the pause check passes, errPaused when it refuses,
 // and otherwise ErrLost, ending the tenure.
-func (tm *term) checkLease(item map[string]types.AttributeValue, known bool) error {
+func (tm *term) checkLease(item map[string]types.AttributeValue, known bool, pause pauseCheck, slot time.Time) error {
 	l := tm.l
 	lost := fmt.Errorf("%w: %q fence %d: the lease item no longer names this owner and fence", ErrLost, l.job, tm.fence)
 	if rec, err := decodeLease(item); len(item) > 0 && err == nil {
 		if known && rec.Owner == l.opts.Owner && rec.Fence == tm.fence {
-			if rec.Control.Paused {
+			if pause.refuses(rec.Control, slot) {
 				return errPaused
 			}
 			return nil

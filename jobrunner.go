@@ -162,14 +162,8 @@ func (r *runner) lead(ctx context.Context, tn *term) error {
 		if slot.IsZero() {
 			continue // jobrunner.go: woken by a change of the operator controls
 		}
-		f := firing{what: "slot", slot: slot, missed: missed, token: randomID(8),
-			spec: claimSpec{unpaused: true, unswept: r.pendingIDs()}}
-		if r.ctl.inPause(slot) {
-			// Due while the job was paused and no one recorded it (the
-			// job had no leader then): recorded as skipped now.
-			f.spec = claimSpec{status: RunSkippedByPause, unswept: f.spec.unswept}
-		}
-		handled, err := r.execute(ctx, tn, f)
+		handled, err := r.execute(ctx, tn, firing{what: "slot", slot: slot, missed: missed, token: randomID(8),
+			spec: claimSpec{pause: pauseSlot, unswept: r.pendingIDs()}})
 		if err != nil {
 			return err
 		}
@@ -739,16 +733,7 @@ func (r *runner) logTooOld(last, floor time.Time) {
 type runnerControl struct {
 	look   bool              // read the controls before waiting for a slot
 	paused bool              // as last read
-	last   Control           // as last read
 	tokens map[string]string // claim token of each trigger and catch-up tried, by id
-}
-
-// inPause reports whether slot came due during the latest pause, by the
-// controls as last read: from the pause to its resumption (the catch-up a
-// resumption may ask for runs one of them; the others are not fired).
-func (c *runnerControl) inPause(slot time.Time) bool {
-	p := c.last
-	return !p.PausedAt.IsZero() && !p.ResumedAt.IsZero() && !slot.Before(p.PausedAt) && !slot.After(p.ResumedAt)
 }
 
 // wait sleeps for d, or until the keeper sees the operator controls change
@@ -815,7 +800,7 @@ func (r *runner) control(ctx context.Context, tn *term) (paused, known bool, err
 	if r.ctl.paused != c.Paused {
 		l.log.Info("ddblease: operator pause changed", "paused", c.Paused, "pausedBy", c.PausedBy, "resumedBy", c.ResumedBy)
 	}
-	r.ctl.paused, r.ctl.last = c.Paused, c
+	r.ctl.paused = c.Paused
 	trs, _ := pendingTriggers(item) // decodeLease checked them
 	for _, tr := range trs {
 		if ctx.Err() != nil {
@@ -880,7 +865,7 @@ func (r *runner) catchUp(ctx context.Context, tn *term, c Control) error {
 				// The slots before it were in the pause, or before it: their
 				// count is not known.
 				done, err := r.execute(ctx, tn, firing{what: "catch-up", slot: latest, token: r.token(c.catchUp), missed: -1,
-					spec: claimSpec{reclaimed: true, unpaused: true}})
+					spec: claimSpec{reclaimed: true, pause: pauseNow}})
 				if err != nil || !done {
 					r.ctl.look = r.ctl.look || err == nil && ctx.Err() == nil
 					return err
