@@ -143,6 +143,7 @@ type runner struct {
 	// looked for due slots began: a slot that came due while this tenure
 	// led and was busy (a long fn, a trigger) is fired whatever its age.
 	busySince time.Time
+	marks     int // abandon writes since the last firing (maxMarks)
 }
 
 // lead is the function given to Run: it fires slots for one tenure.
@@ -171,6 +172,7 @@ func (r *runner) lead(ctx context.Context, tn *term) error {
 			r.last = slot
 		}
 		r.resweep(ctx, tn)
+		r.marks = 0
 		// A slot not handled (given up, or the tenure ended) is due again
 		// at the next catch-up, which fires a later slot and sweeps it.
 	}
@@ -496,7 +498,7 @@ func (r *runner) sweep(ctx context.Context, tn *term, older []time.Time, n int, 
 			return 0
 		}
 	}
-	missed, abandoned, found := 0, 0, false
+	missed, abandoned, found, counted := 0, 0, false, false
 	var again []time.Time // orphans whose marking failed transiently
 	for end := len(older); end > 0 && !found; end -= 100 {
 		chunk := older[max(end-100, 0):end]
@@ -518,12 +520,19 @@ func (r *runner) sweep(ctx context.Context, tn *term, older []time.Time, n int, 
 		for i := len(ids) - 1; i >= 0; i-- {
 			item, ok := items[runItemKey(l.job, ids[i])]
 			if !ok {
-				if !found {
+				if !counted {
 					missed++
 				}
 				continue
 			}
-			found = true
+			// The latest run ends the count. The latest run an older tenure
+			// claimed ends the search: its runner handled the slots before
+			// it. A run of this tenure (a resumption's catch-up, a claim
+			// given up) does not.
+			counted = true
+			if rec, err := decodeRun(item); err != nil || rec.Fence < tn.fence {
+				found = true
+			}
 			r.inherit(item)
 			ok, retry := r.abandonOrphan(ctx, tn, chunk[i], item)
 			if ok {
@@ -539,7 +548,7 @@ func (r *runner) sweep(ctx context.Context, tn *term, older []time.Time, n int, 
 		l.log.Info("ddblease: runs left running by an earlier leader were marked abandoned", "abandoned", abandoned,
 			"firing", fmtSlot(latest))
 	}
-	if !found && n > len(older) {
+	if !counted && n > len(older) {
 		// More slots were skipped than enumerated: the count is a lower
 		// bound.
 		missed = -1
@@ -566,6 +575,10 @@ func (r *runner) abandonOrphan(ctx context.Context, tn *term, slot time.Time, it
 	if !rec.orphanFor(tn.fence) && !givenUp {
 		return false, false
 	}
+	if r.marks >= maxMarks {
+		return false, true // kept for the next resweep
+	}
+	r.marks++
 	_, ok, err := l.abandon(ctx, rec, tn.fence)
 	if err != nil {
 		l.log.Warn("ddblease: could not mark an orphaned run abandoned", "slot", id, "fence", rec.Fence, "err", err)
@@ -573,6 +586,11 @@ func (r *runner) abandonOrphan(ctx context.Context, tn *term, slot time.Time, it
 	}
 	return ok, false
 }
+
+// maxMarks bounds the abandon writes made between two firings (a sweep
+// and the resweep after it), so that a table that fails them fast is not
+// sent a burst; the rest wait for the next resweep.
+const maxMarks = 20
 
 // inherit takes on the slots that the tenure which claimed this run
 // (item) could not sweep, recorded in its claim: they are read back by
@@ -870,9 +888,8 @@ func (r *runner) catchUp(ctx context.Context, tn *term, c Control) error {
 					r.ctl.look = r.ctl.look || err == nil && ctx.Err() == nil
 					return err
 				}
-				if latest.After(r.last) {
-					r.last = latest
-				}
+				// r.last is left alone: the schedule's own catch-up still
+				// reads back the slots before this one.
 			}
 		}
 		if err != nil {
