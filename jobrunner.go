@@ -590,7 +590,7 @@ func (r *runner) abandonOrphan(ctx context.Context, tn *term, slot time.Time, it
 // maxMarks bounds the abandon writes made between two firings (a sweep
 // and the resweep after it), so that a table that fails them fast is not
 // sent a burst; the rest wait for the next resweep.
-const maxMarks = 20
+const maxMarks = 10
 
 // inherit takes on the slots that the tenure which claimed this run
 // (item) could not sweep, recorded in its claim: they are read back by

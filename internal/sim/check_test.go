@@ -571,9 +571,15 @@ func (c *checker) runs(admin *dynamodb.Client, calls []fnCall) {
 		// with a higher fence was claimed later (claims are fenced), and a
 		// later tenure on a clock behind may fire a slot before one its
 		// predecessor already ran.
+		// A run claimed more than once (a skip record a resumption's
+		// catch-up claimed again, an orphan re-run) had an earlier claim,
+		// perhaps of a lower fence: it may have existed then too. A run of
+		// the same tenure claimed after it (a resumption's catch-up of an
+		// earlier slot) did not.
 		prev := time.Time{}
 		for _, o := range recs[:i] {
-			if o.Fence <= r.Fence && o.Slot.After(prev) {
+			earlier := o.Fence < r.Fence || o.Fence == r.Fence && !o.StartedAt.After(r.StartedAt) || o.Claims > 1
+			if earlier && o.Slot.After(prev) {
 				prev = o.Slot
 			}
 		}
