@@ -32,42 +32,25 @@ const (
 // wraps the last conflict.
 func retryConflicts(ctx context.Context, r txRetry, attempt func(ctx context.Context) error) error {
 	began := r.now()
-	bo := &backoff{base: conflictBackoff, max: maxConflictBackoff}
-	var last error
-	for n := 1; ; n++ {
-		timeout := r.timeout
-		if n > 1 {
-			left := r.deadline.Sub(r.now())
-			if left <= 0 {
-				return fmt.Errorf("kept conflicting with other writes (%d attempts in %v) until its deadline: %w",
-					n-1, r.now().Sub(began).Round(time.Millisecond), last)
-			}
-			timeout = min(timeout, left)
+	var last error // the last conflict
+	n, stop, err := retrier{backoff: &backoff{base: conflictBackoff, max: maxConflictBackoff}, again: conflicted,
+		now: r.now, deadline: r.deadline, timeout: r.timeout}.do(ctx, func(ctx context.Context) error {
+		err := attempt(ctx)
+		if conflicted(err) {
+			last = err
 		}
-		cctx, cancel := context.WithTimeout(ctx, timeout)
-		err := attempt(cctx)
-		cancel()
-		switch {
-		case err == nil:
-			return nil
-		case !conflicted(err) && last != nil && ctx.Err() != nil:
-			return fmt.Errorf("kept conflicting with other writes (%d attempts), then %w: %w", n-1, ended(ctx), errors.Join(last, err))
-		case !conflicted(err):
-			return err
-		}
-		last = err
-		d := bo.next()
-		if !r.now().Add(d).Before(r.deadline) {
-			return fmt.Errorf("kept conflicting with other writes (%d attempts in %v) until its deadline: %w",
-				n, r.now().Sub(began).Round(time.Millisecond), err)
-		}
-		if ctx.Err() == nil {
-			_ = sleep(ctx, d)
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("kept conflicting with other writes (%d attempts), then %w: %w", n, ended(ctx), err)
-		}
+		return err
+	})
+	switch {
+	case stop == retryDeadline:
+		return fmt.Errorf("kept conflicting with other writes (%d attempts in %v) until its deadline: %w",
+			n, r.now().Sub(began).Round(time.Millisecond), err)
+	case stop == retryEnded:
+		return fmt.Errorf("kept conflicting with other writes (%d attempts), then %w: %w", n, ended(ctx), err)
+	case err != nil && last != nil && ctx.Err() != nil:
+		return fmt.Errorf("kept conflicting with other writes (%d attempts), then %w: %w", n-1, ended(ctx), errors.Join(last, err))
 	}
+	return err
 }
 
 // transactRetrying sends items in one TransactWriteItems with a fresh
