@@ -75,16 +75,131 @@ func transactRetrying(ctx context.Context, db DynamoDBAPI, items []types.Transac
 	return err
 }
 
-// conditionFailed reports whether err is a cancelled transaction whose
-// action i failed its condition, and returns the item the server sent with
-// the failure, if any.
-func conditionFailed(err error, i int) (map[string]types.AttributeValue, bool) {
-	var tce *types.TransactionCanceledException
-	if err == nil || !errors.As(err, &tce) || i >= len(tce.CancellationReasons) {
-		return nil, false
+// failedConditions decodes the error of a conditional write: the actions
+// whose condition failed, each with the item the server returned with the
+// failure (nil if none). A plain write (UpdateItem, PutItem, DeleteItem)
+// is action 0; a cancelled transaction lists its actions in order. It is
+// empty when no condition failed.
+func failedConditions(err error) map[int]map[string]types.AttributeValue {
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		return map[int]map[string]types.AttributeValue{0: ccf.Item}
 	}
-	r := tce.CancellationReasons[i]
-	return r.Item, aws.ToString(r.Code) == "ConditionalCheckFailed"
+	var tce *types.TransactionCanceledException
+	if !errors.As(err, &tce) {
+		return nil
+	}
+	fails := map[int]map[string]types.AttributeValue{}
+	for i, r := range tce.CancellationReasons {
+		if aws.ToString(r.Code) == "ConditionalCheckFailed" {
+			fails[i] = r.Item
+		}
+	}
+	return fails
+}
+
+// conditionFailed reports whether action i of the write that failed with
+// err failed its condition, and returns the item the server sent with
+// the failure. It is failedConditions for claim.go, until its claim is
+// resolved by condWrite.
+func conditionFailed(err error, i int) (map[string]types.AttributeValue, bool) {
+	item, ok := failedConditions(err)[i]
+	return item, ok
+}
+
+// outcome is what became of a conditional write.
+type outcome int
+
+const (
+	applied outcome = iota // in the table: its answer says so, or the stored item shows it (mine)
+	refused                // not in the table: a condition failed, and the stored item is not mine
+	failed                 // not in the table: refused outright or never sent, no condition failed
+	unknown                // may be in the table: its answer was lost, and the stored item does not show it
+)
+
+// condWrite is what tells the outcome of a conditional write whose answer
+// may be lost: the stored items of its actions, and which of them says
+// whether it was applied.
+type condWrite struct {
+	// read reads the stored item of action i with a strongly consistent
+	// read (nil when there is none). Its context does not end with the
+	// caller's: it is bounded by timeout and until only.
+	read func(ctx context.Context, i int) (map[string]types.AttributeValue, error)
+	// watch is the action whose stored item shows whether the write was
+	// applied, as mine says; -1: none (a lost answer stays unknown).
+	watch int
+	// mine reports that the stored item of action watch shows the write
+	// applied (it carries the write's token). nil: no item does.
+	mine func(item map[string]types.AttributeValue) bool
+	// once is set for a write sent once, with the SDK's retries off: then
+	// any refusal, throttling included, shows it did not apply.
+	once    bool
+	timeout time.Duration    // bound on each read
+	until   time.Time        // no read after it (zero: no bound but timeout)
+	now     func() time.Time // until's clock
+}
+
+// written is a resolved conditional write.
+type written struct {
+	outcome
+	// item is the stored item of action watch: as the answer returned it
+	// (applied), returned with the failure or read back (refused, unknown),
+	// nil if there is none or it is not known (rerr).
+	item  map[string]types.AttributeValue
+	fails map[int]map[string]types.AttributeValue // refused: failedConditions
+	err   error                                   // the write's error; nil when its answer said applied
+	rerr  error                                   // the error that kept item from being read
+	cw    condWrite
+	ctx   context.Context
+}
+
+// resolve finds out what became of a conditional write whose answer was
+// item (on success: its ReturnValues) or err. The stored item of action
+// watch is read back when the answer was lost, or when its condition
+// failed and the server returned no item with the failure (dynalite
+// returns none), even when ctx has ended; an item that is mine makes the
+// write applied (an SDK retry of an attempt that landed).
+func (c condWrite) resolve(ctx context.Context, item map[string]types.AttributeValue, err error) written {
+	w := written{outcome: applied, item: item, err: err, cw: c, ctx: ctx}
+	switch w.fails = failedConditions(err); {
+	case err == nil:
+		return w
+	case len(w.fails) > 0:
+		w.outcome, w.item = refused, nil
+		if _, ok := w.fails[c.watch]; !ok {
+			return w
+		}
+	case c.once && !mayHaveApplied(err), !c.once && (unsent(err) || !retryable(err) && !mismatch(err)):
+		w.outcome, w.item = failed, nil
+		return w
+	default:
+		w.outcome, w.item = unknown, nil
+		if c.watch < 0 {
+			return w
+		}
+	}
+	if w.item, w.rerr = w.stored(c.watch); w.rerr == nil && c.mine != nil && c.mine(w.item) {
+		w.outcome = applied
+	}
+	return w
+}
+
+// stored returns the stored item of action i: the one returned with its
+// failed condition, or one read back.
+func (w *written) stored(i int) (map[string]types.AttributeValue, error) {
+	if item := w.fails[i]; len(item) > 0 {
+		return item, nil
+	}
+	t := w.cw.timeout
+	if !w.cw.until.IsZero() {
+		t = min(t, w.cw.until.Sub(w.cw.now()))
+	}
+	if t <= 0 {
+		return nil, errors.New("ddblease: no time left to read the item back")
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), t)
+	defer cancel()
+	return w.cw.read(ctx, i)
 }
 
 // updateItemInput is the UpdateItem request that applies upd on its own,

@@ -319,17 +319,16 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 	if err == nil {
 		return nil
 	}
-	if item, ok := conditionFailed(err, 0); ok {
+	w := condWrite{watch: -1, timeout: g.opts.CallTimeout,
+		read: func(ctx context.Context, i int) (map[string]types.AttributeValue, error) {
+			return readAction(ctx, g.db, all[i], g.opts.CallTimeout, g.keyOf)
+		}}.resolve(ctx, nil, err)
+	if _, ok := w.fails[0]; ok {
+		item, rerr := w.stored(0)
 		cur, cerr := fenceOf(item)
-		if cerr != nil || len(item) == 0 {
-			var got map[string]types.AttributeValue
-			if got, cerr = g.readItem(ctx, g.table, g.key); cerr == nil {
-				cur, cerr = fenceOf(got)
-			}
-		}
-		return errors.Join(g.stale("TransactWrite", &StaleFenceError{Job: g.job, Fence: fence, Current: cur, err: err}), cerr)
+		return errors.Join(g.stale("TransactWrite", &StaleFenceError{Job: g.job, Fence: fence, Current: cur, err: err}), rerr, cerr)
 	}
-	applied, mark, merr := g.mark.markRefusal(err, 1, items, fence, tok, g.readFor(ctx))
+	applied, mark, merr := g.mark.markRefusal(&w, 1, items, fence, tok)
 	switch {
 	case applied:
 		return nil
@@ -339,22 +338,6 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 		return fmt.Errorf("ddblease: guarded transaction %q refused: %w", g.job, errors.Join(err, merr))
 	}
 	return fmt.Errorf("ddblease: guarded transaction %q: %w", g.job, err)
-}
-
-// readFor returns a reader of the stored item behind an action of a
-// guarded transaction (see marker.markRefusal), with the guard's key
-// schemas.
-func (g *Guard) readFor(ctx context.Context) func(string, map[string]types.AttributeValue, bool) (map[string]types.AttributeValue, error) {
-	return func(table string, item map[string]types.AttributeValue, keyed bool) (map[string]types.AttributeValue, error) {
-		key := item
-		if !keyed {
-			var err error
-			if key, err = g.keyOf(ctx, table, item); err != nil {
-				return nil, err
-			}
-		}
-		return g.readItem(ctx, table, key)
-	}
 }
 
 // refusal explains a failed guarded write from the stored item: a fence
@@ -430,10 +413,4 @@ func keyFrom(item map[string]types.AttributeValue, names []string) (map[string]t
 		key[n] = v
 	}
 	return key, nil
-}
-
-// readItem reads an item with a strongly consistent read, even when ctx
-// has ended.
-func (g *Guard) readItem(ctx context.Context, table string, key map[string]types.AttributeValue) (map[string]types.AttributeValue, error) {
-	return getItem(context.WithoutCancel(ctx), g.db, table, key, g.opts.CallTimeout)
 }

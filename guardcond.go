@@ -1,9 +1,11 @@
 package ddblease
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"strings"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -171,38 +173,21 @@ func (m marker) carries(item map[string]types.AttributeValue, tok string) bool {
 	return ok && tok != "" && t.Value == tok
 }
 
-// markRefusal explains a cancelled guarded transaction whose guarded items
-// are items, from action off on: applied when an item that failed its
-// condition carries tok (an earlier attempt of the transaction landed, and
-// its answer was lost); otherwise the mark above fence of the first item
-// refused by it (mark > 0), or neither (a condition of the caller's failed,
-// or the transaction was not cancelled by a condition). An item the server
-// did not return with the failure is read with readFn. A malformed mark is
-// an error.
-func (m marker) markRefusal(err error, off int, items []types.TransactWriteItem, fence int64, tok string,
-	readFn func(table string, item map[string]types.AttributeValue, keyed bool) (map[string]types.AttributeValue, error)) (applied bool, mark int64, rerr error) {
+// markRefusal explains a cancelled guarded transaction w whose guarded
+// items are items, from action off on: applied when an item that failed
+// its condition carries tok (an earlier attempt of the transaction landed,
+// and its answer was lost); otherwise the mark above fence of the first
+// item refused by it (mark > 0), or neither (a condition of the caller's
+// failed, or the transaction was not cancelled by a condition). A
+// malformed mark, or a stored item that cannot be read, is an error.
+func (m marker) markRefusal(w *written, off int, items []types.TransactWriteItem, fence int64, tok string) (applied bool, mark int64, rerr error) {
 	for i, it := range items {
-		got, failed := conditionFailed(err, off+i)
-		if !failed || it.ConditionCheck != nil {
+		if _, failed := w.fails[off+i]; !failed || it.ConditionCheck != nil {
 			continue
 		}
-		if len(got) == 0 {
-			var table *string
-			var from map[string]types.AttributeValue
-			keyed := true
-			switch {
-			case it.Put != nil:
-				table, from, keyed = it.Put.TableName, it.Put.Item, false
-			case it.Update != nil:
-				table, from = it.Update.TableName, it.Update.Key
-			case it.Delete != nil:
-				table, from = it.Delete.TableName, it.Delete.Key
-			default:
-				continue
-			}
-			if got, rerr = readFn(aws.ToString(table), from, keyed); rerr != nil {
-				return false, 0, fmt.Errorf("cannot tell why item %d was refused: %w", i, rerr)
-			}
+		got, err := w.stored(off + i)
+		if err != nil {
+			return false, 0, fmt.Errorf("cannot tell why item %d was refused: %w", i, err)
 		}
 		if m.carries(got, tok) {
 			return true, 0, nil
@@ -216,6 +201,39 @@ func (m marker) markRefusal(err error, off int, items []types.TransactWriteItem,
 		}
 	}
 	return false, mark, nil
+}
+
+// readAction reads the stored item that an action of a transaction acts
+// on, with a strongly consistent read. A Put's key is taken from its item
+// with keyOf, or, when keyOf is nil, with the table's key schema.
+func readAction(ctx context.Context, db DynamoDBAPI, it types.TransactWriteItem, timeout time.Duration,
+	keyOf func(ctx context.Context, table string, item map[string]types.AttributeValue) (map[string]types.AttributeValue, error)) (map[string]types.AttributeValue, error) {
+	var table *string
+	var key map[string]types.AttributeValue
+	switch {
+	case it.Put != nil:
+		if keyOf == nil {
+			keyOf = func(ctx context.Context, table string, item map[string]types.AttributeValue) (map[string]types.AttributeValue, error) {
+				names, err := keySchema(ctx, db, table, timeout)
+				if err != nil {
+					return nil, err
+				}
+				return keyFrom(item, names)
+			}
+		}
+		var err error
+		if key, err = keyOf(ctx, aws.ToString(it.Put.TableName), it.Put.Item); err != nil {
+			return nil, err
+		}
+		table = it.Put.TableName
+	case it.Update != nil:
+		table, key = it.Update.TableName, it.Update.Key
+	case it.Delete != nil:
+		table, key = it.Delete.TableName, it.Delete.Key
+	case it.ConditionCheck != nil:
+		table, key = it.ConditionCheck.TableName, it.ConditionCheck.Key
+	}
+	return getItem(ctx, db, aws.ToString(table), key, timeout)
 }
 
 // checkCondition refuses a caller's condition expression that could escape

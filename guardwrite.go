@@ -170,38 +170,31 @@ func (g *Guard) Update(ctx context.Context, fence int64, in *dynamodb.UpdateItem
 func (g *Guard) resolve(ctx context.Context, op string, fence int64, tok string, err error,
 	keyFn func() (map[string]types.AttributeValue, error), table string) (map[string]types.AttributeValue, error) {
 	what := strings.ToLower(op)
-	var ccf *types.ConditionalCheckFailedException
-	failed := errors.As(err, &ccf)
-	if !failed && (refusedOutright(err) || !retryable(err)) {
+	w := condWrite{watch: 0, timeout: g.opts.CallTimeout,
+		read: func(ctx context.Context, _ int) (map[string]types.AttributeValue, error) {
+			key, err := keyFn()
+			if err != nil {
+				return nil, err
+			}
+			return getItem(ctx, g.db, table, key, g.opts.CallTimeout)
+		},
+		mine: func(item map[string]types.AttributeValue) bool { return g.mark.carries(item, tok) },
+	}.resolve(ctx, nil, err)
+	switch {
+	case w.outcome == applied:
+		return w.item, nil
+	case w.outcome == failed:
 		// Refused before it could apply (validation, access, a missing
 		// table): no earlier attempt of it can have landed either.
 		return nil, fmt.Errorf("ddblease: guarded %s %q: %w", what, g.job, err)
-	}
-	var item map[string]types.AttributeValue
-	if failed {
-		item = ccf.Item
-	}
-	if len(item) == 0 {
-		// No item came with the answer (dynalite), or no answer came: read
-		// it, even when ctx has ended, so that a write that landed is known.
-		key, rerr := keyFn()
-		if rerr == nil {
-			item, rerr = g.readItem(ctx, table, key)
-		}
-		if rerr != nil {
-			if failed {
-				return nil, fmt.Errorf("ddblease: guarded %s %q refused; cannot tell why: %w", what, g.job, errors.Join(err, rerr))
-			}
-			return nil, fmt.Errorf("ddblease: guarded %s %q: outcome unknown: %w", what, g.job, errors.Join(err, rerr))
-		}
-	}
-	if g.mark.carries(item, tok) {
-		return item, nil
-	}
-	if !failed {
+	case w.outcome == refused && w.rerr != nil:
+		return nil, fmt.Errorf("ddblease: guarded %s %q refused; cannot tell why: %w", what, g.job, errors.Join(err, w.rerr))
+	case w.rerr != nil:
+		return nil, fmt.Errorf("ddblease: guarded %s %q: outcome unknown: %w", what, g.job, errors.Join(err, w.rerr))
+	case w.outcome == unknown:
 		return nil, fmt.Errorf("ddblease: guarded %s %q: not applied as far as a consistent read shows: %w", what, g.job, err)
 	}
-	return nil, g.refusal(op, fence, item, err)
+	return nil, g.refusal(op, fence, w.item, err)
 }
 
 // withFenceSet adds the guard's fence and token assignments to the SET

@@ -234,22 +234,19 @@ func (r *JobRun) finish(ctx context.Context, st RunStatus, runErr error, c *comm
 
 // finishWrite applies the run's final update with a plain conditional write.
 func (r *JobRun) finishWrite(ctx context.Context, upd *types.Update, st RunStatus) error {
-	l := r.l
-	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
-	_, err := l.db.UpdateItem(cctx, updateItemInput(upd))
+	cctx, cancel := context.WithTimeout(ctx, r.l.opts.CallTimeout)
+	_, err := r.l.db.UpdateItem(cctx, updateItemInput(upd))
 	cancel()
-	if err == nil {
+	w := r.resolver(st, 0, nil).resolve(ctx, nil, err)
+	switch {
+	case w.outcome == applied:
 		return nil
+	case w.outcome == refused && w.rerr != nil:
+		return w.rerr
+	case w.outcome == refused:
+		return r.refused(w.item, nil)
 	}
-	var ccf *types.ConditionalCheckFailedException
-	if errors.As(err, &ccf) {
-		return r.refused(ctx, ccf.Item, st)
-	}
-	// Unknown outcome: the item tells whether the write landed.
-	if rec, present, rerr := l.readRun(ctx, r.key); rerr == nil && present && rec.claim == r.claim && rec.Status == st {
-		return nil
-	}
-	return err
+	return w.err
 }
 
 // commitWrite applies the run's final update, the user's items and a check
@@ -260,64 +257,69 @@ func (r *JobRun) commitWrite(ctx context.Context, upd *types.Update, c *commit) 
 	all = append(all, types.TransactWriteItem{ConditionCheck: fenceCheck(l.table, l.key, r.fence)}, types.TransactWriteItem{Update: upd})
 	all = append(all, c.marked...)
 	err := transactRetrying(ctx, l.db, all, txRetry{now: l.opts.Now, deadline: l.opts.Now().Add(l.opts.CallTimeout), timeout: l.opts.CallTimeout})
-	if err == nil || errors.Is(err, ErrTransactionsUnsupported) {
+	if errors.Is(err, ErrTransactionsUnsupported) {
 		return err
 	}
 	// Whatever failed, the run item tells whether the transaction landed
 	// (an SDK retry of a transaction that was applied).
-	rec, present, rerr := l.readRun(ctx, r.key)
-	if rerr == nil && present && rec.claim == r.claim && rec.Status == RunSucceeded {
+	w := r.resolver(RunSucceeded, 1, all).resolve(ctx, nil, err)
+	if w.outcome == applied {
 		return nil
 	}
-	if item, ok := conditionFailed(err, 0); ok {
+	if _, ok := w.fails[0]; ok {
+		item, rerr := w.stored(0)
 		cur, cerr := fenceOf(item)
-		if cerr != nil || len(item) == 0 {
-			cur, cerr = readFence(ctx, l.db, l.table, l.key, l.opts.CallTimeout)
-		}
-		return errors.Join(&StaleFenceError{Job: l.job, Fence: r.fence, Current: cur, err: err}, cerr)
+		return errors.Join(&StaleFenceError{Job: l.job, Fence: r.fence, Current: cur, err: err}, rerr, cerr)
 	}
-	if _, ok := conditionFailed(err, 1); ok && rerr == nil {
-		return r.refusedRecord(rec, present, RunSucceeded, err)
+	if _, ok := w.fails[1]; ok && w.rerr == nil {
+		return r.refused(w.item, err)
 	}
 	// Otherwise an item's condition may have refused it: its mark, or the
 	// caller's own. Whether the commit landed is the run item's to say,
 	// not the items' tokens.
-	_, mark, merr := c.mark.markRefusal(err, 2, c.items, r.fence, "", func(table string, item map[string]types.AttributeValue, keyed bool) (map[string]types.AttributeValue, error) {
-		if !keyed {
-			names, err := keySchema(ctx, l.db, table, l.opts.CallTimeout)
-			if err != nil {
-				return nil, err
-			}
-			if item, err = keyFrom(item, names); err != nil {
-				return nil, err
-			}
-		}
-		return getItem(context.WithoutCancel(ctx), l.db, table, item, l.opts.CallTimeout)
-	})
+	_, mark, merr := c.mark.markRefusal(&w, 2, c.items, r.fence, "")
 	if mark > 0 {
 		return &StaleFenceError{Job: l.job, Fence: r.fence, Current: mark, err: err}
 	}
-	return errors.Join(err, rerr, merr)
+	return errors.Join(err, w.rerr, merr)
 }
 
-// refused explains a failed condition on the run item, given the item the
-// server returned with the failure (read back if none).
-func (r *JobRun) refused(ctx context.Context, item map[string]types.AttributeValue, st RunStatus) error {
-	rec, present, err := r.l.runFromFailure(ctx, r.key, item)
-	if err != nil {
-		return err
+// resolver resolves a write of the run's final status st whose action
+// watch is the run's update, among the actions all of a transaction (nil
+// for a plain write): it is applied when the run item holds this claim
+// with status st.
+func (r *JobRun) resolver(st RunStatus, watch int, all []types.TransactWriteItem) condWrite {
+	l := r.l
+	return condWrite{watch: watch, timeout: l.opts.CallTimeout,
+		read: func(ctx context.Context, i int) (map[string]types.AttributeValue, error) {
+			if i == watch {
+				item, err := getItem(ctx, l.db, l.table, r.key, l.opts.CallTimeout)
+				if err != nil {
+					return nil, fmt.Errorf("ddblease: read run item: %w", err)
+				}
+				return item, nil
+			}
+			return readAction(ctx, l.db, all[i], l.opts.CallTimeout, nil)
+		},
+		mine: func(item map[string]types.AttributeValue) bool {
+			rec, err := decodeRun(item)
+			return len(item) > 0 && err == nil && rec.claim == r.claim && rec.Status == st
+		},
 	}
-	return r.refusedRecord(rec, present, st, nil)
 }
 
-func (r *JobRun) refusedRecord(rec RunRecord, present bool, st RunStatus, cause error) error {
-	switch {
-	case !present:
+// refused explains a failed condition on the run item, from the stored
+// item.
+func (r *JobRun) refused(item map[string]types.AttributeValue, cause error) error {
+	if len(item) == 0 {
 		return fmt.Errorf("%w: the run item is gone", ErrLost)
+	}
+	rec, err := decodeRun(item)
+	switch {
+	case err != nil:
+		return err
 	case rec.claim != r.claim:
 		return &StaleFenceError{Job: r.l.job, Fence: r.fence, Current: rec.Fence, err: cause}
-	case rec.Status == st:
-		return nil // an SDK retry of a write that did land
 	case rec.Status == RunAbandoned:
 		return &StaleFenceError{Job: r.l.job, Fence: r.fence, Current: rec.AbandonedBy, err: cause}
 	}
