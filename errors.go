@@ -245,17 +245,8 @@ func callOutcome(op string, err error) CallOutcome {
 	if err == nil {
 		return CallOK
 	}
-	var ccf *types.ConditionalCheckFailedException
-	if errors.As(err, &ccf) {
+	if len(failedConditions(err)) > 0 {
 		return CallConditionFailed
-	}
-	var tce *types.TransactionCanceledException
-	if errors.As(err, &tce) {
-		for _, r := range tce.CancellationReasons {
-			if aws.ToString(r.Code) == "ConditionalCheckFailed" {
-				return CallConditionFailed
-			}
-		}
 	}
 	var api smithy.APIError
 	if errors.As(err, &api) && throttleCodes[api.ErrorCode()] {
