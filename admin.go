@@ -138,9 +138,7 @@ func (a *Admin) update(ctx context.Context, job, update, cond string, names map[
 	if err == nil {
 		item = out.Attributes
 	}
-	w := condWrite{watch: -1, timeout: a.o.CallTimeout, read: func(ctx context.Context, _ int) (map[string]types.AttributeValue, error) {
-		return getItem(ctx, a.db, a.table, key, a.o.CallTimeout)
-	}}.resolve(ctx, item, err)
+	w := condWrite{db: a.db, actions: []types.TransactWriteItem{action(a.table, key)}, watch: -1, timeout: a.o.CallTimeout}.resolve(ctx, item, err)
 	switch w.outcome {
 	case applied:
 		rec, err := decodeLease(w.item)

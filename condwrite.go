@@ -118,13 +118,14 @@ const (
 )
 
 // condWrite is what tells the outcome of a conditional write whose answer
-// may be lost: the stored items of its actions, and which of them says
+// may be lost: the items its actions act on, and which of them shows
 // whether it was applied.
 type condWrite struct {
-	// read reads the stored item of action i with a strongly consistent
-	// read (nil when there is none). Its context does not end with the
-	// caller's: it is bounded by timeout and until only.
-	read func(ctx context.Context, i int) (map[string]types.AttributeValue, error)
+	db      DynamoDBAPI
+	actions []types.TransactWriteItem // the write's actions (a plain write is one); only their tables and keys are read
+	// keyOf returns the key of a Put's item; nil: from its table's key
+	// schema (DescribeTable).
+	keyOf func(ctx context.Context, table string, item map[string]types.AttributeValue) (map[string]types.AttributeValue, error)
 	// watch is the action whose stored item shows whether the write was
 	// applied, as mine says; -1: none (a lost answer stays unknown).
 	watch int
@@ -185,21 +186,53 @@ func (c condWrite) resolve(ctx context.Context, item map[string]types.AttributeV
 }
 
 // stored returns the stored item of action i: the one returned with its
-// failed condition, or one read back.
+// failed condition, or one read with a strongly consistent read, even when
+// the caller's context has ended (nil when there is none).
 func (w *written) stored(i int) (map[string]types.AttributeValue, error) {
 	if item := w.fails[i]; len(item) > 0 {
 		return item, nil
 	}
-	t := w.cw.timeout
-	if !w.cw.until.IsZero() {
-		t = min(t, w.cw.until.Sub(w.cw.now()))
+	c := w.cw
+	t := c.timeout
+	if !c.until.IsZero() {
+		t = min(t, c.until.Sub(c.now()))
 	}
 	if t <= 0 {
 		return nil, errors.New("ddblease: no time left to read the item back")
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), t)
 	defer cancel()
-	return w.cw.read(ctx, i)
+	var table, key = "", map[string]types.AttributeValue(nil)
+	switch it := c.actions[i]; {
+	case it.Put != nil:
+		keyOf := c.keyOf
+		if keyOf == nil {
+			keyOf = func(ctx context.Context, table string, item map[string]types.AttributeValue) (map[string]types.AttributeValue, error) {
+				names, err := keySchema(ctx, c.db, table, c.timeout)
+				if err != nil {
+					return nil, err
+				}
+				return keyFrom(item, names)
+			}
+		}
+		table = aws.ToString(it.Put.TableName)
+		var err error
+		if key, err = keyOf(ctx, table, it.Put.Item); err != nil {
+			return nil, err
+		}
+	case it.Update != nil:
+		table, key = aws.ToString(it.Update.TableName), it.Update.Key
+	case it.Delete != nil:
+		table, key = aws.ToString(it.Delete.TableName), it.Delete.Key
+	case it.ConditionCheck != nil:
+		table, key = aws.ToString(it.ConditionCheck.TableName), it.ConditionCheck.Key
+	}
+	return getItem(ctx, c.db, table, key, c.timeout)
+}
+
+// action is a write's action that acts on key of table, for condWrite.
+func action(table string, key map[string]types.AttributeValue) types.TransactWriteItem {
+	return types.TransactWriteItem{ConditionCheck: &types.ConditionCheck{TableName: aws.String(table), Key: key}}
 }
 
 // updateItemInput is the UpdateItem request that applies upd on its own,

@@ -319,10 +319,7 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 	if err == nil {
 		return nil
 	}
-	w := condWrite{watch: -1, timeout: g.opts.CallTimeout,
-		read: func(ctx context.Context, i int) (map[string]types.AttributeValue, error) {
-			return readAction(ctx, g.db, all[i], g.opts.CallTimeout, g.keyOf)
-		}}.resolve(ctx, nil, err)
+	w := condWrite{db: g.db, actions: all, keyOf: g.keyOf, watch: -1, timeout: g.opts.CallTimeout}.resolve(ctx, nil, err)
 	if _, ok := w.fails[0]; ok {
 		item, rerr := w.stored(0)
 		cur, cerr := fenceOf(item)

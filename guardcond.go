@@ -1,11 +1,9 @@
 package ddblease
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"strings"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -201,39 +199,6 @@ func (m marker) markRefusal(w *written, off int, items []types.TransactWriteItem
 		}
 	}
 	return false, mark, nil
-}
-
-// readAction reads the stored item that an action of a transaction acts
-// on, with a strongly consistent read. A Put's key is taken from its item
-// with keyOf, or, when keyOf is nil, with the table's key schema.
-func readAction(ctx context.Context, db DynamoDBAPI, it types.TransactWriteItem, timeout time.Duration,
-	keyOf func(ctx context.Context, table string, item map[string]types.AttributeValue) (map[string]types.AttributeValue, error)) (map[string]types.AttributeValue, error) {
-	var table *string
-	var key map[string]types.AttributeValue
-	switch {
-	case it.Put != nil:
-		if keyOf == nil {
-			keyOf = func(ctx context.Context, table string, item map[string]types.AttributeValue) (map[string]types.AttributeValue, error) {
-				names, err := keySchema(ctx, db, table, timeout)
-				if err != nil {
-					return nil, err
-				}
-				return keyFrom(item, names)
-			}
-		}
-		var err error
-		if key, err = keyOf(ctx, aws.ToString(it.Put.TableName), it.Put.Item); err != nil {
-			return nil, err
-		}
-		table = it.Put.TableName
-	case it.Update != nil:
-		table, key = it.Update.TableName, it.Update.Key
-	case it.Delete != nil:
-		table, key = it.Delete.TableName, it.Delete.Key
-	case it.ConditionCheck != nil:
-		table, key = it.ConditionCheck.TableName, it.ConditionCheck.Key
-	}
-	return getItem(ctx, db, aws.ToString(table), key, timeout)
 }
 
 // checkCondition refuses a caller's condition expression that could escape

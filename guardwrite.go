@@ -91,10 +91,7 @@ func (g *Guard) Put(ctx context.Context, fence int64, in *dynamodb.PutItemInput)
 	if err == nil {
 		return out, nil
 	}
-	table := *in.TableName
-	if _, err := g.resolve(ctx, "Put", fence, tok, err, func() (map[string]types.AttributeValue, error) {
-		return g.keyOf(ctx, table, in.Item)
-	}, table); err != nil {
+	if _, err := g.resolve(ctx, "Put", fence, tok, err, types.TransactWriteItem{Put: &types.Put{TableName: in.TableName, Item: in.Item}}); err != nil {
 		return nil, err
 	}
 	return &dynamodb.PutItemOutput{}, nil
@@ -149,9 +146,7 @@ func (g *Guard) Update(ctx context.Context, fence int64, in *dynamodb.UpdateItem
 	if err == nil {
 		return out, nil
 	}
-	item, err := g.resolve(ctx, "Update", fence, tok, err, func() (map[string]types.AttributeValue, error) {
-		return in.Key, nil
-	}, *in.TableName)
+	item, err := g.resolve(ctx, "Update", fence, tok, err, action(*in.TableName, in.Key))
 	if err != nil {
 		return nil, err
 	}
@@ -162,22 +157,14 @@ func (g *Guard) Update(ctx context.Context, fence int64, in *dynamodb.UpdateItem
 	return res, nil
 }
 
-// resolve explains a guarded write that failed with err: it returns the
+// resolve explains a guarded write it that failed with err: it returns the
 // stored item and a nil error when the item carries the write's token (the
 // write, or an earlier attempt of it, was applied); otherwise a
 // *StaleFenceError when the item's fence mark is above fence, or the error
 // of the write.
-func (g *Guard) resolve(ctx context.Context, op string, fence int64, tok string, err error,
-	keyFn func() (map[string]types.AttributeValue, error), table string) (map[string]types.AttributeValue, error) {
+func (g *Guard) resolve(ctx context.Context, op string, fence int64, tok string, err error, it types.TransactWriteItem) (map[string]types.AttributeValue, error) {
 	what := strings.ToLower(op)
-	w := condWrite{watch: 0, timeout: g.opts.CallTimeout,
-		read: func(ctx context.Context, _ int) (map[string]types.AttributeValue, error) {
-			key, err := keyFn()
-			if err != nil {
-				return nil, err
-			}
-			return getItem(ctx, g.db, table, key, g.opts.CallTimeout)
-		},
+	w := condWrite{db: g.db, actions: []types.TransactWriteItem{it}, keyOf: g.keyOf, watch: 0, timeout: g.opts.CallTimeout,
 		mine: func(item map[string]types.AttributeValue) bool { return g.mark.carries(item, tok) },
 	}.resolve(ctx, nil, err)
 	switch {

@@ -237,7 +237,7 @@ func (r *JobRun) finishWrite(ctx context.Context, upd *types.Update, st RunStatu
 	cctx, cancel := context.WithTimeout(ctx, r.l.opts.CallTimeout)
 	_, err := r.l.db.UpdateItem(cctx, updateItemInput(upd))
 	cancel()
-	w := r.resolver(st, 0, nil).resolve(ctx, nil, err)
+	w := r.resolver(st, 0, []types.TransactWriteItem{{Update: upd}}).resolve(ctx, nil, err)
 	switch {
 	case w.outcome == applied:
 		return nil
@@ -284,23 +284,12 @@ func (r *JobRun) commitWrite(ctx context.Context, upd *types.Update, c *commit) 
 	return errors.Join(err, w.rerr, merr)
 }
 
-// resolver resolves a write of the run's final status st whose action
-// watch is the run's update, among the actions all of a transaction (nil
-// for a plain write): it is applied when the run item holds this claim
-// with status st.
+// resolver resolves a write of the run's final status st whose actions
+// are all, of which watch is the run's update: it is applied when the run
+// item holds this claim with status st.
 func (r *JobRun) resolver(st RunStatus, watch int, all []types.TransactWriteItem) condWrite {
 	l := r.l
-	return condWrite{watch: watch, timeout: l.opts.CallTimeout,
-		read: func(ctx context.Context, i int) (map[string]types.AttributeValue, error) {
-			if i == watch {
-				item, err := getItem(ctx, l.db, l.table, r.key, l.opts.CallTimeout)
-				if err != nil {
-					return nil, fmt.Errorf("ddblease: read run item: %w", err)
-				}
-				return item, nil
-			}
-			return readAction(ctx, l.db, all[i], l.opts.CallTimeout, nil)
-		},
+	return condWrite{db: l.db, actions: all, watch: watch, timeout: l.opts.CallTimeout,
 		mine: func(item map[string]types.AttributeValue) bool {
 			rec, err := decodeRun(item)
 			return len(item) > 0 && err == nil && rec.claim == r.claim && rec.Status == st

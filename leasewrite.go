@@ -31,14 +31,8 @@ func (l *Lease) write(ctx context.Context, timeout time.Duration, until time.Tim
 	if err == nil {
 		item = out.Attributes
 	}
-	w := condWrite{watch: 0, once: true, timeout: timeout, until: until, now: l.opts.Now,
-		read: func(ctx context.Context, _ int) (map[string]types.AttributeValue, error) {
-			item, err := getItem(ctx, l.db, l.table, l.key, l.opts.CallTimeout)
-			if err != nil {
-				return nil, fmt.Errorf("ddblease: read lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, err))
-			}
-			return item, nil
-		},
+	w := condWrite{db: l.db, actions: []types.TransactWriteItem{action(l.table, l.key)}, watch: 0, once: true,
+		timeout: min(timeout, l.opts.CallTimeout), until: until, now: l.opts.Now,
 		mine: func(item map[string]types.AttributeValue) bool {
 			v, ok := item[attrVersion].(*types.AttributeValueMemberS)
 			return ok && v.Value == rv
@@ -55,7 +49,7 @@ func (l *Lease) write(ctx context.Context, timeout time.Duration, until time.Tim
 		// Even a failed condition leaves the write in doubt here: the write
 		// might still be delivered late.
 		l.wrote(rv, false, true)
-		return Record{}, false, errors.Join(err, w.rerr)
+		return Record{}, false, errors.Join(err, fmt.Errorf("ddblease: read lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, w.rerr)))
 	case len(w.item) == 0:
 		l.wrote(rv, false, doubt)
 		return Record{}, false, err
