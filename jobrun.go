@@ -216,12 +216,7 @@ func (r *JobRun) finish(ctx context.Context, st RunStatus, runErr error, c *comm
 		ExpressionAttributeValues:           values,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	}
-	var err error
-	if c == nil {
-		err = r.finishWrite(ctx, upd, st)
-	} else {
-		err = r.commitWrite(ctx, upd, c)
-	}
+	err := r.write(ctx, upd, st, c)
 	if err == nil {
 		r.finished = true
 		now := l.opts.Now()
@@ -232,69 +227,56 @@ func (r *JobRun) finish(ctx context.Context, st RunStatus, runErr error, c *comm
 	return fmt.Errorf("ddblease: %s run %q slot %s: %w", what, l.job, r.id, err)
 }
 
-// finishWrite applies the run's final update with a plain conditional write.
-func (r *JobRun) finishWrite(ctx context.Context, upd *types.Update, st RunStatus) error {
-	cctx, cancel := context.WithTimeout(ctx, r.l.opts.CallTimeout)
-	_, err := r.l.db.UpdateItem(cctx, updateItemInput(upd))
-	cancel()
-	w := r.resolver(st, 0, []types.TransactWriteItem{{Update: upd}}).resolve(ctx, nil, err)
+// write applies the run's final update upd: alone (Finish), or in one
+// transaction with a check on the lease item's fence and the commit's
+// items (Commit).
+func (r *JobRun) write(ctx context.Context, upd *types.Update, st RunStatus, c *commit) error {
+	l := r.l
+	all, watch := []types.TransactWriteItem{{Update: upd}}, 0
+	var err error
+	if c == nil {
+		cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
+		_, err = l.db.UpdateItem(cctx, updateItemInput(upd))
+		cancel()
+	} else {
+		all, watch = append([]types.TransactWriteItem{{ConditionCheck: fenceCheck(l.table, l.key, r.fence)}}, append(all, c.marked...)...), 1
+		err = transactRetrying(ctx, l.db, all, txRetry{now: l.opts.Now, deadline: l.opts.Now().Add(l.opts.CallTimeout), timeout: l.opts.CallTimeout})
+		if errors.Is(err, ErrTransactionsUnsupported) {
+			return err
+		}
+	}
+	// Whatever failed, the run item tells whether the write landed (an SDK
+	// retry of a write that was applied).
+	w := condWrite{db: l.db, actions: all, watch: watch, timeout: l.opts.CallTimeout,
+		mine: func(item map[string]types.AttributeValue) bool {
+			rec, err := decodeRun(item)
+			return len(item) > 0 && err == nil && rec.claim == r.claim && rec.Status == st
+		},
+	}.resolve(ctx, nil, err)
+	_, leaseFailed := w.fails[0]
+	_, runFailed := w.fails[watch]
 	switch {
 	case w.outcome == applied:
 		return nil
-	case w.outcome == refused && w.rerr != nil:
-		return w.rerr
-	case w.outcome == refused:
-		return r.refused(w.item, nil)
-	}
-	return w.err
-}
-
-// commitWrite applies the run's final update, the user's items and a check
-// on the lease item's fence in one transaction.
-func (r *JobRun) commitWrite(ctx context.Context, upd *types.Update, c *commit) error {
-	l := r.l
-	all := make([]types.TransactWriteItem, 0, len(c.marked)+2)
-	all = append(all, types.TransactWriteItem{ConditionCheck: fenceCheck(l.table, l.key, r.fence)}, types.TransactWriteItem{Update: upd})
-	all = append(all, c.marked...)
-	err := transactRetrying(ctx, l.db, all, txRetry{now: l.opts.Now, deadline: l.opts.Now().Add(l.opts.CallTimeout), timeout: l.opts.CallTimeout})
-	if errors.Is(err, ErrTransactionsUnsupported) {
-		return err
-	}
-	// Whatever failed, the run item tells whether the transaction landed
-	// (an SDK retry of a transaction that was applied).
-	w := r.resolver(RunSucceeded, 1, all).resolve(ctx, nil, err)
-	if w.outcome == applied {
-		return nil
-	}
-	if _, ok := w.fails[0]; ok {
+	case c != nil && leaseFailed:
 		item, rerr := w.stored(0)
 		cur, cerr := fenceOf(item)
 		return errors.Join(&StaleFenceError{Job: l.job, Fence: r.fence, Current: cur, err: err}, rerr, cerr)
-	}
-	if _, ok := w.fails[1]; ok && w.rerr == nil {
+	case runFailed && w.rerr == nil:
 		return r.refused(w.item, err)
+	case c == nil && runFailed:
+		return w.rerr
+	case c == nil:
+		return err
 	}
-	// Otherwise an item's condition may have refused it: its mark, or the
-	// caller's own. Whether the commit landed is the run item's to say,
-	// not the items' tokens.
+	// Otherwise an item's condition may have refused the commit: its mark,
+	// or the caller's own. Whether it landed is the run item's to say, not
+	// the items' tokens.
 	_, mark, merr := c.mark.markRefusal(&w, 2, c.items, r.fence, "")
 	if mark > 0 {
 		return &StaleFenceError{Job: l.job, Fence: r.fence, Current: mark, err: err}
 	}
 	return errors.Join(err, w.rerr, merr)
-}
-
-// resolver resolves a write of the run's final status st whose actions
-// are all, of which watch is the run's update: it is applied when the run
-// item holds this claim with status st.
-func (r *JobRun) resolver(st RunStatus, watch int, all []types.TransactWriteItem) condWrite {
-	l := r.l
-	return condWrite{db: l.db, actions: all, watch: watch, timeout: l.opts.CallTimeout,
-		mine: func(item map[string]types.AttributeValue) bool {
-			rec, err := decodeRun(item)
-			return len(item) > 0 && err == nil && rec.claim == r.claim && rec.Status == st
-		},
-	}
 }
 
 // refused explains a failed condition on the run item, from the stored
