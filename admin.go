@@ -134,11 +134,7 @@ func (a *Admin) update(ctx context.Context, job, update, cond string, names map[
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})
 	cancel()
-	var item map[string]types.AttributeValue
-	if err == nil {
-		item = out.Attributes
-	}
-	w := condWrite{db: a.db, actions: []types.TransactWriteItem{action(a.table, key)}, watch: -1, timeout: a.o.CallTimeout}.resolve(ctx, item, err)
+	w := condWrite{db: a.db, actions: []types.TransactWriteItem{action(a.table, key)}, watch: -1, timeout: a.o.CallTimeout}.resolve(ctx, attributes(out), err)
 	switch w.outcome {
 	case applied:
 		rec, err := decodeLease(w.item)

@@ -99,10 +99,12 @@ func (a *Admin) WaitRun(ctx context.Context, t Trigger, poll time.Duration) (Run
 			return err
 		})
 	switch {
-	case stop == retryEnded && ok:
-		return rec, fmt.Errorf("ddblease: run %s of %q still %s: %w", t.RunID(), t.Job, rec.Status, context.Cause(ctx))
 	case stop == retryEnded && err == errPending:
-		return RunRecord{}, fmt.Errorf("ddblease: run %s of %q not claimed yet: %w", t.RunID(), t.Job, context.Cause(ctx))
+		what := "not claimed yet"
+		if ok {
+			what = "still " + string(rec.Status)
+		}
+		return rec, fmt.Errorf("ddblease: run %s of %q %s: %w", t.RunID(), t.Job, what, context.Cause(ctx))
 	case err != nil:
 		return RunRecord{}, err
 	}

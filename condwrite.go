@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -12,12 +13,9 @@ import (
 	"github.com/aws/smithy-go"
 )
 
-// txRetry says how retryConflicts retries.
-type txRetry struct {
-	now      func() time.Time // the clock of deadline
-	deadline time.Time        // no attempt after the first starts at or after it
-	timeout  time.Duration    // bound on each attempt, further bounded by deadline
-}
+// txRetry is a retrier that gives retryConflicts its bounds: now,
+// deadline and timeout.
+type txRetry = retrier
 
 // Back-off between attempts of a write refused by a conflict: from
 // conflictBackoff, doubling up to maxConflictBackoff (see backoff).
@@ -28,13 +26,14 @@ const (
 
 // retryConflicts calls attempt, and calls it again with jittered back-off
 // while it fails with a conflict (see conflicted), which certainly did not
-// apply, until r.deadline passes or ctx ends. The error then says so and
+// apply, until r.deadline passes or ctx ends (no attempt after the first
+// starts at or after it; each is bounded by r.timeout). The error then says so and
 // wraps the last conflict.
 func retryConflicts(ctx context.Context, r txRetry, attempt func(ctx context.Context) error) error {
 	began := r.now()
 	var last error // the last conflict
-	n, stop, err := retrier{backoff: &backoff{base: conflictBackoff, max: maxConflictBackoff}, again: conflicted,
-		now: r.now, deadline: r.deadline, timeout: r.timeout}.do(ctx, func(ctx context.Context) error {
+	r.backoff, r.again = &backoff{base: conflictBackoff, max: maxConflictBackoff}, conflicted
+	n, stop, err := r.do(ctx, func(ctx context.Context) error {
 		err := attempt(ctx)
 		if conflicted(err) {
 			last = err
@@ -123,9 +122,7 @@ const (
 type condWrite struct {
 	db      DynamoDBAPI
 	actions []types.TransactWriteItem // the write's actions (a plain write is one); only their tables and keys are read
-	// keyOf returns the key of a Put's item; nil: from its table's key
-	// schema (DescribeTable).
-	keyOf func(ctx context.Context, table string, item map[string]types.AttributeValue) (map[string]types.AttributeValue, error)
+	keys    *sync.Map                 // the key schemas of tables learned (keyOf), for a Put's key; nil: none kept
 	// watch is the action whose stored item shows whether the write was
 	// applied, as mine says; -1: none (a lost answer stays unknown).
 	watch int
@@ -205,19 +202,9 @@ func (w *written) stored(i int) (map[string]types.AttributeValue, error) {
 	var table, key = "", map[string]types.AttributeValue(nil)
 	switch it := c.actions[i]; {
 	case it.Put != nil:
-		keyOf := c.keyOf
-		if keyOf == nil {
-			keyOf = func(ctx context.Context, table string, item map[string]types.AttributeValue) (map[string]types.AttributeValue, error) {
-				names, err := keySchema(ctx, c.db, table, c.timeout)
-				if err != nil {
-					return nil, err
-				}
-				return keyFrom(item, names)
-			}
-		}
 		table = aws.ToString(it.Put.TableName)
 		var err error
-		if key, err = keyOf(ctx, table, it.Put.Item); err != nil {
+		if key, err = keyOf(ctx, c.db, c.keys, table, it.Put.Item, c.timeout); err != nil {
 			return nil, err
 		}
 	case it.Update != nil:
@@ -228,6 +215,14 @@ func (w *written) stored(i int) (map[string]types.AttributeValue, error) {
 		table, key = aws.ToString(it.ConditionCheck.TableName), it.ConditionCheck.Key
 	}
 	return getItem(ctx, c.db, table, key, c.timeout)
+}
+
+// attributes returns the item an UpdateItem answer returned, if any.
+func attributes(out *dynamodb.UpdateItemOutput) map[string]types.AttributeValue {
+	if out == nil {
+		return nil
+	}
+	return out.Attributes
 }
 
 // action is a write's action that acts on key of table, for condWrite.

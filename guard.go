@@ -319,7 +319,7 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 	if err == nil {
 		return nil
 	}
-	w := condWrite{db: g.db, actions: all, keyOf: g.keyOf, watch: -1, timeout: g.opts.CallTimeout}.resolve(ctx, nil, err)
+	w := condWrite{db: g.db, actions: all, keys: &g.keys, watch: -1, timeout: g.opts.CallTimeout}.resolve(ctx, nil, err)
 	if _, ok := w.fails[0]; ok {
 		item, rerr := w.stored(0)
 		cur, cerr := fenceOf(item)
@@ -365,42 +365,32 @@ func (g *Guard) stale(op string, e *StaleFenceError) error {
 }
 
 // keyOf returns the key attributes of item in table, learning the table's
-// key schema with DescribeTable the first time.
-func (g *Guard) keyOf(ctx context.Context, table string, item map[string]types.AttributeValue) (map[string]types.AttributeValue, error) {
+// key schema with DescribeTable, even when ctx has ended; keys, if not nil,
+// keeps the schemas learned.
+func keyOf(ctx context.Context, db DynamoDBAPI, keys *sync.Map, table string, item map[string]types.AttributeValue, timeout time.Duration) (map[string]types.AttributeValue, error) {
 	var names []string
-	if v, ok := g.keys.Load(table); ok {
-		names = v.([]string)
-	} else {
-		var err error
-		if names, err = keySchema(ctx, g.db, table, g.opts.CallTimeout); err != nil {
-			return nil, err
+	if keys != nil {
+		if v, ok := keys.Load(table); ok {
+			names = v.([]string)
 		}
-		g.keys.Store(table, names)
 	}
-	return keyFrom(item, names)
-}
-
-// keySchema returns the names of a table's key attributes, from
-// DescribeTable, even when ctx has ended.
-func keySchema(ctx context.Context, db DynamoDBAPI, table string, timeout time.Duration) ([]string, error) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	out, err := db.DescribeTable(cctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("describe table %q: %w", table, err)
+	if names == nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		out, err := db.DescribeTable(cctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("describe table %q: %w", table, err)
+		}
+		if out.Table == nil || len(out.Table.KeySchema) == 0 {
+			return nil, fmt.Errorf("describe table %q: no key schema returned", table)
+		}
+		for _, k := range out.Table.KeySchema {
+			names = append(names, aws.ToString(k.AttributeName))
+		}
+		if keys != nil {
+			keys.Store(table, names)
+		}
 	}
-	if out.Table == nil || len(out.Table.KeySchema) == 0 {
-		return nil, fmt.Errorf("describe table %q: no key schema returned", table)
-	}
-	var names []string
-	for _, k := range out.Table.KeySchema {
-		names = append(names, aws.ToString(k.AttributeName))
-	}
-	return names, nil
-}
-
-// keyFrom returns the attributes of item that names lists.
-func keyFrom(item map[string]types.AttributeValue, names []string) (map[string]types.AttributeValue, error) {
 	key := make(map[string]types.AttributeValue, len(names))
 	for _, n := range names {
 		v, ok := item[n]

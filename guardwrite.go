@@ -164,7 +164,7 @@ func (g *Guard) Update(ctx context.Context, fence int64, in *dynamodb.UpdateItem
 // of the write.
 func (g *Guard) resolve(ctx context.Context, op string, fence int64, tok string, err error, it types.TransactWriteItem) (map[string]types.AttributeValue, error) {
 	what := strings.ToLower(op)
-	w := condWrite{db: g.db, actions: []types.TransactWriteItem{it}, keyOf: g.keyOf, watch: 0, timeout: g.opts.CallTimeout,
+	w := condWrite{db: g.db, actions: []types.TransactWriteItem{it}, keys: &g.keys, watch: 0, timeout: g.opts.CallTimeout,
 		mine: func(item map[string]types.AttributeValue) bool { return g.mark.carries(item, tok) },
 	}.resolve(ctx, nil, err)
 	switch {

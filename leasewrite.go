@@ -27,17 +27,13 @@ func (l *Lease) write(ctx context.Context, timeout time.Duration, until time.Tim
 	cctx, cancel := context.WithTimeout(ctx, bounded(timeout, until, l.opts.Now()))
 	out, err := l.db.UpdateItem(cctx, in, singleAttempt)
 	cancel()
-	var item map[string]types.AttributeValue
-	if err == nil {
-		item = out.Attributes
-	}
 	w := condWrite{db: l.db, actions: []types.TransactWriteItem{action(l.table, l.key)}, watch: 0, once: true,
 		timeout: min(timeout, l.opts.CallTimeout), until: until, now: l.opts.Now,
 		mine: func(item map[string]types.AttributeValue) bool {
 			v, ok := item[attrVersion].(*types.AttributeValueMemberS)
 			return ok && v.Value == rv
 		},
-	}.resolve(ctx, item, err)
+	}.resolve(ctx, attributes(out), err)
 	doubt := w.outcome == unknown
 	if !doubt {
 		err = nil
