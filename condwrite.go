@@ -199,22 +199,14 @@ func (w *written) stored(i int) (map[string]types.AttributeValue, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), t)
 	defer cancel()
-	var table, key = "", map[string]types.AttributeValue(nil)
-	switch it := c.actions[i]; {
-	case it.Put != nil:
-		table = aws.ToString(it.Put.TableName)
+	table, key := target(c.actions[i])
+	if c.actions[i].Put != nil {
 		var err error
-		if key, err = keyOf(ctx, c.db, c.keys, table, it.Put.Item, c.timeout); err != nil {
+		if key, err = keyOf(ctx, c.db, c.keys, aws.ToString(table), key, c.timeout); err != nil {
 			return nil, err
 		}
-	case it.Update != nil:
-		table, key = aws.ToString(it.Update.TableName), it.Update.Key
-	case it.Delete != nil:
-		table, key = aws.ToString(it.Delete.TableName), it.Delete.Key
-	case it.ConditionCheck != nil:
-		table, key = aws.ToString(it.ConditionCheck.TableName), it.ConditionCheck.Key
 	}
-	return getItem(ctx, c.db, table, key, c.timeout)
+	return getItem(ctx, c.db, aws.ToString(table), key, c.timeout)
 }
 
 // attributes returns the item an UpdateItem answer returned, if any.

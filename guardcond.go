@@ -283,15 +283,27 @@ func onItem(items []types.TransactWriteItem, table string, key map[string]types.
 		return true
 	}
 	for i, it := range items {
-		switch {
-		case it.Put != nil && same(it.Put.TableName, it.Put.Item),
-			it.Update != nil && same(it.Update.TableName, it.Update.Key),
-			it.Delete != nil && same(it.Delete.TableName, it.Delete.Key),
-			it.ConditionCheck != nil && same(it.ConditionCheck.TableName, it.ConditionCheck.Key):
+		if same(target(it)) {
 			return i
 		}
 	}
 	return -1
+}
+
+// target returns the table and the key that an action acts on: a Put's
+// key is in its item, which target returns whole.
+func target(it types.TransactWriteItem) (*string, map[string]types.AttributeValue) {
+	switch {
+	case it.Put != nil:
+		return it.Put.TableName, it.Put.Item
+	case it.Update != nil:
+		return it.Update.TableName, it.Update.Key
+	case it.Delete != nil:
+		return it.Delete.TableName, it.Delete.Key
+	case it.ConditionCheck != nil:
+		return it.ConditionCheck.TableName, it.ConditionCheck.Key
+	}
+	return nil, nil
 }
 
 // libraryItem returns the index of the first of items that acts on an
@@ -299,10 +311,7 @@ func onItem(items []types.TransactWriteItem, table string, key map[string]types.
 // any job), or -1: the guard's mark would write over their fence.
 func libraryItem(items []types.TransactWriteItem, table string) int {
 	for i, it := range items {
-		switch {
-		case it.Put != nil && keptItem(it.Put.TableName, it.Put.Item, table),
-			it.Update != nil && keptItem(it.Update.TableName, it.Update.Key, table),
-			it.Delete != nil && keptItem(it.Delete.TableName, it.Delete.Key, table):
+		if t, k := target(it); it.ConditionCheck == nil && keptItem(t, k, table) {
 			return i
 		}
 	}
