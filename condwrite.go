@@ -13,8 +13,7 @@ import (
 	"github.com/aws/smithy-go"
 )
 
-// txRetry is a retrier that gives retryConflicts its bounds: now,
-// deadline and timeout.
+// txRetry is retrier, for claim.go until it says so.
 type txRetry = retrier
 
 // Back-off between attempts of a write refused by a conflict: from
@@ -26,10 +25,10 @@ const (
 
 // retryConflicts calls attempt, and calls it again with jittered back-off
 // while it fails with a conflict (see conflicted), which certainly did not
-// apply, until r.deadline passes or ctx ends (no attempt after the first
-// starts at or after it; each is bounded by r.timeout). The error then says so and
+// apply, until r.deadline passes or ctx ends (r gives now, deadline and
+// timeout; retryConflicts the rest). The error then says so and
 // wraps the last conflict.
-func retryConflicts(ctx context.Context, r txRetry, attempt func(ctx context.Context) error) error {
+func retryConflicts(ctx context.Context, r retrier, attempt func(ctx context.Context) error) error {
 	began := r.now()
 	var last error // the last conflict
 	r.backoff, r.again = &backoff{base: conflictBackoff, max: maxConflictBackoff}, conflicted
@@ -58,7 +57,7 @@ func retryConflicts(ctx context.Context, r txRetry, attempt func(ctx context.Con
 // retryConflicts does. A server that does not know the operation gets an
 // error wrapping ErrTransactionsUnsupported; a token that the server saw
 // with other parameters (IdempotentParameterMismatch) is not retried.
-func transactRetrying(ctx context.Context, db DynamoDBAPI, items []types.TransactWriteItem, r txRetry) error {
+func transactRetrying(ctx context.Context, db DynamoDBAPI, items []types.TransactWriteItem, r retrier) error {
 	in := &dynamodb.TransactWriteItemsInput{TransactItems: items, ClientRequestToken: aws.String(randomID(16))}
 	err := retryConflicts(ctx, r, func(ctx context.Context) error {
 		_, err := db.TransactWriteItems(ctx, in)
@@ -97,10 +96,9 @@ func failedConditions(err error) map[int]map[string]types.AttributeValue {
 	return fails
 }
 
-// conditionFailed reports whether action i of the write that failed with
-// err failed its condition, and returns the item the server sent with
-// the failure. It is failedConditions for claim.go, until its claim is
-// resolved by condWrite.
+// conditionFailed is failedConditions for claim.go, until its claim is
+// resolved by condWrite: whether action i failed its condition, and the
+// item returned.
 func conditionFailed(err error, i int) (map[string]types.AttributeValue, bool) {
 	item, ok := failedConditions(err)[i]
 	return item, ok

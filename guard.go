@@ -354,8 +354,8 @@ func (g *Guard) refusal(op string, fence int64, item map[string]types.AttributeV
 
 // retry is how the guard retries a write that conflicts with a
 // transaction: until CallTimeout has passed since the call began.
-func (g *Guard) retry() txRetry {
-	return txRetry{now: time.Now, deadline: time.Now().Add(g.opts.CallTimeout), timeout: g.opts.CallTimeout}
+func (g *Guard) retry() retrier {
+	return retrier{now: time.Now, deadline: time.Now().Add(g.opts.CallTimeout), timeout: g.opts.CallTimeout}
 }
 
 // stale reports a refused fence to the observer and returns e.

@@ -84,15 +84,11 @@ func (g *Guard) Put(ctx context.Context, fence int64, in *dynamodb.PutItemInput)
 	}
 	p.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
 	var out *dynamodb.PutItemOutput
-	err = retryConflicts(ctx, g.retry(), func(ctx context.Context) (err error) {
+	if _, err := g.write(ctx, "Put", fence, tok, types.TransactWriteItem{Put: &types.Put{TableName: in.TableName, Item: in.Item}}, func(ctx context.Context) (err error) {
 		out, err = g.db.PutItem(ctx, &p)
 		return err
-	})
-	if err == nil {
-		return out, nil
-	}
-	if _, err := g.resolve(ctx, "Put", fence, tok, err, types.TransactWriteItem{Put: &types.Put{TableName: in.TableName, Item: in.Item}}); err != nil {
-		return nil, err
+	}); err != nil || out != nil {
+		return out, err
 	}
 	return &dynamodb.PutItemOutput{}, nil
 }
@@ -139,30 +135,31 @@ func (g *Guard) Update(ctx context.Context, fence int64, in *dynamodb.UpdateItem
 	}
 	u.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
 	var out *dynamodb.UpdateItemOutput
-	err = retryConflicts(ctx, g.retry(), func(ctx context.Context) (err error) {
+	item, err := g.write(ctx, "Update", fence, tok, action(*in.TableName, in.Key), func(ctx context.Context) (err error) {
 		out, err = g.db.UpdateItem(ctx, &u)
 		return err
 	})
-	if err == nil {
-		return out, nil
+	if err != nil || out != nil {
+		return out, err
 	}
-	item, err := g.resolve(ctx, "Update", fence, tok, err, action(*in.TableName, in.Key))
-	if err != nil {
-		return nil, err
-	}
-	res := &dynamodb.UpdateItemOutput{}
+	out = &dynamodb.UpdateItemOutput{}
 	if in.ReturnValues == types.ReturnValueAllNew {
-		res.Attributes = item
+		out.Attributes = item
 	}
-	return res, nil
+	return out, nil
 }
 
-// resolve explains a guarded write it that failed with err: it returns the
-// stored item and a nil error when the item carries the write's token (the
-// write, or an earlier attempt of it, was applied); otherwise a
-// *StaleFenceError when the item's fence mark is above fence, or the error
-// of the write.
-func (g *Guard) resolve(ctx context.Context, op string, fence int64, tok string, err error, it types.TransactWriteItem) (map[string]types.AttributeValue, error) {
+// write sends a guarded write of the item of it with send, again while it
+// conflicts with a transaction, and returns nil when its answer says it
+// was applied. Otherwise it returns the stored item and a nil error when
+// the item carries the write's token (the write, or an earlier attempt of
+// it, was applied); a *StaleFenceError when the item's fence mark is above
+// fence; or the error of the write.
+func (g *Guard) write(ctx context.Context, op string, fence int64, tok string, it types.TransactWriteItem, send func(context.Context) error) (map[string]types.AttributeValue, error) {
+	err := retryConflicts(ctx, g.retry(), send)
+	if err == nil {
+		return nil, nil
+	}
 	what := strings.ToLower(op)
 	w := condWrite{db: g.db, actions: []types.TransactWriteItem{it}, keys: &g.keys, watch: 0, timeout: g.opts.CallTimeout,
 		mine: func(item map[string]types.AttributeValue) bool { return g.mark.carries(item, tok) },

@@ -52,7 +52,8 @@ func (l *Lease) write(ctx context.Context, timeout time.Duration, until time.Tim
 	}
 	r, derr := decodeLease(w.item)
 	if derr != nil {
-		return Record{}, false, fmt.Errorf("%w (table %q)", derr, l.table)
+		l.wrote(rv, false, doubt)
+		return Record{}, false, errors.Join(err, fmt.Errorf("%w (table %q)", derr, l.table))
 	}
 	l.observe(r, true)
 	l.wrote(rv, w.outcome == applied, doubt)
