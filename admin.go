@@ -105,8 +105,10 @@ func defaultOperator() string {
 
 // update applies an operator update to job's lease item, on condition that
 // it exists and is well formed, plus cond if not empty, and returns the
-// item as written. When the condition fails it reads the item and returns
-// it with failed set (ErrUnknownJob when there is none).
+// item as written. When the condition fails it returns the item refused,
+// as the server returned it or read back, with failed set (ErrUnknownJob
+// when there is none): what the refusal means is the caller's to say. A
+// lost answer is an error.
 func (a *Admin) update(ctx context.Context, job, update, cond string, names map[string]string,
 	values map[string]types.AttributeValue) (rec Record, failed bool, err error) {
 	if err := checkName("job name", job, MaxJobLength); err != nil {
@@ -119,24 +121,27 @@ func (a *Admin) update(ctx context.Context, job, update, cond string, names map[
 	if cond != "" {
 		full += " AND (" + cond + ")"
 	}
+	key := map[string]types.AttributeValue{attrPK: avS(leaseKey(job))}
 	cctx, cancel := context.WithTimeout(ctx, a.o.CallTimeout)
 	out, err := a.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
-		TableName:                 aws.String(a.table),
-		Key:                       map[string]types.AttributeValue{attrPK: avS(leaseKey(job))},
-		UpdateExpression:          aws.String(update),
-		ConditionExpression:       aws.String(full),
-		ExpressionAttributeNames:  names,
-		ExpressionAttributeValues: values,
-		ReturnValues:              types.ReturnValueAllNew,
+		TableName:                           aws.String(a.table),
+		Key:                                 key,
+		UpdateExpression:                    aws.String(update),
+		ConditionExpression:                 aws.String(full),
+		ExpressionAttributeNames:            names,
+		ExpressionAttributeValues:           values,
+		ReturnValues:                        types.ReturnValueAllNew,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})
 	cancel()
-	var ccf *types.ConditionalCheckFailedException
-	switch {
-	case err == nil:
-		rec, err := decodeLease(out.Attributes)
+	w := condWrite{db: a.db, actions: []types.TransactWriteItem{action(a.table, key)}, watch: -1, timeout: a.o.CallTimeout}.resolve(ctx, attributes(out), err)
+	switch w.outcome {
+	case applied:
+		rec, err := decodeLease(w.item)
 		return rec, false, err
-	case errors.As(err, &ccf):
-		st, err := a.Job(ctx, job)
+	case refused:
+		item, err := w.stored(0)
+		st, err := a.status(ctx, job, item, err)
 		return st.Lease, true, err
 	}
 	return Record{}, false, fmt.Errorf("ddblease: update lease %q: %w", job, explainTableError(ctx, a.db, a.table, err))

@@ -45,6 +45,11 @@ func (a *Admin) Job(ctx context.Context, job string) (JobStatus, error) {
 		return JobStatus{}, err
 	}
 	item, err := getItem(ctx, a.db, a.table, map[string]types.AttributeValue{attrPK: avS(leaseKey(job))}, a.o.CallTimeout)
+	return a.status(ctx, job, item, err)
+}
+
+// status is job's status from its lease item, read with err.
+func (a *Admin) status(ctx context.Context, job string, item map[string]types.AttributeValue, err error) (JobStatus, error) {
 	if err != nil {
 		return JobStatus{}, fmt.Errorf("ddblease: read lease %q: %w", job, explainTableError(ctx, a.db, a.table, err))
 	}

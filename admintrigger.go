@@ -2,6 +2,7 @@ package ddblease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -81,25 +82,34 @@ func (a *Admin) TriggerRun(ctx context.Context, t Trigger) (rec RunRecord, ok bo
 }
 
 // WaitRun waits until the run of t is finished (succeeded, failed or
-// abandoned) and returns it, reading it every poll (1s when zero), until
-// ctx ends.
+// abandoned) and returns it, reading it about every poll (1s when zero;
+// less the jitter every wait of the library has), until ctx ends.
 func (a *Admin) WaitRun(ctx context.Context, t Trigger, poll time.Duration) (RunRecord, error) {
 	if poll <= 0 {
 		poll = time.Second
 	}
-	for {
-		rec, ok, err := a.TriggerRun(ctx, t)
-		if err != nil && (ctx.Err() != nil || !retryable(err)) {
-			return RunRecord{}, err
-		}
-		if ok && rec.Status != RunRunning {
-			return rec, nil
-		}
-		if err := sleep(ctx, poll); err != nil {
-			if ok {
-				return rec, fmt.Errorf("ddblease: run %s of %q still %s: %w", t.RunID(), t.Job, rec.Status, err)
+	var rec RunRecord
+	var ok bool
+	_, stop, err := retrier{backoff: fixed(poll), again: func(err error) bool { return err == errPending || retryable(err) }}.do(ctx,
+		func(context.Context) error {
+			var err error
+			if rec, ok, err = a.TriggerRun(ctx, t); err == nil && (!ok || rec.Status == RunRunning) {
+				return errPending
 			}
-			return RunRecord{}, fmt.Errorf("ddblease: run %s of %q not claimed yet: %w", t.RunID(), t.Job, err)
+			return err
+		})
+	switch {
+	case stop == retryEnded && err == errPending:
+		what := "not claimed yet"
+		if ok {
+			what = "still " + string(rec.Status)
 		}
+		return rec, fmt.Errorf("ddblease: run %s of %q %s: %w", t.RunID(), t.Job, what, context.Cause(ctx))
+	case err != nil:
+		return RunRecord{}, err
 	}
+	return rec, nil
 }
+
+// errPending reports a run not finished yet.
+var errPending = errors.New("ddblease: run not finished")

@@ -183,17 +183,6 @@ func retryable(err error) bool {
 	return true
 }
 
-// refusedOutright reports whether err is an answer that refuses the request
-// as such (malformed, unauthorised, or naming a missing table), or the
-// error of a request never sent: no attempt of it can have been applied.
-func refusedOutright(err error) bool {
-	if unsent(err) {
-		return true // never sent, by any attempt
-	}
-	var api smithy.APIError
-	return errors.As(err, &api) && permanentCodes[api.ErrorCode()]
-}
-
 // conflicted reports whether err certainly did not apply and is worth
 // sending again at once: a transaction cancelled only by conflicts with
 // other writes or by throttling, a plain write refused because a
@@ -256,17 +245,8 @@ func callOutcome(op string, err error) CallOutcome {
 	if err == nil {
 		return CallOK
 	}
-	var ccf *types.ConditionalCheckFailedException
-	if errors.As(err, &ccf) {
+	if len(failedConditions(err)) > 0 {
 		return CallConditionFailed
-	}
-	var tce *types.TransactionCanceledException
-	if errors.As(err, &tce) {
-		for _, r := range tce.CancellationReasons {
-			if aws.ToString(r.Code) == "ConditionalCheckFailed" {
-				return CallConditionFailed
-			}
-		}
 	}
 	var api smithy.APIError
 	if errors.As(err, &api) && throttleCodes[api.ErrorCode()] {

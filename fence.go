@@ -1,9 +1,7 @@
 package ddblease
 
 import (
-	"context"
 	"fmt"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -35,14 +33,4 @@ func fenceOf(item map[string]types.AttributeValue) (int64, error) {
 		return 0, fmt.Errorf("%w: lease item %q: %v", ErrMalformedItem, key, err)
 	}
 	return f, nil
-}
-
-// readFence reads a lease item's fence with a strongly consistent read,
-// even when ctx has ended; 0 when there is no item.
-func readFence(ctx context.Context, db DynamoDBAPI, table string, key map[string]types.AttributeValue, timeout time.Duration) (int64, error) {
-	item, err := getItem(context.WithoutCancel(ctx), db, table, key, timeout)
-	if err != nil {
-		return 0, fmt.Errorf("read lease: %w", err)
-	}
-	return fenceOf(item)
 }

@@ -319,17 +319,13 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 	if err == nil {
 		return nil
 	}
-	if item, ok := conditionFailed(err, 0); ok {
+	w := condWrite{db: g.db, actions: all, keys: &g.keys, watch: -1, timeout: g.opts.CallTimeout}.resolve(ctx, nil, err)
+	if _, ok := w.fails[0]; ok {
+		item, rerr := w.stored(0)
 		cur, cerr := fenceOf(item)
-		if cerr != nil || len(item) == 0 {
-			var got map[string]types.AttributeValue
-			if got, cerr = g.readItem(ctx, g.table, g.key); cerr == nil {
-				cur, cerr = fenceOf(got)
-			}
-		}
-		return errors.Join(g.stale("TransactWrite", &StaleFenceError{Job: g.job, Fence: fence, Current: cur, err: err}), cerr)
+		return errors.Join(g.stale("TransactWrite", &StaleFenceError{Job: g.job, Fence: fence, Current: cur, err: err}), rerr, cerr)
 	}
-	applied, mark, merr := g.mark.markRefusal(err, 1, items, fence, tok, g.readFor(ctx))
+	applied, mark, merr := g.mark.markRefusal(&w, 1, items, fence, tok)
 	switch {
 	case applied:
 		return nil
@@ -339,22 +335,6 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 		return fmt.Errorf("ddblease: guarded transaction %q refused: %w", g.job, errors.Join(err, merr))
 	}
 	return fmt.Errorf("ddblease: guarded transaction %q: %w", g.job, err)
-}
-
-// readFor returns a reader of the stored item behind an action of a
-// guarded transaction (see marker.markRefusal), with the guard's key
-// schemas.
-func (g *Guard) readFor(ctx context.Context) func(string, map[string]types.AttributeValue, bool) (map[string]types.AttributeValue, error) {
-	return func(table string, item map[string]types.AttributeValue, keyed bool) (map[string]types.AttributeValue, error) {
-		key := item
-		if !keyed {
-			var err error
-			if key, err = g.keyOf(ctx, table, item); err != nil {
-				return nil, err
-			}
-		}
-		return g.readItem(ctx, table, key)
-	}
 }
 
 // refusal explains a failed guarded write from the stored item: a fence
@@ -374,8 +354,8 @@ func (g *Guard) refusal(op string, fence int64, item map[string]types.AttributeV
 
 // retry is how the guard retries a write that conflicts with a
 // transaction: until CallTimeout has passed since the call began.
-func (g *Guard) retry() txRetry {
-	return txRetry{now: time.Now, deadline: time.Now().Add(g.opts.CallTimeout), timeout: g.opts.CallTimeout}
+func (g *Guard) retry() retrier {
+	return retrier{now: time.Now, deadline: time.Now().Add(g.opts.CallTimeout), timeout: g.opts.CallTimeout}
 }
 
 // stale reports a refused fence to the observer and returns e.
@@ -385,42 +365,32 @@ func (g *Guard) stale(op string, e *StaleFenceError) error {
 }
 
 // keyOf returns the key attributes of item in table, learning the table's
-// key schema with DescribeTable the first time.
-func (g *Guard) keyOf(ctx context.Context, table string, item map[string]types.AttributeValue) (map[string]types.AttributeValue, error) {
+// key schema with DescribeTable, even when ctx has ended; keys, if not nil,
+// keeps the schemas learned.
+func keyOf(ctx context.Context, db DynamoDBAPI, keys *sync.Map, table string, item map[string]types.AttributeValue, timeout time.Duration) (map[string]types.AttributeValue, error) {
 	var names []string
-	if v, ok := g.keys.Load(table); ok {
-		names = v.([]string)
-	} else {
-		var err error
-		if names, err = keySchema(ctx, g.db, table, g.opts.CallTimeout); err != nil {
-			return nil, err
+	if keys != nil {
+		if v, ok := keys.Load(table); ok {
+			names = v.([]string)
 		}
-		g.keys.Store(table, names)
 	}
-	return keyFrom(item, names)
-}
-
-// keySchema returns the names of a table's key attributes, from
-// DescribeTable, even when ctx has ended.
-func keySchema(ctx context.Context, db DynamoDBAPI, table string, timeout time.Duration) ([]string, error) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	out, err := db.DescribeTable(cctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("describe table %q: %w", table, err)
+	if names == nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		out, err := db.DescribeTable(cctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("describe table %q: %w", table, err)
+		}
+		if out.Table == nil || len(out.Table.KeySchema) == 0 {
+			return nil, fmt.Errorf("describe table %q: no key schema returned", table)
+		}
+		for _, k := range out.Table.KeySchema {
+			names = append(names, aws.ToString(k.AttributeName))
+		}
+		if keys != nil {
+			keys.Store(table, names)
+		}
 	}
-	if out.Table == nil || len(out.Table.KeySchema) == 0 {
-		return nil, fmt.Errorf("describe table %q: no key schema returned", table)
-	}
-	var names []string
-	for _, k := range out.Table.KeySchema {
-		names = append(names, aws.ToString(k.AttributeName))
-	}
-	return names, nil
-}
-
-// keyFrom returns the attributes of item that names lists.
-func keyFrom(item map[string]types.AttributeValue, names []string) (map[string]types.AttributeValue, error) {
 	key := make(map[string]types.AttributeValue, len(names))
 	for _, n := range names {
 		v, ok := item[n]
@@ -430,10 +400,4 @@ func keyFrom(item map[string]types.AttributeValue, names []string) (map[string]t
 		key[n] = v
 	}
 	return key, nil
-}
-
-// readItem reads an item with a strongly consistent read, even when ctx
-// has ended.
-func (g *Guard) readItem(ctx context.Context, table string, key map[string]types.AttributeValue) (map[string]types.AttributeValue, error) {
-	return getItem(context.WithoutCancel(ctx), g.db, table, key, g.opts.CallTimeout)
 }

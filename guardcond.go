@@ -171,38 +171,21 @@ func (m marker) carries(item map[string]types.AttributeValue, tok string) bool {
 	return ok && tok != "" && t.Value == tok
 }
 
-// markRefusal explains a cancelled guarded transaction whose guarded items
-// are items, from action off on: applied when an item that failed its
-// condition carries tok (an earlier attempt of the transaction landed, and
-// its answer was lost); otherwise the mark above fence of the first item
-// refused by it (mark > 0), or neither (a condition of the caller's failed,
-// or the transaction was not cancelled by a condition). An item the server
-// did not return with the failure is read with readFn. A malformed mark is
-// an error.
-func (m marker) markRefusal(err error, off int, items []types.TransactWriteItem, fence int64, tok string,
-	readFn func(table string, item map[string]types.AttributeValue, keyed bool) (map[string]types.AttributeValue, error)) (applied bool, mark int64, rerr error) {
+// markRefusal explains a cancelled guarded transaction w whose guarded
+// items are items, from action off on: applied when an item that failed
+// its condition carries tok (an earlier attempt of the transaction landed,
+// and its answer was lost); otherwise the mark above fence of the first
+// item refused by it (mark > 0), or neither (a condition of the caller's
+// failed, or the transaction was not cancelled by a condition). A
+// malformed mark, or a stored item that cannot be read, is an error.
+func (m marker) markRefusal(w *written, off int, items []types.TransactWriteItem, fence int64, tok string) (applied bool, mark int64, rerr error) {
 	for i, it := range items {
-		got, failed := conditionFailed(err, off+i)
-		if !failed || it.ConditionCheck != nil {
+		if _, failed := w.fails[off+i]; !failed || it.ConditionCheck != nil {
 			continue
 		}
-		if len(got) == 0 {
-			var table *string
-			var from map[string]types.AttributeValue
-			keyed := true
-			switch {
-			case it.Put != nil:
-				table, from, keyed = it.Put.TableName, it.Put.Item, false
-			case it.Update != nil:
-				table, from = it.Update.TableName, it.Update.Key
-			case it.Delete != nil:
-				table, from = it.Delete.TableName, it.Delete.Key
-			default:
-				continue
-			}
-			if got, rerr = readFn(aws.ToString(table), from, keyed); rerr != nil {
-				return false, 0, fmt.Errorf("cannot tell why item %d was refused: %w", i, rerr)
-			}
+		got, err := w.stored(off + i)
+		if err != nil {
+			return false, 0, fmt.Errorf("cannot tell why item %d was refused: %w", i, err)
 		}
 		if m.carries(got, tok) {
 			return true, 0, nil
@@ -300,15 +283,27 @@ func onItem(items []types.TransactWriteItem, table string, key map[string]types.
 		return true
 	}
 	for i, it := range items {
-		switch {
-		case it.Put != nil && same(it.Put.TableName, it.Put.Item),
-			it.Update != nil && same(it.Update.TableName, it.Update.Key),
-			it.Delete != nil && same(it.Delete.TableName, it.Delete.Key),
-			it.ConditionCheck != nil && same(it.ConditionCheck.TableName, it.ConditionCheck.Key):
+		if same(target(it)) {
 			return i
 		}
 	}
 	return -1
+}
+
+// target returns the table and the key that an action acts on: a Put's
+// key is in its item, which target returns whole.
+func target(it types.TransactWriteItem) (*string, map[string]types.AttributeValue) {
+	switch {
+	case it.Put != nil:
+		return it.Put.TableName, it.Put.Item
+	case it.Update != nil:
+		return it.Update.TableName, it.Update.Key
+	case it.Delete != nil:
+		return it.Delete.TableName, it.Delete.Key
+	case it.ConditionCheck != nil:
+		return it.ConditionCheck.TableName, it.ConditionCheck.Key
+	}
+	return nil, nil
 }
 
 // libraryItem returns the index of the first of items that acts on an
@@ -316,10 +311,7 @@ func onItem(items []types.TransactWriteItem, table string, key map[string]types.
 // any job), or -1: the guard's mark would write over their fence.
 func libraryItem(items []types.TransactWriteItem, table string) int {
 	for i, it := range items {
-		switch {
-		case it.Put != nil && keptItem(it.Put.TableName, it.Put.Item, table),
-			it.Update != nil && keptItem(it.Update.TableName, it.Update.Key, table),
-			it.Delete != nil && keptItem(it.Delete.TableName, it.Delete.Key, table):
+		if t, k := target(it); it.ConditionCheck == nil && keptItem(t, k, table) {
 			return i
 		}
 	}

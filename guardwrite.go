@@ -84,18 +84,11 @@ func (g *Guard) Put(ctx context.Context, fence int64, in *dynamodb.PutItemInput)
 	}
 	p.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
 	var out *dynamodb.PutItemOutput
-	err = retryConflicts(ctx, g.retry(), func(ctx context.Context) (err error) {
+	if _, err := g.write(ctx, "Put", fence, tok, types.TransactWriteItem{Put: &types.Put{TableName: in.TableName, Item: in.Item}}, func(ctx context.Context) (err error) {
 		out, err = g.db.PutItem(ctx, &p)
 		return err
-	})
-	if err == nil {
-		return out, nil
-	}
-	table := *in.TableName
-	if _, err := g.resolve(ctx, "Put", fence, tok, err, func() (map[string]types.AttributeValue, error) {
-		return g.keyOf(ctx, table, in.Item)
-	}, table); err != nil {
-		return nil, err
+	}); err != nil || out != nil {
+		return out, err
 	}
 	return &dynamodb.PutItemOutput{}, nil
 }
@@ -142,66 +135,50 @@ func (g *Guard) Update(ctx context.Context, fence int64, in *dynamodb.UpdateItem
 	}
 	u.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
 	var out *dynamodb.UpdateItemOutput
-	err = retryConflicts(ctx, g.retry(), func(ctx context.Context) (err error) {
+	item, err := g.write(ctx, "Update", fence, tok, action(*in.TableName, in.Key), func(ctx context.Context) (err error) {
 		out, err = g.db.UpdateItem(ctx, &u)
 		return err
 	})
-	if err == nil {
-		return out, nil
+	if err != nil || out != nil {
+		return out, err
 	}
-	item, err := g.resolve(ctx, "Update", fence, tok, err, func() (map[string]types.AttributeValue, error) {
-		return in.Key, nil
-	}, *in.TableName)
-	if err != nil {
-		return nil, err
-	}
-	res := &dynamodb.UpdateItemOutput{}
+	out = &dynamodb.UpdateItemOutput{}
 	if in.ReturnValues == types.ReturnValueAllNew {
-		res.Attributes = item
+		out.Attributes = item
 	}
-	return res, nil
+	return out, nil
 }
 
-// resolve explains a guarded write that failed with err: it returns the
-// stored item and a nil error when the item carries the write's token (the
-// write, or an earlier attempt of it, was applied); otherwise a
-// *StaleFenceError when the item's fence mark is above fence, or the error
-// of the write.
-func (g *Guard) resolve(ctx context.Context, op string, fence int64, tok string, err error,
-	keyFn func() (map[string]types.AttributeValue, error), table string) (map[string]types.AttributeValue, error) {
+// write sends a guarded write of the item of it with send, again while it
+// conflicts with a transaction, and returns nil when its answer says it
+// was applied. Otherwise it returns the stored item and a nil error when
+// the item carries the write's token (the write, or an earlier attempt of
+// it, was applied); a *StaleFenceError when the item's fence mark is above
+// fence; or the error of the write.
+func (g *Guard) write(ctx context.Context, op string, fence int64, tok string, it types.TransactWriteItem, send func(context.Context) error) (map[string]types.AttributeValue, error) {
+	err := retryConflicts(ctx, g.retry(), send)
+	if err == nil {
+		return nil, nil
+	}
 	what := strings.ToLower(op)
-	var ccf *types.ConditionalCheckFailedException
-	failed := errors.As(err, &ccf)
-	if !failed && (refusedOutright(err) || !retryable(err)) {
+	w := condWrite{db: g.db, actions: []types.TransactWriteItem{it}, keys: &g.keys, watch: 0, timeout: g.opts.CallTimeout,
+		mine: func(item map[string]types.AttributeValue) bool { return g.mark.carries(item, tok) },
+	}.resolve(ctx, nil, err)
+	switch {
+	case w.outcome == applied:
+		return w.item, nil
+	case w.outcome == failed:
 		// Refused before it could apply (validation, access, a missing
 		// table): no earlier attempt of it can have landed either.
 		return nil, fmt.Errorf("ddblease: guarded %s %q: %w", what, g.job, err)
-	}
-	var item map[string]types.AttributeValue
-	if failed {
-		item = ccf.Item
-	}
-	if len(item) == 0 {
-		// No item came with the answer (dynalite), or no answer came: read
-		// it, even when ctx has ended, so that a write that landed is known.
-		key, rerr := keyFn()
-		if rerr == nil {
-			item, rerr = g.readItem(ctx, table, key)
-		}
-		if rerr != nil {
-			if failed {
-				return nil, fmt.Errorf("ddblease: guarded %s %q refused; cannot tell why: %w", what, g.job, errors.Join(err, rerr))
-			}
-			return nil, fmt.Errorf("ddblease: guarded %s %q: outcome unknown: %w", what, g.job, errors.Join(err, rerr))
-		}
-	}
-	if g.mark.carries(item, tok) {
-		return item, nil
-	}
-	if !failed {
+	case w.outcome == refused && w.rerr != nil:
+		return nil, fmt.Errorf("ddblease: guarded %s %q refused; cannot tell why: %w", what, g.job, errors.Join(err, w.rerr))
+	case w.rerr != nil:
+		return nil, fmt.Errorf("ddblease: guarded %s %q: outcome unknown: %w", what, g.job, errors.Join(err, w.rerr))
+	case w.outcome == unknown:
 		return nil, fmt.Errorf("ddblease: guarded %s %q: not applied as far as a consistent read shows: %w", what, g.job, err)
 	}
-	return nil, g.refusal(op, fence, item, err)
+	return nil, g.refusal(op, fence, w.item, err)
 }
 
 // withFenceSet adds the guard's fence and token assignments to the SET

@@ -216,12 +216,7 @@ func (r *JobRun) finish(ctx context.Context, st RunStatus, runErr error, c *comm
 		ExpressionAttributeValues:           values,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	}
-	var err error
-	if c == nil {
-		err = r.finishWrite(ctx, upd, st)
-	} else {
-		err = r.commitWrite(ctx, upd, c)
-	}
+	err := r.write(ctx, upd, st, c)
 	if err == nil {
 		r.finished = true
 		now := l.opts.Now()
@@ -232,92 +227,70 @@ func (r *JobRun) finish(ctx context.Context, st RunStatus, runErr error, c *comm
 	return fmt.Errorf("ddblease: %s run %q slot %s: %w", what, l.job, r.id, err)
 }
 
-// finishWrite applies the run's final update with a plain conditional write.
-func (r *JobRun) finishWrite(ctx context.Context, upd *types.Update, st RunStatus) error {
+// write applies the run's final update upd: alone (Finish), or in one
+// transaction with a check on the lease item's fence and the commit's
+// items (Commit).
+func (r *JobRun) write(ctx context.Context, upd *types.Update, st RunStatus, c *commit) error {
 	l := r.l
-	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
-	_, err := l.db.UpdateItem(cctx, updateItemInput(upd))
-	cancel()
-	if err == nil {
+	all, watch := []types.TransactWriteItem{{Update: upd}}, 0
+	var err error
+	if c == nil {
+		cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
+		_, err = l.db.UpdateItem(cctx, updateItemInput(upd))
+		cancel()
+	} else {
+		all, watch = append([]types.TransactWriteItem{{ConditionCheck: fenceCheck(l.table, l.key, r.fence)}}, append(all, c.marked...)...), 1
+		err = transactRetrying(ctx, l.db, all, retrier{now: l.opts.Now, deadline: l.opts.Now().Add(l.opts.CallTimeout), timeout: l.opts.CallTimeout})
+		if errors.Is(err, ErrTransactionsUnsupported) {
+			return err
+		}
+	}
+	// Whatever failed, the run item tells whether the write landed (an SDK
+	// retry of a write that was applied).
+	w := condWrite{db: l.db, actions: all, watch: watch, timeout: l.opts.CallTimeout,
+		mine: func(item map[string]types.AttributeValue) bool {
+			rec, err := decodeRun(item)
+			return len(item) > 0 && err == nil && rec.claim == r.claim && rec.Status == st
+		},
+	}.resolve(ctx, nil, err)
+	_, leaseFailed := w.fails[0]
+	_, runFailed := w.fails[watch]
+	switch {
+	case w.outcome == applied:
 		return nil
-	}
-	var ccf *types.ConditionalCheckFailedException
-	if errors.As(err, &ccf) {
-		return r.refused(ctx, ccf.Item, st)
-	}
-	// Unknown outcome: the item tells whether the write landed.
-	if rec, present, rerr := l.readRun(ctx, r.key); rerr == nil && present && rec.claim == r.claim && rec.Status == st {
-		return nil
-	}
-	return err
-}
-
-// commitWrite applies the run's final update, the user's items and a check
-// on the lease item's fence in one transaction.
-func (r *JobRun) commitWrite(ctx context.Context, upd *types.Update, c *commit) error {
-	l := r.l
-	all := make([]types.TransactWriteItem, 0, len(c.marked)+2)
-	all = append(all, types.TransactWriteItem{ConditionCheck: fenceCheck(l.table, l.key, r.fence)}, types.TransactWriteItem{Update: upd})
-	all = append(all, c.marked...)
-	err := transactRetrying(ctx, l.db, all, txRetry{now: l.opts.Now, deadline: l.opts.Now().Add(l.opts.CallTimeout), timeout: l.opts.CallTimeout})
-	if err == nil || errors.Is(err, ErrTransactionsUnsupported) {
+	case c != nil && leaseFailed:
+		item, rerr := w.stored(0)
+		cur, cerr := fenceOf(item)
+		return errors.Join(&StaleFenceError{Job: l.job, Fence: r.fence, Current: cur, err: err}, rerr, cerr)
+	case runFailed && w.rerr == nil:
+		return r.refused(w.item, err)
+	case c == nil && runFailed:
+		return w.rerr
+	case c == nil:
 		return err
 	}
-	// Whatever failed, the run item tells whether the transaction landed
-	// (an SDK retry of a transaction that was applied).
-	rec, present, rerr := l.readRun(ctx, r.key)
-	if rerr == nil && present && rec.claim == r.claim && rec.Status == RunSucceeded {
-		return nil
-	}
-	if item, ok := conditionFailed(err, 0); ok {
-		cur, cerr := fenceOf(item)
-		if cerr != nil || len(item) == 0 {
-			cur, cerr = readFence(ctx, l.db, l.table, l.key, l.opts.CallTimeout)
-		}
-		return errors.Join(&StaleFenceError{Job: l.job, Fence: r.fence, Current: cur, err: err}, cerr)
-	}
-	if _, ok := conditionFailed(err, 1); ok && rerr == nil {
-		return r.refusedRecord(rec, present, RunSucceeded, err)
-	}
-	// Otherwise an item's condition may have refused it: its mark, or the
-	// caller's own. Whether the commit landed is the run item's to say,
-	// not the items' tokens.
-	_, mark, merr := c.mark.markRefusal(err, 2, c.items, r.fence, "", func(table string, item map[string]types.AttributeValue, keyed bool) (map[string]types.AttributeValue, error) {
-		if !keyed {
-			names, err := keySchema(ctx, l.db, table, l.opts.CallTimeout)
-			if err != nil {
-				return nil, err
-			}
-			if item, err = keyFrom(item, names); err != nil {
-				return nil, err
-			}
-		}
-		return getItem(context.WithoutCancel(ctx), l.db, table, item, l.opts.CallTimeout)
-	})
+	// Otherwise an item's condition may have refused the commit: its mark,
+	// or the caller's own. Whether it landed is the run item's to say, not
+	// the items' tokens.
+	_, mark, merr := c.mark.markRefusal(&w, 2, c.items, r.fence, "")
 	if mark > 0 {
 		return &StaleFenceError{Job: l.job, Fence: r.fence, Current: mark, err: err}
 	}
-	return errors.Join(err, rerr, merr)
+	return errors.Join(err, w.rerr, merr)
 }
 
-// refused explains a failed condition on the run item, given the item the
-// server returned with the failure (read back if none).
-func (r *JobRun) refused(ctx context.Context, item map[string]types.AttributeValue, st RunStatus) error {
-	rec, present, err := r.l.runFromFailure(ctx, r.key, item)
-	if err != nil {
-		return err
-	}
-	return r.refusedRecord(rec, present, st, nil)
-}
-
-func (r *JobRun) refusedRecord(rec RunRecord, present bool, st RunStatus, cause error) error {
-	switch {
-	case !present:
+// refused explains a failed condition on the run item, from the stored
+// item.
+func (r *JobRun) refused(item map[string]types.AttributeValue, cause error) error {
+	if len(item) == 0 {
 		return fmt.Errorf("%w: the run item is gone", ErrLost)
+	}
+	rec, err := decodeRun(item)
+	switch {
+	case err != nil:
+		return err
 	case rec.claim != r.claim:
 		return &StaleFenceError{Job: r.l.job, Fence: r.fence, Current: rec.Fence, err: cause}
-	case rec.Status == st:
-		return nil // an SDK retry of a write that did land
 	case rec.Status == RunAbandoned:
 		return &StaleFenceError{Job: r.l.job, Fence: r.fence, Current: rec.AbandonedBy, err: cause}
 	}

@@ -20,60 +20,44 @@ import (
 //
 // The write is made once: the SDK's own retries are turned off for it, so
 // that a refusal (throttling, a validation error) proves it did not apply.
-// When the outcome is unknown the item is read back, even when ctx has
-// ended, but never past until (zero: no bound but timeout): past it, the
-// write stays in doubt.
+// When the outcome is unknown the item is read back (condWrite), even when
+// ctx has ended, but never past until (zero: no bound but timeout): past
+// it, the write stays in doubt.
 func (l *Lease) write(ctx context.Context, timeout time.Duration, until time.Time, in *dynamodb.UpdateItemInput, rv string) (rec Record, ours bool, err error) {
 	cctx, cancel := context.WithTimeout(ctx, bounded(timeout, until, l.opts.Now()))
 	out, err := l.db.UpdateItem(cctx, in, singleAttempt)
 	cancel()
-	var item map[string]types.AttributeValue
-	var ccf *types.ConditionalCheckFailedException
-	switch {
-	case err == nil && len(out.Attributes) > 0:
-		item = out.Attributes
-	case errors.As(err, &ccf) && len(ccf.Item) > 0:
-		item = ccf.Item
+	w := condWrite{db: l.db, actions: []types.TransactWriteItem{action(l.table, l.key)}, watch: 0, once: true,
+		timeout: min(timeout, l.opts.CallTimeout), until: until, now: l.opts.Now,
+		mine: func(item map[string]types.AttributeValue) bool {
+			v, ok := item[attrVersion].(*types.AttributeValueMemberS)
+			return ok && v.Value == rv
+		},
+	}.resolve(ctx, attributes(out), err)
+	doubt := w.outcome == unknown
+	if !doubt {
 		err = nil
-	case err != nil && !errors.As(err, &ccf) && !mayHaveApplied(err):
-		// Refused before it could apply: nothing is in doubt.
-		return Record{}, false, err
-	case errors.As(err, &ccf):
-		err = nil
-		fallthrough
-	default:
-		// Either the server returned no item with its answer, or the outcome
-		// is unknown: read the item back. The read must be made even when ctx
-		// has ended, so that a write that did land is known.
-		t := bounded(timeout, until, l.opts.Now())
-		if t <= 0 {
-			l.wrote(rv, false, true)
-			return Record{}, false, errors.Join(err, errors.New("ddblease: no time left to read the lease back"))
-		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t)
-		r, present, rerr := l.read(rctx, true)
-		cancel()
-		if rerr != nil {
-			// Even a conditional failure leaves the write in doubt here: the
-			// write might still be delivered late.
-			l.wrote(rv, false, true)
-			return Record{}, false, errors.Join(err, rerr)
-		}
-		if !present {
-			l.wrote(rv, false, err != nil)
-			return Record{}, false, err
-		}
-		l.observe(r, true)
-		l.wrote(rv, r.version == rv, err != nil)
-		return r, r.version == rv, err
 	}
-	r, derr := decodeLease(item)
+	switch {
+	case w.outcome == failed:
+		return Record{}, false, w.err // refused before it could apply: nothing is in doubt
+	case w.rerr != nil:
+		// Even a failed condition leaves the write in doubt here: the write
+		// might still be delivered late.
+		l.wrote(rv, false, true)
+		return Record{}, false, errors.Join(err, fmt.Errorf("ddblease: read lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, w.rerr)))
+	case len(w.item) == 0:
+		l.wrote(rv, false, doubt)
+		return Record{}, false, err
+	}
+	r, derr := decodeLease(w.item)
 	if derr != nil {
-		return Record{}, false, fmt.Errorf("%w (table %q)", derr, l.table)
+		l.wrote(rv, false, doubt)
+		return Record{}, false, errors.Join(err, fmt.Errorf("%w (table %q)", derr, l.table))
 	}
 	l.observe(r, true)
-	l.wrote(rv, r.version == rv, false)
-	return r, r.version == rv, nil
+	l.wrote(rv, w.outcome == applied, doubt)
+	return r, w.outcome == applied, err
 }
 
 // bounded returns timeout, or less if until (when not zero) comes sooner.

@@ -64,6 +64,9 @@ func (l *Lease) ListRuns(ctx context.Context, sched Schedule, from, to time.Time
 	return runs, errors.Join(errs...)
 }
 
+// errUnprocessed reports keys that BatchGetItem left unprocessed.
+var errUnprocessed = errors.New("ddblease: keys left unprocessed")
+
 // getRuns reads the run items of the slots ids with strongly consistent
 // BatchGetItem requests, and returns them by key.
 func (l *Lease) getRuns(ctx context.Context, ids []string) (map[string]map[string]types.AttributeValue, error) {
@@ -74,28 +77,30 @@ func (l *Lease) getRuns(ctx context.Context, ids []string) (map[string]map[strin
 			keys = append(keys, map[string]types.AttributeValue{attrPK: avS(runItemKey(l.job, id))})
 		}
 		req := map[string]types.KeysAndAttributes{l.table: {Keys: keys, ConsistentRead: aws.Bool(true)}}
-		bo := fixed(l.opts.RetryInterval)
-		for round := 0; len(req) > 0; round++ {
-			if round > 0 {
-				if round > 10 {
-					return nil, fmt.Errorf("ddblease: list runs %q: keys still unprocessed after %d rounds", l.job, round)
+		again := func(err error) bool { return err == errUnprocessed }
+		n, stop, err := retrier{backoff: fixed(l.opts.RetryInterval), again: again, attempts: 11, timeout: l.opts.CallTimeout}.do(ctx,
+			func(ctx context.Context) error {
+				out, err := l.db.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: req})
+				if err != nil {
+					return fmt.Errorf("ddblease: list runs %q: %w", l.job, err)
 				}
-				if err := bo.wait(ctx); err != nil {
-					return nil, fmt.Errorf("ddblease: list runs %q: %w", l.job, err)
+				for _, item := range out.Responses[l.table] {
+					if k, err := str(item, attrPK); err == nil {
+						found[k] = item
+					}
 				}
-			}
-			cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
-			out, err := l.db.BatchGetItem(cctx, &dynamodb.BatchGetItemInput{RequestItems: req})
-			cancel()
-			if err != nil {
-				return nil, fmt.Errorf("ddblease: list runs %q: %w", l.job, err)
-			}
-			for _, item := range out.Responses[l.table] {
-				if k, err := str(item, attrPK); err == nil {
-					found[k] = item
+				if req = out.UnprocessedKeys; len(req) > 0 {
+					return errUnprocessed
 				}
-			}
-			req = out.UnprocessedKeys
+				return nil
+			})
+		switch {
+		case stop == retryAttempts:
+			return nil, fmt.Errorf("ddblease: list runs %q: keys still unprocessed after %d rounds", l.job, n)
+		case stop == retryEnded:
+			return nil, fmt.Errorf("ddblease: list runs %q: %w", l.job, context.Cause(ctx))
+		case err != nil:
+			return nil, err
 		}
 	}
 	return found, nil

@@ -95,24 +95,21 @@ func (tm *term) resignRetrying(ctx context.Context, cause error) error {
 		return nil
 	}
 	tm.endResigning(cause)
-	bo := fixed(l.opts.RetryInterval)
-	for {
-		// The lock is taken for each attempt, not across the waits between
-		// them, so that the events of each are delivered as it ends.
+	// The lock is taken for each attempt, not across the waits between
+	// them, so that the events of each are delivered as it ends.
+	_, _, err := retrier{backoff: fixed(l.opts.RetryInterval), now: l.opts.Now, deadline: t.deadline,
+		onRetry: func(err error) { l.notify.emit(l.event(EventRetry, Event{Op: "resign", Fence: fence, Err: err})) },
+	}.do(ctx, func(ctx context.Context) error {
 		l.writes.lock()
-		err := tm.resign(ctx)
-		l.writes.unlock()
-		switch {
-		case err == nil, errors.Is(err, ErrLost):
-			return nil
-		case !retryable(err) || !l.opts.Now().Add(l.opts.RetryInterval).Before(t.deadline):
-			err = fmt.Errorf("%w: %q fence %d: %w", ErrNotResigned, l.job, fence, err)
-			l.log.Warn("ddblease: could not resign; the lease lapses at its expiry", "fence", fence, "err", err)
-			return err
-		}
-		l.notify.emit(l.event(EventRetry, Event{Op: "resign", Fence: fence, Err: err}))
-		_ = bo.wait(ctx)
+		defer l.writes.unlock()
+		return tm.resign(ctx)
+	})
+	if err == nil || errors.Is(err, ErrLost) {
+		return nil
 	}
+	err = fmt.Errorf("%w: %q fence %d: %w", ErrNotResigned, l.job, fence, err)
+	l.log.Warn("ddblease: could not resign; the lease lapses at its expiry", "fence", fence, "err", err)
+	return err
 }
 
 // ResignOnSignal resigns the lease when one of sigs arrives (SIGTERM and

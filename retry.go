@@ -54,19 +54,78 @@ func (b *backoff) reset() { b.n = 0 }
 // wait sleeps for the next wait, or until ctx ends (its cause then).
 func (b *backoff) wait(ctx context.Context) error { return sleep(ctx, b.next()) }
 
-// retry calls step until it succeeds, fails with an error that retrying
-// cannot mend, ctx ends, or attempts calls have failed, waiting as b says
-// between calls. It returns step's last error.
-func retry(ctx context.Context, b *backoff, attempts int, step func() error) error {
-	var err error
-	for i := 0; i < attempts; i++ {
-		if i > 0 && b.wait(ctx) != nil {
-			return err
+// retrier says how retrier.do retries a step. A zero field leaves its
+// bound out.
+type retrier struct {
+	backoff  *backoff         // the waits between attempts (required)
+	again    func(error) bool // whether an error is worth another attempt; nil: retryable
+	attempts int              // at most this many attempts
+	now      func() time.Time // the clock of deadline
+	deadline time.Time        // no attempt but the first starts, and no wait ends, at or after it
+	timeout  time.Duration    // bound on each attempt; on those after the first, deadline bounds it too
+	onRetry  func(err error)  // told of each failed attempt that will be retried, before the wait
+}
+
+// Why retry stopped.
+const (
+	retryDone     = iota // the step succeeded, or failed with an error not worth retrying
+	retryEnded           // ctx ended
+	retryDeadline        // the next attempt would start at or after the deadline
+	retryAttempts        // the attempts were used up
+)
+
+// do is the library's one retry loop: it calls step, and calls it again
+// after the next wait of r.backoff while it fails with an error worth
+// retrying (r.again), until ctx ends, the attempts are used up or the next
+// attempt would start at or after r.deadline. It returns the number of
+// attempts made, why it stopped, and step's last error.
+func (r retrier) do(ctx context.Context, step func(ctx context.Context) error) (n int, stop int, err error) {
+	again := r.again
+	if again == nil {
+		again = retryable
+	}
+	for n = 1; ; n++ {
+		t := r.timeout
+		if n > 1 && !r.deadline.IsZero() {
+			left := r.deadline.Sub(r.now())
+			if left <= 0 {
+				return n - 1, retryDeadline, err
+			}
+			if t > 0 {
+				t = min(t, left)
+			}
 		}
-		if err = step(); err == nil || !retryable(err) || ctx.Err() != nil {
-			return err
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if t > 0 {
+			actx, cancel = context.WithTimeout(ctx, t)
+		}
+		err = step(actx)
+		cancel()
+		switch {
+		case err == nil || !again(err):
+			return n, retryDone, err
+		case ctx.Err() != nil:
+			return n, retryEnded, err
+		case r.attempts > 0 && n >= r.attempts:
+			return n, retryAttempts, err
+		}
+		d := r.backoff.next()
+		if !r.deadline.IsZero() && !r.now().Add(d).Before(r.deadline) {
+			return n, retryDeadline, err
+		}
+		if r.onRetry != nil {
+			r.onRetry(err)
+		}
+		if sleep(ctx, d) != nil {
+			return n, retryEnded, err
 		}
 	}
+}
+
+// retry calls step as retrier.do does, at most attempts times, waiting as
+// b says between calls, and returns its last error.
+func retry(ctx context.Context, b *backoff, attempts int, step func() error) error {
+	_, _, err := retrier{backoff: b, attempts: attempts}.do(ctx, func(context.Context) error { return step() })
 	return err
 }
 
