@@ -13,9 +13,6 @@ import (
 	"github.com/aws/smithy-go"
 )
 
-// txRetry is retrier, for claim.go until it says so.
-type txRetry = retrier
-
 // Back-off between attempts of a write refused by a conflict: from
 // conflictBackoff, doubling up to maxConflictBackoff (see backoff).
 const (
@@ -94,14 +91,6 @@ func failedConditions(err error) map[int]map[string]types.AttributeValue {
 		}
 	}
 	return fails
-}
-
-// conditionFailed is failedConditions for claim.go, until its claim is
-// resolved by condWrite: whether action i failed its condition, and the
-// item returned.
-func conditionFailed(err error, i int) (map[string]types.AttributeValue, bool) {
-	item, ok := failedConditions(err)[i]
-	return item, ok
 }
 
 // outcome is what became of a conditional write.

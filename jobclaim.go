@@ -201,31 +201,40 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 	}
 	run := &JobRun{l: l, slot: slot, id: id, key: key, fence: t.fence, claim: token, started: now.Round(0), missed: missed,
 		trigger: spec.trigger, finished: spec.status != RunRunning}
-	failed, old, err := tm.claimWrite(ctx, t, upd, o, spec.pause, slot)
-	switch {
-	case errors.Is(err, ErrLost), errors.Is(err, errPaused):
+	actions, err := tm.claimWrite(ctx, t, upd, o, spec.pause, slot)
+	if errors.Is(err, ErrLost) || errors.Is(err, errPaused) {
 		return nil, err
-	case err != nil && (unsent(err) || !retryable(err) && !mismatch(err)):
-		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
-	case err != nil:
-		// The outcome is unknown (or the server saw this request's token
-		// before, with other parameters): read the item back.
-		rec, present, rerr := l.readRun(ctx, key)
-		if rerr == nil && present && mine(rec, token, t.fence) {
-			return tm.claimed(run)
-		}
-		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, errors.Join(err, rerr))
-	case !failed:
-		return tm.claimed(run)
 	}
-	rec, present, err := l.runFromFailure(ctx, key, old)
-	switch {
-	case err != nil:
+	w := condWrite{db: l.db, actions: actions, watch: len(actions) - 1, timeout: l.opts.CallTimeout,
+		mine: func(item map[string]types.AttributeValue) bool {
+			rec, err := decodeRun(item)
+			return len(item) > 0 && err == nil && mine(rec, token, t.fence)
+		}}.resolve(ctx, nil, err)
+	if _, ok := w.fails[0]; ok && len(actions) == 2 && w.outcome != applied {
+		// The check on the lease item failed: the item, returned or read
+		// back, tells a pause from a loss.
+		item, err := w.stored(0)
+		if err == nil {
+			if err = tm.checkLease(item, true, spec.pause, slot); err == nil {
+				err = errors.New("the lease item changed while the claim checked it; try again")
+			}
+		}
+		if errors.Is(err, ErrLost) || errors.Is(err, errPaused) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
-	case !present:
+	}
+	switch {
+	case w.outcome == applied:
+		return tm.claimed(run) // perhaps an SDK retry of a write that did land
+	case w.outcome != refused || w.rerr != nil:
+		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, errors.Join(err, w.rerr))
+	case len(w.item) == 0:
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: the condition failed but the run item is gone; try again", l.job, id)
-	case mine(rec, token, t.fence):
-		return tm.claimed(run) // an SDK retry of a write that did land
+	}
+	rec, err := decodeRun(w.item)
+	if err != nil {
+		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
 	}
 	taken := &SlotTakenError{Run: rec}
 	if rec.orphanFor(t.fence) && o.Rerun == NeverRerun {
@@ -262,10 +271,9 @@ func (tm *term) claimed(run *JobRun) (*JobRun, error) {
 }
 
 // claimWrite writes the claim, in a transaction with a check on the lease
-// item where the server supports them. failed reports that the run item's
-// condition failed, old is the item then returned, if any. A failed check
-// on the lease item ends the tenure and returns ErrLost.
-func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *JobOptions, pause pauseCheck, slot time.Time) (failed bool, old map[string]types.AttributeValue, err error) {
+// item where the server supports them, and returns the write's actions
+// (the run's update last) and its error, for condWrite.
+func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *JobOptions, pause pauseCheck, slot time.Time) ([]types.TransactWriteItem, error) {
 	l := tm.l
 	if !o.NoTransactions && !l.noTxn.Load() {
 		check := &types.ConditionCheck{
@@ -284,51 +292,30 @@ func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 		if t.deadline.Before(deadline) {
 			deadline = t.deadline
 		}
-		err := transactRetrying(ctx, l.db, []types.TransactWriteItem{{ConditionCheck: check}, {Update: upd}},
-			txRetry{now: l.opts.Now, deadline: deadline, timeout: l.opts.CallTimeout})
+		actions := []types.TransactWriteItem{{ConditionCheck: check}, {Update: upd}}
+		err := transactRetrying(ctx, l.db, actions, retrier{now: l.opts.Now, deadline: deadline, timeout: l.opts.CallTimeout})
 		if !errors.Is(err, ErrTransactionsUnsupported) {
-			if item, ok := conditionFailed(err, 0); ok {
-				if len(item) == 0 {
-					// The server returned no item with the refusal: read it,
-					// to tell a pause from a lost lease.
-					var rerr error
-					if item, rerr = getItem(ctx, l.db, l.table, l.key, l.opts.CallTimeout); rerr != nil {
-						return false, nil, fmt.Errorf("read lease %q after a refused claim: %w", l.job, rerr)
-					}
-				}
-				if err := tm.checkLease(item, true, pause, slot); err != nil {
-					return false, nil, err
-				}
-				return false, nil, errors.New("the lease item changed while the claim checked it; try again")
-			}
-			if item, ok := conditionFailed(err, 1); ok {
-				return true, item, nil
-			}
-			return false, nil, err
+			return actions, err
 		}
 		l.log.Info("ddblease: the server does not support transactions; claims will not check the lease item", "err", err)
 		l.noTxn.Store(true)
 	}
+	plain := []types.TransactWriteItem{{Update: upd}}
 	if pause != pauseIgnored {
 		// No transaction: the pause (and the fence, which the keeper checks
 		// too) is read just before the write.
 		item, err := getItem(ctx, l.db, l.table, l.key, l.opts.CallTimeout)
 		if err != nil {
-			return false, nil, fmt.Errorf("read lease %q: %w", l.job, err)
+			return plain, fmt.Errorf("read lease %q: %w", l.job, err)
 		}
 		if err := tm.checkLease(item, true, pause, slot); err != nil {
-			return false, nil, err
+			return plain, err
 		}
 	}
-	in := updateItemInput(upd)
 	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
 	defer cancel()
-	_, err = l.db.UpdateItem(cctx, in)
-	var ccf *types.ConditionalCheckFailedException
-	if errors.As(err, &ccf) {
-		return true, ccf.Item, nil
-	}
-	return false, nil, err
+	_, err := l.db.UpdateItem(cctx, updateItemInput(upd))
+	return plain, err
 }
 
 // checkLease judges the lease item seen by a claim's check (item, which
@@ -350,30 +337,6 @@ func (tm *term) checkLease(item map[string]types.AttributeValue, known bool, pau
 	}
 	tm.end(lost, LossDeposed)
 	return lost
-}
-
-// runFromFailure decodes the run item returned with a failed condition, or
-// reads it when the server returned none.
-func (l *Lease) runFromFailure(ctx context.Context, key, item map[string]types.AttributeValue) (RunRecord, bool, error) {
-	if len(item) > 0 {
-		rec, err := decodeRun(item)
-		return rec, err == nil, err
-	}
-	return l.readRun(ctx, key)
-}
-
-// readRun reads a run item with a strongly consistent read, even when ctx
-// has ended, so that an applied write is known.
-func (l *Lease) readRun(ctx context.Context, key map[string]types.AttributeValue) (RunRecord, bool, error) {
-	item, err := getItem(context.WithoutCancel(ctx), l.db, l.table, key, l.opts.CallTimeout)
-	if err != nil {
-		return RunRecord{}, false, fmt.Errorf("ddblease: read run item: %w", err)
-	}
-	if len(item) == 0 {
-		return RunRecord{}, false, nil
-	}
-	rec, err := decodeRun(item)
-	return rec, err == nil, err
 }
 
 // abandon marks rec, which an older tenure left running, abandoned by
@@ -398,13 +361,13 @@ func (l *Lease) abandon(ctx context.Context, rec RunRecord, fence int64) (RunRec
 		},
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})
-	var ccf *types.ConditionalCheckFailedException
+	item, refused := failedConditions(err)[0]
 	switch {
 	case err == nil:
 		rec.Status, rec.AbandonedBy, rec.FinishedAt = RunAbandoned, fence, time.UnixMilli(now.UnixMilli())
 		return rec, true, nil
-	case errors.As(err, &ccf):
-		if cur, derr := decodeRun(ccf.Item); len(ccf.Item) > 0 && derr == nil {
+	case refused:
+		if cur, derr := decodeRun(item); len(item) > 0 && derr == nil {
 			return cur, false, nil
 		}
 		return rec, false, nil
