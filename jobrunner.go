@@ -319,65 +319,68 @@ type firing struct {
 // handled already. err is set only when the campaign must stop.
 func (r *runner) execute(ctx context.Context, tn *term, f firing) (done bool, err error) {
 	l := r.l
-	giveUpAt := r.giveUpAt(f)
-	bo := fixed(l.opts.RetryInterval)
 	var run *JobRun
-	for attempt := 1; ; attempt++ {
+	// Transient failures are retried until the next slot is due; the
+	// errors below are each the claim's answer.
+	attempts, stop, err := retrier{backoff: fixed(l.opts.RetryInterval), now: l.opts.Now, deadline: r.giveUpAt(f),
+		again: func(err error) bool { return retryable(err) && !decided(err) },
+		onRetry: func(err error) {
+			l.notify.emit(l.event(EventRetry, Event{Op: "claim", Fence: tn.fence, Slot: f.slot, Err: err}))
+		},
+	}.do(ctx, func(ctx context.Context) error {
+		var err error
 		run, err = tn.claim(ctx, f.slot, &r.o, f.token, f.missed, f.spec)
-		if err == nil {
-			break
-		}
-		switch {
-		case errors.Is(err, errPaused) && f.what == "slot":
-			if attempt > 1 {
-				// An earlier attempt may have landed unseen: its run, if
-				// any, is given up and swept like one claimed too late.
-				r.giveUp(f.token)
-				r.unswept = append(r.unswept, f.slot)
-			}
-			return r.execute(ctx, tn, firing{what: f.what, slot: f.slot, missed: f.missed, token: randomID(8),
-				spec: claimSpec{status: RunSkippedByPause, unswept: f.spec.unswept}})
-		case errors.Is(err, errPaused):
-			l.log.Info("ddblease: "+f.what+" not run: the job was paused again", "slot", fmtSlot(f.slot))
-			return true, nil
-		case errors.Is(err, ErrSlotTaken):
-			l.log.Debug("ddblease: "+f.what+" already handled", "slot", fmtSlot(f.slot), "err", err)
-			r.keepOrphan(err, tn, f.slot)
-			return true, nil
-		case errors.Is(err, errClaimedLate):
-			// fn is not called on a tenure that is over. The run, claimed,
-			// is given up: a slot's is marked abandoned by the next resweep;
-			// a trigger's or catch-up's request stays pending, for the next
-			// tenure, whose claim finds the run an older tenure left.
-			l.log.Warn("ddblease: "+f.what+" not run: the tenure ended while it was being claimed", "slot", fmtSlot(f.slot), "fence", tn.fence)
+		return err
+	})
+	switch {
+	case err == nil:
+	case errors.Is(err, errPaused) && f.what == "slot":
+		if attempts > 1 {
+			// An earlier attempt may have landed unseen: its run, if
+			// any, is given up and swept like one claimed too late.
 			r.giveUp(f.token)
-			if f.what == "slot" {
-				r.unswept = append(r.unswept, f.slot)
-			}
-			_ = sleep(ctx, l.opts.RetryInterval)
-			return false, nil
-		case errors.Is(err, ErrLost), errors.Is(err, ErrNotLeader):
-			// The tenure is over: its timer cancels ctx, and Run campaigns
-			// again. Wait for that, but never for ever.
-			_ = sleep(ctx, l.opts.RetryInterval)
-			return false, nil
-		case ctx.Err() != nil:
-			return false, nil
-		case errors.Is(err, ErrMalformedItem):
-			l.log.Error("ddblease: "+f.what+" skipped: its run item is malformed", "slot", fmtSlot(f.slot), "err", err)
-			return true, nil
-		case !retryable(err):
-			return false, err
+			r.unswept = append(r.unswept, f.slot)
 		}
-		if !giveUpAt.IsZero() && !l.opts.Now().Before(giveUpAt) {
-			l.log.Warn("ddblease: "+f.what+" given up: the next slot is due", "slot", fmtSlot(f.slot), "err", err)
-			r.giveUp(f.token)
-			return false, nil
+		return r.execute(ctx, tn, firing{what: f.what, slot: f.slot, missed: f.missed, token: randomID(8),
+			spec: claimSpec{status: RunSkippedByPause, unswept: f.spec.unswept}})
+	case errors.Is(err, errPaused):
+		l.log.Info("ddblease: "+f.what+" not run: the job was paused again", "slot", fmtSlot(f.slot))
+		return true, nil
+	case errors.Is(err, ErrSlotTaken):
+		l.log.Debug("ddblease: "+f.what+" already handled", "slot", fmtSlot(f.slot), "err", err)
+		r.keepOrphan(err, tn, f.slot)
+		return true, nil
+	case errors.Is(err, errClaimedLate):
+		// fn is not called on a tenure that is over. The run, claimed,
+		// is given up: a slot's is marked abandoned by the next resweep;
+		// a trigger's or catch-up's request stays pending, for the next
+		// tenure, whose claim finds the run an older tenure left.
+		l.log.Warn("ddblease: "+f.what+" not run: the tenure ended while it was being claimed", "slot", fmtSlot(f.slot), "fence", tn.fence)
+		r.giveUp(f.token)
+		if f.what == "slot" {
+			r.unswept = append(r.unswept, f.slot)
 		}
-		l.notify.emit(l.event(EventRetry, Event{Op: "claim", Fence: tn.fence, Slot: f.slot, Err: err}))
-		if bo.wait(ctx) != nil {
-			return false, nil
-		}
+		_ = sleep(ctx, l.opts.RetryInterval)
+		return false, nil
+	case errors.Is(err, ErrLost), errors.Is(err, ErrNotLeader):
+		// The tenure is over: its timer cancels ctx, and Run campaigns
+		// again. Wait for that, but never for ever.
+		_ = sleep(ctx, l.opts.RetryInterval)
+		return false, nil
+	case stop == retryEnded || ctx.Err() != nil:
+		return false, nil
+	case errors.Is(err, ErrMalformedItem):
+		l.log.Error("ddblease: "+f.what+" skipped: its run item is malformed", "slot", fmtSlot(f.slot), "err", err)
+		return true, nil
+	case stop == retryDeadline:
+		// The wait that would have come next still comes, so that claims
+		// failing fast are not sent in a loop from one firing to the next.
+		l.log.Warn("ddblease: "+f.what+" given up: the next slot is due", "slot", fmtSlot(f.slot), "err", err)
+		r.giveUp(f.token)
+		_ = sleep(ctx, jitter(l.opts.RetryInterval))
+		return false, nil
+	default: // an error retrying cannot mend
+		return false, err
 	}
 	if run.finished {
 		l.log.Info("ddblease: slot skipped: the job is paused", "slot", fmtSlot(f.slot), "fence", tn.fence)
@@ -390,6 +393,18 @@ func (r *runner) execute(ctx context.Context, tn *term, f firing) (done bool, er
 	// stays due, so that a newer tenure's catch-up finds the run left
 	// running and marks it abandoned; a request stays pending.
 	return r.runAndFinish(ctx, tn, run), nil
+}
+
+// decided reports whether err, from a claim, is an answer rather than a
+// failure: the job is paused, the slot is taken, the tenure is over, the
+// run item is malformed.
+func decided(err error) bool {
+	for _, e := range []error{errPaused, ErrSlotTaken, errClaimedLate, ErrLost, ErrNotLeader, ErrMalformedItem} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // giveUpAt returns when a firing's claim is given up: once the next slot
@@ -453,24 +468,23 @@ func (r *runner) finish(ctx context.Context, tn *term, run *JobRun, fnErr error)
 	if run.isFinished() {
 		return true
 	}
-	fctx := context.WithoutCancel(ctx)
-	bo := fixed(l.opts.RetryInterval)
-	for {
-		err := run.Finish(fctx, fnErr)
-		if err == nil {
-			return true
-		}
-		if errors.Is(err, ErrStaleFence) || !retryable(err) || !tn.leads() {
-			args := []any{"slot", run.id, "fence", tn.fence, "err", err}
-			if fnErr != nil {
-				args = append(args, "run_err", fnErr)
-			}
-			l.log.Warn("ddblease: could not record the run's outcome", args...)
-			return errors.Is(err, ErrStaleFence) // a newer tenure settled it
-		}
-		l.notify.emit(l.event(EventRetry, Event{Op: "finish", Fence: tn.fence, Slot: run.slot, Err: err}))
-		_ = bo.wait(fctx)
+	// Retried while the tenure leads, even when ctx has ended (the firing
+	// is draining).
+	_, _, err := retrier{backoff: fixed(l.opts.RetryInterval),
+		again: func(err error) bool { return retryable(err) && !errors.Is(err, ErrStaleFence) && tn.leads() },
+		onRetry: func(err error) {
+			l.notify.emit(l.event(EventRetry, Event{Op: "finish", Fence: tn.fence, Slot: run.slot, Err: err}))
+		},
+	}.do(context.WithoutCancel(ctx), func(ctx context.Context) error { return run.Finish(ctx, fnErr) })
+	if err == nil {
+		return true
 	}
+	args := []any{"slot", run.id, "fence", tn.fence, "err", err}
+	if fnErr != nil {
+		args = append(args, "run_err", fnErr)
+	}
+	l.log.Warn("ddblease: could not record the run's outcome", args...)
+	return errors.Is(err, ErrStaleFence) // a newer tenure settled it
 }
 
 // sweep reads back the skipped slots, latest first, 100 per request,
@@ -507,7 +521,7 @@ func (r *runner) sweep(ctx context.Context, tn *term, older []time.Time, n int, 
 			ids[i] = fmtSlot(s)
 		}
 		var items map[string]map[string]types.AttributeValue
-		err := retry(ctx, fixed(l.opts.RetryInterval), 3, func() error {
+		_, _, err := retrier{backoff: fixed(l.opts.RetryInterval), attempts: 3}.do(ctx, func(ctx context.Context) error {
 			var err error
 			items, err = l.getRuns(ctx, ids)
 			return err
@@ -934,8 +948,7 @@ func (r *runner) clearControl(ctx context.Context, update, cond string, names ma
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.CallTimeout)
 	defer cancel()
-	var ccf *types.ConditionalCheckFailedException
-	if _, err := l.db.UpdateItem(cctx, in); err != nil && !errors.As(err, &ccf) {
+	if _, err := l.db.UpdateItem(cctx, in); err != nil && len(failedConditions(err)) == 0 {
 		l.log.Warn("ddblease: could not clear a handled operator request", "err", err)
 	}
 }

@@ -122,13 +122,6 @@ func (r retrier) do(ctx context.Context, step func(ctx context.Context) error) (
 	}
 }
 
-// retry calls step as retrier.do does, at most attempts times, waiting as
-// b says between calls, and returns its last error.
-func retry(ctx context.Context, b *backoff, attempts int, step func() error) error {
-	_, _, err := retrier{backoff: b, attempts: attempts}.do(ctx, func(context.Context) error { return step() })
-	return err
-}
-
 // sleep waits d, or until ctx ends (its cause then).
 func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
