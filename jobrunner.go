@@ -791,7 +791,12 @@ func (r *runner) lookIfAsked(ctx context.Context, tn *term) error {
 		return nil
 	}
 	r.ctl.look = false
-	_, _, err := r.control(ctx, tn)
+	_, known, err := r.control(ctx, tn)
+	if !known && err == nil && ctx.Err() == nil {
+		// Not read (a transient error): look again after the next
+		// firing, rather than wait for the controls to change again.
+		r.ctl.look = true
+	}
 	return err
 }
 
