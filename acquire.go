@@ -45,19 +45,14 @@ func (l *Lease) acquire(ctx context.Context) (t *term, failing bool, err error) 
 			return nil, !succeeded && lastErr != nil, errors.Join(fmt.Errorf("ddblease: acquire %q: %w", l.job, ended(ctx)), lastErr)
 		}
 		var err error
-		if l.takeable() && l.yielding() <= 0 {
+		if l.mayTry() {
 			if t, err = l.tryAcquire(ctx); err == nil {
 				return t, false, nil
 			}
-		} else if err = l.poll(ctx); err == nil && l.takeable() && l.yielding() <= 0 {
+		} else if err = l.poll(ctx); err == nil && l.mayTry() {
 			continue
 		}
 		wait := l.pollInterval()
-		if y := l.yielding(); y > 0 {
-			// Leaving a free lease to the standbys: look again soon, to see
-			// whether one took it, but not at once.
-			wait = min(max(wait, jitter(l.opts.RetryInterval/10)), y)
-		}
 		switch {
 		case err == nil, errors.Is(err, ErrHeld), errors.Is(err, ErrLost):
 			lastErr, succeeded = nil, true
@@ -97,13 +92,6 @@ func (o *Options) mayPassAtStart(err error, since *time.Time) bool {
 	return now.Sub(*since) < o.LeaseDuration
 }
 
-// yielding returns how long Acquire still leaves a free lease to others.
-func (l *Lease) yielding() time.Duration {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.yieldUntil.Sub(l.opts.Now())
-}
-
 // poll reads the lease item, eventually consistent, and records what it saw.
 func (l *Lease) poll(ctx context.Context) error {
 	rec, present, err := l.read(ctx, false)
@@ -117,7 +105,9 @@ func (l *Lease) poll(ctx context.Context) error {
 // jittered RetryInterval (a tenth of it while the holder drains), or less
 // when the lease becomes takeable sooner, by its recorded expiry or by the
 // watch on its renewal version, so that a crashed holder's lease is taken
-// the moment it may be, without extra reads.
+// the moment it may be, without extra reads. While this handle leaves a
+// free lease to the others (yieldUntil), it looks again soon, to see
+// whether one took it, but not at once.
 func (l *Lease) pollInterval() time.Duration {
 	r := l.takeoverRule()
 	d := l.opts.RetryInterval
@@ -127,6 +117,14 @@ func (l *Lease) pollInterval() time.Duration {
 	d = jitter(d)
 	if r.obs.present {
 		d = min(d, r.wait(l.opts.Now()))
+	}
+	l.mu.Lock()
+	y := l.yieldUntil.Sub(l.opts.Now())
+	l.mu.Unlock()
+	if y > 0 {
+		// Leaving a free lease to the standbys: look again soon, to see
+		// whether one took it, but not at once.
+		d = min(max(d, jitter(l.opts.RetryInterval/10)), y)
 	}
 	return d
 }
@@ -150,6 +148,14 @@ func (l *Lease) observe(rec Record, present bool) {
 	}
 }
 
-// takeable reports whether the last observation allows an acquisition
-// attempt now (see takeover).
-func (l *Lease) takeable() bool { return l.takeoverRule().mayTry(l.opts.Now()) }
+// mayTry reports whether Acquire may try to take the lease now: the last
+// observation allows it (see takeover), and this handle is not leaving a
+// free lease to the others (yieldUntil).
+func (l *Lease) mayTry() bool {
+	if !l.takeoverRule().mayTry(l.opts.Now()) {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.yieldUntil.After(l.opts.Now())
+}

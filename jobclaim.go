@@ -239,7 +239,7 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 	taken := &SlotTakenError{Run: rec}
 	if rec.orphanFor(t.fence) && o.Rerun == NeverRerun {
 		var err error
-		if taken.Run, taken.Abandoned, err = l.abandon(ctx, rec, t.fence); err != nil {
+		if taken.Run, taken.Abandoned, err = tm.abandon(ctx, rec); err != nil {
 			l.log.Warn("ddblease: could not mark an orphaned run abandoned", "slot", id, "fence", rec.Fence, "err", err)
 		}
 	}
@@ -339,10 +339,11 @@ func (tm *term) checkLease(item map[string]types.AttributeValue, known bool, pau
 	return lost
 }
 
-// abandon marks rec, which an older tenure left running, abandoned by
-// fence. ok reports that this call did it; the record returned is the run
-// as it now stands, as far as known.
-func (l *Lease) abandon(ctx context.Context, rec RunRecord, fence int64) (RunRecord, bool, error) {
+// abandon marks rec, which an older tenure left running (or this one gave
+// up), abandoned by this tenure. ok reports that this call did it; the
+// record returned is the run as it now stands, as far as known.
+func (tm *term) abandon(ctx context.Context, rec RunRecord) (RunRecord, bool, error) {
+	l, fence := tm.l, tm.fence
 	id := rec.runID()
 	now := l.opts.Now()
 	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)

@@ -593,7 +593,7 @@ func (r *runner) abandonOrphan(ctx context.Context, tn *term, slot time.Time, it
 		return false, true // kept for the next resweep
 	}
 	r.marks++
-	_, ok, err := l.abandon(ctx, rec, tn.fence)
+	_, ok, err := tn.abandon(ctx, rec)
 	if err != nil {
 		l.log.Warn("ddblease: could not mark an orphaned run abandoned", "slot", id, "fence", rec.Fence, "err", err)
 		return false, retryable(err)
