@@ -41,6 +41,14 @@ var foundSeeds = []struct {
 	{141013, "a claim found a run an older tenure left running and could not mark it abandoned: the slot counted as handled"},
 	{149650, "a claim answered after the tenure's deadline by the runtime clock: the ended tenure claimed the next slot, found its own run and moved past both (1 replay in 150 took that path before the fix)"},
 	{149795, "checker: a leaderless moment after a panic, once a leader had followed the faults, reported as no leader at all"},
+	{183445, "an orphan the finder could not mark before its tenure ended: the next tenure's catch-up stopped at the finder's run and never read it (each claim now records the slots still to sweep)"},
+	{131, "a slot due during a pause no leader saw was fired after a resumption without catch-up (the claim now checks the pause's span)"},
+	{63, "a slot whose claim was retried across a pause was fired after the resumption"},
+	{80, "a slot skipped by the pause was recorded without the missed count computed for it"},
+	{137, "a resumption's catch-up recorded Missed=0 as known"},
+	{236, "a paused job whose skip record failed sent requests in a loop"},
+	{443, "a resumption's catch-up moved the schedule's last slot, so the catch-up never read an earlier tenure's orphans; abandon writes sent in bursts"},
+	{1046, "a look at the operator controls that failed was not made again: a trigger stayed pending for the rest of the tenure"},
 }
 
 // TestFoundSeeds replays the seeds in foundSeeds.
