@@ -278,10 +278,14 @@ func (a *Admin) RequestResign(ctx context.Context, job string, fence int64) (Rec
 // Pause stops RunSchedule, on every replica, from firing job's slots: the
 // leader keeps the lease, and each slot that falls due while the job is
 // paused is recorded as a run with status RunSkippedByPause. It takes
-// effect for every firing that starts after the write: the leader reads the
-// lease item (one strongly consistent GetItem per slot, paused or not) just
-// before it fires a slot, and while that read fails it neither fires nor
-// skips. Triggered runs (Trigger) still run. Replicas that use Run rather
+// effect for every claim written after it: each slot's claim checks the
+// pause, and the span of the latest pause, at the instant of the write (in
+// the claim's transaction; by a strongly consistent read just before it on
+// a server without transactions), so that a slot that came due in the pause
+// is not fired after the resumption either, also when its claim was being
+// retried as the pause began or no leader saw the pause. While the claim
+// fails the slot neither fires nor is skipped. Triggered runs (Trigger)
+// still run. Replicas that use Run rather
 // than RunSchedule are not affected: Record.Control.Paused is theirs to
 // read. Pausing a paused job changes nothing (who paused it first, and when,
 // stay recorded). It returns the item as written.
