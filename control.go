@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
 // ErrResignRequested is the cause (context.Cause) of a leader context that
@@ -112,3 +114,216 @@ func movedOn(job string, fence int64, rec Record) error {
 	return fmt.Errorf("%w: %q fence %d: released by force by operator %q at %s; the fence is now %d%s",
 		ErrLost, job, fence, c.ReleasedBy, c.ReleasedAt.UTC().Format(time.RFC3339), rec.Fence, held)
 }
+
+// Attribute names of the operator controls kept in the lease item (see
+// Admin). Writes of the lease protocol never touch them, and operator writes
+// never touch the protocol's attributes except ForceRelease, which raises
+// the fence like an acquisition does.
+const (
+	attrPaused        = "paused"        // BOOL: RunSchedule fires no slot
+	attrPausedBy      = "pausedBy"      // S: operator of the latest pause
+	attrPausedAt      = "pausedAt"      // N: Unix ms, operator's clock
+	attrResumedBy     = "resumedBy"     // S
+	attrResumedAt     = "resumedAt"     // N: Unix ms
+	attrCatchUp       = "catchUp"       // S: token of the latest resumption
+	attrCatchUpWanted = "catchUpWanted" // BOOL: that resumption asked for a catch-up
+	attrCatchUpDone   = "catchUpDone"   // S: token of the latest catch-up handled
+	attrResignFence   = "resignFence"   // N: the tenure asked to resign
+	attrResignBy      = "resignBy"      // S
+	attrResignAt      = "resignAt"      // N: Unix ms
+	attrReleasedFence = "releasedFence" // N: the tenure force-released
+	attrReleasedBy    = "releasedBy"    // S
+	attrReleasedAt    = "releasedAt"    // N: Unix ms
+	// attrTriggers maps the id of each pending trigger request to its
+	// slot (N, Unix ms). Handled requests are removed from the map with a
+	// nested REMOVE. The map keeps a placeholder entry, triggerKeep, so
+	// that it is never emptied: the in-process test server mishandles the
+	// removal of a map's last entry, and ignores top-level REMOVE actions
+	// (which is why no other control is cleared by removing an attribute).
+	attrTriggers = "triggers" // M
+	triggerKeep  = "-"
+)
+
+// Control is the operator state recorded in a lease item: pause, resign
+// request, forced release and pending triggers (see Admin). Times are by
+// the operator's clock.
+type Control struct {
+	// Paused reports that RunSchedule fires no slot of the job; slots that
+	// fall due are recorded with status RunSkippedByPause.
+	Paused    bool
+	PausedBy  string    // who paused the job last
+	PausedAt  time.Time // when; zero if never paused
+	ResumedBy string    // who resumed it last
+	ResumedAt time.Time
+	// CatchUpPending reports a resumption that asked for the latest slot
+	// skipped by the pause to be run, not yet handled by the leader.
+	CatchUpPending bool
+
+	// ResignFence is the fence of the tenure an operator asked to resign;
+	// the request concerns only that tenure. Zero if none was made.
+	ResignFence int64
+	ResignBy    string
+	ResignAt    time.Time
+
+	// ReleasedFence is the fence of the tenure an operator released by
+	// force (the fence was raised past it). Zero if none.
+	ReleasedFence int64
+	ReleasedBy    string
+	ReleasedAt    time.Time
+
+	// Triggers counts the trigger requests the leader has not taken up yet.
+	Triggers int
+
+	catchUp  string
+	triggers string // ids of the pending triggers, oldest first: a change wakes the runner
+}
+
+// pendingTrigger is one trigger request found in a lease item.
+type pendingTrigger struct {
+	id   string
+	slot time.Time
+}
+
+// controlItem is the operator attributes of a lease item (embedded in
+// leaseItem). The pending triggers, a map, are read by pendingTriggers.
+type controlItem struct {
+	Paused        boolAttr `dynamodbav:"paused"`
+	PausedBy      sAttr    `dynamodbav:"pausedBy"`
+	PausedAt      nAttr    `dynamodbav:"pausedAt"`
+	ResumedBy     sAttr    `dynamodbav:"resumedBy"`
+	ResumedAt     nAttr    `dynamodbav:"resumedAt"`
+	CatchUp       sAttr    `dynamodbav:"catchUp"`
+	CatchUpWanted boolAttr `dynamodbav:"catchUpWanted"`
+	CatchUpDone   sAttr    `dynamodbav:"catchUpDone"`
+	ResignFence   nAttr    `dynamodbav:"resignFence"`
+	ResignBy      sAttr    `dynamodbav:"resignBy"`
+	ResignAt      nAttr    `dynamodbav:"resignAt"`
+	ReleasedFence nAttr    `dynamodbav:"releasedFence"`
+	ReleasedBy    sAttr    `dynamodbav:"releasedBy"`
+	ReleasedAt    nAttr    `dynamodbav:"releasedAt"`
+}
+
+// decode validates the operator attributes of item, decoded into it. All
+// are optional; one of the wrong type is an error.
+func (it *controlItem) decode(item map[string]types.AttributeValue) (Control, error) {
+	var c Control
+	var err error
+	var catchUpDone string
+	var wanted bool
+	if c.Paused, err = it.Paused.opt(attrPaused); err != nil {
+		return Control{}, err
+	}
+	if wanted, err = it.CatchUpWanted.opt(attrCatchUpWanted); err != nil {
+		return Control{}, err
+	}
+	for _, s := range []struct {
+		name string
+		a    sAttr
+		dst  *string
+	}{
+		{attrPausedBy, it.PausedBy, &c.PausedBy}, {attrResumedBy, it.ResumedBy, &c.ResumedBy}, {attrCatchUp, it.CatchUp, &c.catchUp},
+		{attrCatchUpDone, it.CatchUpDone, &catchUpDone}, {attrResignBy, it.ResignBy, &c.ResignBy}, {attrReleasedBy, it.ReleasedBy, &c.ReleasedBy},
+	} {
+		if *s.dst, err = s.a.opt(s.name); err != nil {
+			return Control{}, err
+		}
+	}
+	if !wanted || c.catchUp == catchUpDone {
+		c.catchUp = ""
+	}
+	c.CatchUpPending = c.catchUp != ""
+	for _, t := range []struct {
+		name string
+		a    nAttr
+		dst  *time.Time
+	}{
+		{attrPausedAt, it.PausedAt, &c.PausedAt}, {attrResumedAt, it.ResumedAt, &c.ResumedAt},
+		{attrResignAt, it.ResignAt, &c.ResignAt}, {attrReleasedAt, it.ReleasedAt, &c.ReleasedAt},
+	} {
+		ms, err := t.a.opt(t.name)
+		if err != nil {
+			return Control{}, err
+		}
+		if ms != 0 {
+			*t.dst = time.UnixMilli(ms)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		a    nAttr
+		dst  *int64
+	}{{attrResignFence, it.ResignFence, &c.ResignFence}, {attrReleasedFence, it.ReleasedFence, &c.ReleasedFence}} {
+		if *f.dst, err = f.a.opt(f.name); err != nil {
+			return Control{}, err
+		}
+		if *f.dst < 0 {
+			return Control{}, fmt.Errorf("%s %d is negative", f.name, *f.dst)
+		}
+	}
+	trs, err := pendingTriggers(item)
+	if err != nil {
+		return Control{}, err
+	}
+	c.Triggers = len(trs)
+	for _, t := range trs {
+		c.triggers += t.id
+	}
+	return c, nil
+}
+
+// pendingTriggers returns the trigger requests of a lease item, oldest
+// first.
+func pendingTriggers(item map[string]types.AttributeValue) ([]pendingTrigger, error) {
+	v, ok := item[attrTriggers]
+	if !ok {
+		return nil, nil
+	}
+	m, ok := v.(*types.AttributeValueMemberM)
+	if !ok {
+		return nil, fmt.Errorf("attribute %s is not a map", attrTriggers)
+	}
+	var out []pendingTrigger
+	for id := range m.Value {
+		if id == triggerKeep {
+			continue
+		}
+		if !validTriggerID(id) {
+			return nil, fmt.Errorf("attribute %s: %q is not a trigger id", attrTriggers, id)
+		}
+		ms, err := num(m.Value, id)
+		if err != nil {
+			return nil, fmt.Errorf("attribute %s: %v", attrTriggers, err)
+		}
+		slot := time.UnixMilli(ms).UTC()
+		if _, err := slotID(slot); err != nil {
+			return nil, fmt.Errorf("attribute %s: trigger %s: %v", attrTriggers, id, err)
+		}
+		out = append(out, pendingTrigger{id: id, slot: slot})
+	}
+	// Oldest first; ties by id, so that the order is stable.
+	for i := 1; i < len(out); i++ {
+		for j := i; j > 0 && (out[j].slot.Before(out[j-1].slot) ||
+			out[j].slot.Equal(out[j-1].slot) && out[j].id < out[j-1].id); j-- {
+			out[j], out[j-1] = out[j-1], out[j]
+		}
+	}
+	return out, nil
+}
+
+// validTriggerID reports whether id has the form Admin.Trigger gives: 16
+// lowercase hex digits.
+func validTriggerID(id string) bool {
+	if len(id) != 16 {
+		return false
+	}
+	for _, r := range id {
+		if !(r >= '0' && r <= '9' || r >= 'a' && r <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// triggerRunID is the run id of a triggered run: its slot, then the
+// trigger id, so that it never collides with a schedule slot.
+func triggerRunID(slot time.Time, id string) string { return fmtSlot(slot) + "#trigger-" + id }

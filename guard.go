@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -400,4 +401,530 @@ func keyOf(ctx context.Context, db DynamoDBAPI, keys *sync.Map, table string, it
 		key[n] = v
 	}
 	return key, nil
+}
+
+// marker keeps the fence high-water mark of guarded items: the attributes
+// in which every guarded Put, Update and Delete finds and sets it, and the
+// conditions that refuse a lower fence. A Guard has one (GuardOptions), and
+// JobRun.Commit makes one (CommitOptions); every form writes the mark
+// through it, so that forms mixed on one item agree.
+type marker struct {
+	fence string // the mark's attribute (GuardOptions.FenceAttribute)
+	token string // the write token's attribute (GuardOptions.TokenAttribute)
+}
+
+// newMarker checks the names of a mark's attributes, taking the defaults
+// for empty ones; what names the options for errors.
+func newMarker(what, fence, token string) (marker, error) {
+	if fence == "" {
+		fence = DefaultGuardFenceAttribute
+	}
+	if token == "" {
+		token = DefaultGuardTokenAttribute
+	}
+	if err := checkName(what+".FenceAttribute", fence, 255); err != nil {
+		return marker{}, err
+	}
+	if err := checkName(what+".TokenAttribute", token, 255); err != nil {
+		return marker{}, err
+	}
+	if fence == token {
+		return marker{}, invalid("%s: TokenAttribute and FenceAttribute are both %q", what, fence)
+	}
+	return marker{fence: fence, token: token}, nil
+}
+
+// condition adds the fence high-water check and, unless tok is empty, the
+// token check to a user's condition, after checking that it cannot escape
+// them.
+func (m marker) condition(what string, cond *string, names map[string]string, values map[string]types.AttributeValue,
+	fence int64, tok string) (*string, map[string]string, map[string]types.AttributeValue, error) {
+	for k := range names {
+		if reservedIn(k) {
+			return nil, nil, nil, invalid("%s: the placeholder %s is reserved for the guard (every #%s... and :%s... is)", what, k, reservedPrefix, reservedPrefix)
+		}
+	}
+	for k := range values {
+		if reservedIn(k) {
+			return nil, nil, nil, invalid("%s: the placeholder %s is reserved for the guard (every #%s... and :%s... is)", what, k, reservedPrefix, reservedPrefix)
+		}
+	}
+	uc := strings.TrimSpace(aws.ToString(cond))
+	if err := checkCondition(uc); err != nil {
+		return nil, nil, nil, fmt.Errorf("%s: ConditionExpression: %w", what, err)
+	}
+	names = maps.Clone(names)
+	if names == nil {
+		names = map[string]string{}
+	}
+	values = maps.Clone(values)
+	if values == nil {
+		values = map[string]types.AttributeValue{}
+	}
+	names[fenceName], values[fenceValue] = m.fence, avN(fence)
+	c := "(attribute_not_exists(" + fenceName + ") OR " + fenceName + " <= " + fenceValue + ")"
+	if tok != "" {
+		names[tokenName], values[tokenValue] = m.token, avS(tok)
+		c += " AND (attribute_not_exists(" + tokenName + ") OR " + tokenName + " <> " + tokenValue + ")"
+	}
+	if uc != "" {
+		c += " AND (" + uc + ")"
+	}
+	return aws.String(c), names, values, nil
+}
+
+// item returns a copy of a Put's item carrying the mark and the token; an
+// item that holds the token attribute already is refused.
+func (m marker) item(what string, item map[string]types.AttributeValue, fence int64, tok string) (map[string]types.AttributeValue, error) {
+	if _, ok := item[m.token]; ok {
+		return nil, invalid("%s: the item holds attribute %q, which the guard reserves for its write token (TokenAttribute)", what, m.token)
+	}
+	item = maps.Clone(item)
+	item[m.fence] = avN(fence)
+	item[m.token] = avS(tok)
+	return item, nil
+}
+
+// update returns an Update's expression with the assignments of the mark
+// and the token added; one that uses the guard's placeholders, or refers to
+// the mark's or the token's attribute at the top level (which could lower
+// or remove the mark), is refused.
+func (m marker) update(what string, expr *string, names map[string]string) (*string, error) {
+	e := aws.ToString(expr)
+	if reservedIn(e) {
+		return nil, invalid("%s: the UpdateExpression uses a placeholder starting with #%s or :%s, which the guard reserves",
+			what, reservedPrefix, reservedPrefix)
+	}
+	for _, a := range []string{m.fence, m.token} {
+		if ref, ok := refersTo(e, names, a); ok {
+			return nil, invalid("%s: the UpdateExpression refers to attribute %q (as %s), which the guard keeps", what, a, ref)
+		}
+	}
+	return aws.String(withFenceSet(e)), nil
+}
+
+// transactItems returns items as a guarded transaction writes them: every
+// Put and Update sets the mark to fence and the token to tok, and every
+// Put, Update and Delete carries the high-water condition (and, but for
+// Delete, the token condition) before its own, and returns the stored item
+// when a condition fails. ConditionChecks are left as they are. what names
+// the call for errors.
+func (m marker) transactItems(what string, items []types.TransactWriteItem, fence int64, tok string) ([]types.TransactWriteItem, error) {
+	out := make([]types.TransactWriteItem, len(items))
+	for i, it := range items {
+		w := fmt.Sprintf("%s: item %d", what, i)
+		var err error
+		switch {
+		case it.Put != nil:
+			p := *it.Put
+			if p.Item, err = m.item(w, it.Put.Item, fence, tok); err == nil {
+				p.ConditionExpression, p.ExpressionAttributeNames, p.ExpressionAttributeValues, err =
+					m.condition(w, p.ConditionExpression, p.ExpressionAttributeNames, p.ExpressionAttributeValues, fence, tok)
+			}
+			p.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
+			it.Put = &p
+		case it.Update != nil:
+			u := *it.Update
+			if u.UpdateExpression, err = m.update(w, it.Update.UpdateExpression, it.Update.ExpressionAttributeNames); err == nil {
+				u.ConditionExpression, u.ExpressionAttributeNames, u.ExpressionAttributeValues, err =
+					m.condition(w, u.ConditionExpression, u.ExpressionAttributeNames, u.ExpressionAttributeValues, fence, tok)
+			}
+			u.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
+			it.Update = &u
+		case it.Delete != nil:
+			d := *it.Delete
+			d.ConditionExpression, d.ExpressionAttributeNames, d.ExpressionAttributeValues, err =
+				m.condition(w, d.ConditionExpression, d.ExpressionAttributeNames, d.ExpressionAttributeValues, fence, "")
+			d.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
+			it.Delete = &d
+		}
+		if err != nil {
+			return nil, err
+		}
+		out[i] = it
+	}
+	return out, nil
+}
+
+// above reports whether a stored item's mark is above fence, and returns
+// the mark; an item without a mark has none above any fence.
+func (m marker) above(item map[string]types.AttributeValue, fence int64) (int64, bool, error) {
+	if _, ok := item[m.fence]; !ok {
+		return 0, false, nil
+	}
+	mark, err := num(item, m.fence)
+	if err != nil {
+		return 0, false, fmt.Errorf("%w: target item: %v", ErrMalformedItem, err)
+	}
+	return mark, mark > fence, nil
+}
+
+// carries reports whether a stored item carries the write token tok.
+func (m marker) carries(item map[string]types.AttributeValue, tok string) bool {
+	t, ok := item[m.token].(*types.AttributeValueMemberS)
+	return ok && tok != "" && t.Value == tok
+}
+
+// markRefusal explains a cancelled guarded transaction w whose guarded
+// items are items, from action off on: applied when an item that failed
+// its condition carries tok (an earlier attempt of the transaction landed,
+// and its answer was lost); otherwise the mark above fence of the first
+// item refused by it (mark > 0), or neither (a condition of the caller's
+// failed, or the transaction was not cancelled by a condition). A
+// malformed mark, or a stored item that cannot be read, is an error.
+func (m marker) markRefusal(w *written, off int, items []types.TransactWriteItem, fence int64, tok string) (applied bool, mark int64, rerr error) {
+	for i, it := range items {
+		if _, failed := w.fails[off+i]; !failed || it.ConditionCheck != nil {
+			continue
+		}
+		got, err := w.stored(off + i)
+		if err != nil {
+			return false, 0, fmt.Errorf("cannot tell why item %d was refused: %w", i, err)
+		}
+		if m.carries(got, tok) {
+			return true, 0, nil
+		}
+		hw, up, aerr := m.above(got, fence)
+		if aerr != nil {
+			return false, 0, fmt.Errorf("item %d: %w", i, aerr)
+		}
+		if up && mark == 0 {
+			mark = hw
+		}
+	}
+	return false, mark, nil
+}
+
+// checkCondition refuses a caller's condition expression that could escape
+// the parentheses it is put in: one that closes a parenthesis it did not
+// open, leaves one open, or uses the guard's reserved placeholders.
+// DynamoDB expressions have no string literals (values are placeholders),
+// so every parenthesis in the text is one of the grammar's.
+func checkCondition(cond string) error {
+	depth := 0
+	for i := 0; i < len(cond); i++ {
+		switch cond[i] {
+		case '(':
+			depth++
+		case ')':
+			depth--
+			if depth < 0 {
+				return invalid("%q closes a parenthesis it did not open (byte %d)", cond, i)
+			}
+		}
+	}
+	if depth > 0 {
+		return invalid("%q leaves %d parenthes%s open", cond, depth, map[bool]string{true: "is", false: "es"}[depth == 1])
+	}
+	if reservedIn(cond) {
+		return invalid("%q uses a placeholder starting with #%s or :%s, which the guard reserves", cond, reservedPrefix, reservedPrefix)
+	}
+	return nil
+}
+
+// refersTo reports whether an update expression refers to the top-level
+// attribute attr, by name or through a placeholder of names, and how. A
+// nested attribute of the same name (a.fence) does not count.
+func refersTo(expr string, names map[string]string, attr string) (string, bool) {
+	isName := func(c byte) bool {
+		return c == '_' || c == '#' || c == ':' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= 0x80
+	}
+	prev := byte(' ') // the last byte before the token, spaces skipped
+	for i := 0; i < len(expr); {
+		if !isName(expr[i]) {
+			if expr[i] != ' ' && expr[i] != '\t' && expr[i] != '\n' && expr[i] != '\r' {
+				prev = expr[i]
+			}
+			i++
+			continue
+		}
+		j := i
+		for j < len(expr) && isName(expr[j]) {
+			j++
+		}
+		tok := expr[i:j]
+		head := prev != '.'
+		prev, i = 'a', j
+		if !head || tok[0] == ':' {
+			continue
+		}
+		if tok[0] == '#' {
+			if n, ok := names[tok]; ok && n == attr {
+				return tok, true
+			}
+			continue
+		}
+		if tok == attr {
+			return tok, true
+		}
+	}
+	return "", false
+}
+
+// onItem returns the index of the first of items that acts on the item key
+// of table, or -1.
+func onItem(items []types.TransactWriteItem, table string, key map[string]types.AttributeValue) int {
+	same := func(t *string, k map[string]types.AttributeValue) bool {
+		if aws.ToString(t) != table {
+			return false
+		}
+		for n, v := range key {
+			s, ok := k[n].(*types.AttributeValueMemberS)
+			if !ok || s.Value != v.(*types.AttributeValueMemberS).Value {
+				return false
+			}
+		}
+		return true
+	}
+	for i, it := range items {
+		if same(target(it)) {
+			return i
+		}
+	}
+	return -1
+}
+
+// target returns the table and the key that an action acts on: a Put's
+// key is in its item, which target returns whole.
+func target(it types.TransactWriteItem) (*string, map[string]types.AttributeValue) {
+	switch {
+	case it.Put != nil:
+		return it.Put.TableName, it.Put.Item
+	case it.Update != nil:
+		return it.Update.TableName, it.Update.Key
+	case it.Delete != nil:
+		return it.Delete.TableName, it.Delete.Key
+	case it.ConditionCheck != nil:
+		return it.ConditionCheck.TableName, it.ConditionCheck.Key
+	}
+	return nil, nil
+}
+
+// libraryItem returns the index of the first of items that acts on an
+// item the library keeps in the lease table (the lease or job-run item of
+// any job), or -1: the guard's mark would write over their fence.
+func libraryItem(items []types.TransactWriteItem, table string) int {
+	for i, it := range items {
+		if t, k := target(it); it.ConditionCheck == nil && keptItem(t, k, table) {
+			return i
+		}
+	}
+	return -1
+}
+
+// keptItem reports whether the item of key k in table t is a lease or
+// job-run item of the lease table.
+func keptItem(t *string, k map[string]types.AttributeValue, table string) bool {
+	if aws.ToString(t) != table {
+		return false
+	}
+	pk, ok := k[attrPK].(*types.AttributeValueMemberS)
+	return ok && (strings.HasPrefix(pk.Value, leaseKey("")) || strings.HasPrefix(pk.Value, strings.TrimSuffix(runItemKey("", ""), "#")))
+}
+
+// reservedIn reports whether s holds a placeholder reserved for the guard:
+// one starting with #ddblease or :ddblease, in any case.
+func reservedIn(s string) bool {
+	l := strings.ToLower(s)
+	return strings.Contains(l, "#"+reservedPrefix) || strings.Contains(l, ":"+reservedPrefix)
+}
+
+// Placeholders with which Put and Update refer to the fence high-water mark
+// and the write token. Every placeholder starting with #ddblease or
+// :ddblease is reserved.
+const (
+	fenceName      = "#ddbleaseFence"
+	fenceValue     = ":ddbleaseFence"
+	tokenName      = "#ddbleaseToken"
+	tokenValue     = ":ddbleaseToken"
+	reservedPrefix = "ddblease"
+)
+
+// Put writes in.Item, setting its fence attribute (GuardOptions.
+// FenceAttribute) to fence and its token attribute (GuardOptions.
+// TokenAttribute) to a random token of this write, on condition that the
+// item stored under that key has no fence attribute or one not above fence
+// — and that in's own ConditionExpression, if any, holds.
+//
+// What it refuses: a fence lower than the highest fence that wrote THIS
+// item, by any form (TransactWrite's and Commit's actions keep the same
+// mark), with a *StaleFenceError whose Current is that high-water mark. It
+// does not refuse a stale leader writing an item that no newer fence has
+// written: under NeverRerun the newer tenure abandons the slot and never
+// writes its item, so a stale leader's Put of that slot's item is
+// accepted. Key the items so that every tenure writes the same ones, or
+// use TransactWrite (or JobRun.Commit), which refuse any stale fence. This
+// is the storage-side check of Kleppmann's "How to do distributed
+// locking", and needs no transaction.
+//
+// in's ConditionExpression is ANDed with the guard's conditions and cannot
+// weaken them: one whose parentheses do not balance, or that uses a
+// placeholder starting with #ddblease or :ddblease, is refused with an
+// error wrapping ErrInvalid before any request. in.Item must not hold the
+// token attribute, nor be a lease or job-run item of the lease table. in is
+// not modified.
+//
+// A write is applied at most once, and a write that landed is reported as
+// landed: the condition also refuses an item that already carries this
+// write's token, so an SDK retry of an attempt that landed fails, and the
+// token found on the item then shows that the write was applied. The
+// output is then an empty PutItemOutput: the item the write replaced, and
+// the consumed capacity, are not known. When the outcome is unknown (the
+// answers were lost), the item is read back the same way.
+//
+// A write refused because a transaction is using the item
+// (TransactionConflictException) certainly did not apply, and is sent
+// again as TransactWrite's are, until CallTimeout has passed.
+//
+// One PutItem request; when it fails and the server returned no item with
+// the failure (dynalite), or no answer came, a consistent GetItem (and the
+// first time for a table a DescribeTable) to tell a landed write, a stale
+// fence and in's own condition apart.
+func (g *Guard) Put(ctx context.Context, fence int64, in *dynamodb.PutItemInput) (*dynamodb.PutItemOutput, error) {
+	if fence < 1 {
+		return nil, invalid("Put: fence %d is below 1", fence)
+	}
+	if in == nil || aws.ToString(in.TableName) == "" || len(in.Item) == 0 {
+		return nil, invalid("Put: the input needs a table name and an item")
+	}
+	if keptItem(in.TableName, in.Item, g.table) {
+		return nil, invalid("Put: the item is a lease or job-run item, which the library keeps")
+	}
+	tok := randomID(16)
+	p := *in
+	var err error
+	if p.Item, err = g.mark.item("Put", in.Item, fence, tok); err != nil {
+		return nil, err
+	}
+	if p.ConditionExpression, p.ExpressionAttributeNames, p.ExpressionAttributeValues, err =
+		g.mark.condition("Put", in.ConditionExpression, in.ExpressionAttributeNames, in.ExpressionAttributeValues, fence, tok); err != nil {
+		return nil, err
+	}
+	p.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
+	var out *dynamodb.PutItemOutput
+	if _, err := g.write(ctx, "Put", fence, tok, types.TransactWriteItem{Put: &types.Put{TableName: in.TableName, Item: in.Item}}, func(ctx context.Context) (err error) {
+		out, err = g.db.PutItem(ctx, &p)
+		return err
+	}); err != nil || out != nil {
+		return out, err
+	}
+	return &dynamodb.PutItemOutput{}, nil
+}
+
+// Update applies in, adding to its update expression a SET of the item's
+// fence attribute (GuardOptions.FenceAttribute) to fence and of its token
+// attribute (GuardOptions.TokenAttribute) to a random token of this write,
+// on the conditions Put uses: the stored item has no fence attribute or one
+// not above fence, it does not carry this write's token already, and in's
+// own ConditionExpression holds (checked as Put checks it). It refuses
+// what Put refuses, and only that: a fence lower than the highest fence
+// that wrote this item. in's expressions must not use placeholders
+// starting with #ddblease or :ddblease, and its UpdateExpression must not
+// refer to the fence or token attribute at the top level (by name or
+// through a placeholder), which could lower or remove the mark; either is
+// an error wrapping ErrInvalid, before any request, as is a key of a lease
+// or job-run item of the lease table. in is not modified.
+//
+// A write that landed is reported as landed, as with Put; the output then
+// holds, when in.ReturnValues is ALL_NEW, the item as read back (which
+// carries this write's token), and otherwise nothing. Conflicts with
+// transactions are retried as Put's are. One UpdateItem
+// request, and a consistent GetItem when it fails and the server returned
+// no item with the failure, or no answer came.
+func (g *Guard) Update(ctx context.Context, fence int64, in *dynamodb.UpdateItemInput) (*dynamodb.UpdateItemOutput, error) {
+	if fence < 1 {
+		return nil, invalid("Update: fence %d is below 1", fence)
+	}
+	if in == nil || aws.ToString(in.TableName) == "" || len(in.Key) == 0 {
+		return nil, invalid("Update: the input needs a table name and a key")
+	}
+	if keptItem(in.TableName, in.Key, g.table) {
+		return nil, invalid("Update: the item is a lease or job-run item, which the library keeps")
+	}
+	tok := randomID(16)
+	u := *in
+	var err error
+	if u.UpdateExpression, err = g.mark.update("Update", in.UpdateExpression, in.ExpressionAttributeNames); err != nil {
+		return nil, err
+	}
+	if u.ConditionExpression, u.ExpressionAttributeNames, u.ExpressionAttributeValues, err =
+		g.mark.condition("Update", in.ConditionExpression, in.ExpressionAttributeNames, in.ExpressionAttributeValues, fence, tok); err != nil {
+		return nil, err
+	}
+	u.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
+	var out *dynamodb.UpdateItemOutput
+	item, err := g.write(ctx, "Update", fence, tok, action(*in.TableName, in.Key), func(ctx context.Context) (err error) {
+		out, err = g.db.UpdateItem(ctx, &u)
+		return err
+	})
+	if err != nil || out != nil {
+		return out, err
+	}
+	out = &dynamodb.UpdateItemOutput{}
+	if in.ReturnValues == types.ReturnValueAllNew {
+		out.Attributes = item
+	}
+	return out, nil
+}
+
+// write sends a guarded write of the item of it with send, again while it
+// conflicts with a transaction, and returns nil when its answer says it
+// was applied. Otherwise it returns the stored item and a nil error when
+// the item carries the write's token (the write, or an earlier attempt of
+// it, was applied); a *StaleFenceError when the item's fence mark is above
+// fence; or the error of the write.
+func (g *Guard) write(ctx context.Context, op string, fence int64, tok string, it types.TransactWriteItem, send func(context.Context) error) (map[string]types.AttributeValue, error) {
+	err := retryConflicts(ctx, g.retry(), send)
+	if err == nil {
+		return nil, nil
+	}
+	what := strings.ToLower(op)
+	w := condWrite{db: g.db, actions: []types.TransactWriteItem{it}, keys: &g.keys, watch: 0, timeout: g.opts.CallTimeout,
+		mine: func(item map[string]types.AttributeValue) bool { return g.mark.carries(item, tok) },
+	}.resolve(ctx, nil, err)
+	switch {
+	case w.outcome == applied:
+		return w.item, nil
+	case w.outcome == failed:
+		// Refused before it could apply (validation, access, a missing
+		// table): no earlier attempt of it can have landed either.
+		return nil, fmt.Errorf("ddblease: guarded %s %q: %w", what, g.job, err)
+	case w.outcome == refused && w.rerr != nil:
+		return nil, fmt.Errorf("ddblease: guarded %s %q refused; cannot tell why: %w", what, g.job, errors.Join(err, w.rerr))
+	case w.rerr != nil:
+		return nil, fmt.Errorf("ddblease: guarded %s %q: outcome unknown: %w", what, g.job, errors.Join(err, w.rerr))
+	case w.outcome == unknown:
+		return nil, fmt.Errorf("ddblease: guarded %s %q: not applied as far as a consistent read shows: %w", what, g.job, err)
+	}
+	return nil, g.refusal(op, fence, w.item, err)
+}
+
+// withFenceSet adds the guard's fence and token assignments to the SET
+// clause of an update expression, creating the clause if there is none.
+func withFenceSet(expr string) string {
+	const set = fenceName + " = " + fenceValue + ", " + tokenName + " = " + tokenValue
+	if strings.TrimSpace(expr) == "" {
+		return "SET " + set
+	}
+	if i := setKeyword(expr); i >= 0 {
+		return expr[:i+3] + " " + set + "," + expr[i+3:]
+	}
+	return "SET " + set + " " + expr
+}
+
+// setKeyword returns the index of the SET keyword in an update expression,
+// or -1. SET is a reserved word, so outside placeholders it is the keyword.
+func setKeyword(expr string) int {
+	isName := func(c byte) bool {
+		return c == '_' || c == '#' || c == ':' || c == '.' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+	}
+	for i := 0; i+3 <= len(expr); i++ {
+		if !strings.EqualFold(expr[i:i+3], "SET") || i > 0 && isName(expr[i-1]) {
+			continue
+		}
+		if i+3 == len(expr) || !isName(expr[i+3]) || expr[i+3] == '#' || expr[i+3] == ':' {
+			return i
+		}
+	}
+	return -1
 }

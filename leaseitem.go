@@ -1,10 +1,16 @@
 package ddblease
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
@@ -112,4 +118,156 @@ func decodeLease(item map[string]types.AttributeValue) (Record, error) {
 		return fail(err)
 	}
 	return r, nil
+}
+
+// write sends a conditional write that sets the renewal version rv, and
+// finds out whether it was applied. ours reports that the item now carries
+// rv. Otherwise rec is the item as read (zero if absent) and err is nil
+// when the condition failed, or the error when the outcome is unknown.
+//
+// The write is made once: the SDK's own retries are turned off for it, so
+// that a refusal (throttling, a validation error) proves it did not apply.
+// When the outcome is unknown the item is read back (condWrite), even when
+// ctx has ended, but never past until (zero: no bound but timeout): past
+// it, the write stays in doubt.
+func (l *Lease) write(ctx context.Context, timeout time.Duration, until time.Time, in *dynamodb.UpdateItemInput, rv string) (rec Record, ours bool, err error) {
+	cctx, cancel := context.WithTimeout(ctx, bounded(timeout, until, l.opts.Now()))
+	out, err := l.db.UpdateItem(cctx, in, singleAttempt)
+	cancel()
+	w := condWrite{db: l.db, actions: []types.TransactWriteItem{action(l.table, l.key)}, watch: 0, once: true,
+		timeout: min(timeout, l.opts.CallTimeout), until: until, now: l.opts.Now,
+		mine: func(item map[string]types.AttributeValue) bool {
+			v, ok := item[attrVersion].(*types.AttributeValueMemberS)
+			return ok && v.Value == rv
+		},
+	}.resolve(ctx, attributes(out), err)
+	doubt := w.outcome == unknown
+	if !doubt {
+		err = nil
+	}
+	switch {
+	case w.outcome == failed:
+		return Record{}, false, w.err // refused before it could apply: nothing is in doubt
+	case w.rerr != nil:
+		// Even a failed condition leaves the write in doubt here: the write
+		// might still be delivered late.
+		l.wrote(rv, false, true)
+		return Record{}, false, errors.Join(err, fmt.Errorf("ddblease: read lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, w.rerr)))
+	case len(w.item) == 0:
+		l.wrote(rv, false, doubt)
+		return Record{}, false, err
+	}
+	r, derr := decodeLease(w.item)
+	if derr != nil {
+		l.wrote(rv, false, doubt)
+		return Record{}, false, errors.Join(err, fmt.Errorf("%w (table %q)", derr, l.table))
+	}
+	l.observe(r, true)
+	l.wrote(rv, w.outcome == applied, doubt)
+	return r, w.outcome == applied, err
+}
+
+// bounded returns timeout, or less if until (when not zero) comes sooner.
+func bounded(timeout time.Duration, until, now time.Time) time.Duration {
+	if until.IsZero() {
+		return timeout
+	}
+	return min(timeout, until.Sub(now))
+}
+
+// singleAttempt turns the SDK's retries off for one request.
+func singleAttempt(o *dynamodb.Options) { o.RetryMaxAttempts = 1 }
+
+// wrote records the outcome of a write of version rv: applied, or in doubt
+// (it may still land).
+func (l *Lease) wrote(rv string, applied, inDoubt bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case applied:
+		// Writes in doubt were conditioned on versions the item no longer
+		// carries: none of them can land any more.
+		l.confirmed, l.doubt = rv, nil
+	case inDoubt:
+		l.doubt = append(l.doubt, rv)
+		if len(l.doubt) > maxDoubt {
+			l.doubt = l.doubt[len(l.doubt)-maxDoubt:]
+		}
+	}
+}
+
+// mineIn returns the condition that the item carries a version this handle
+// wrote, adding its values; "" when there is none.
+func (l *Lease) mineIn(values map[string]types.AttributeValue) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	mine := l.doubt
+	if l.confirmed != "" {
+		mine = append([]string{l.confirmed}, l.doubt...)
+	}
+	if len(mine) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("#rv IN (")
+	for i, v := range mine {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		k := ":mine" + strconv.Itoa(i)
+		values[k] = avS(v)
+		b.WriteString(k)
+	}
+	b.WriteString(")")
+	return b.String()
+}
+
+// read gets the lease item; consistent selects a strongly consistent read.
+func (l *Lease) read(ctx context.Context, consistent bool) (Record, bool, error) {
+	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
+	defer cancel()
+	out, err := l.db.GetItem(cctx, &dynamodb.GetItemInput{
+		TableName:      aws.String(l.table),
+		Key:            l.key,
+		ConsistentRead: aws.Bool(consistent),
+	})
+	if err != nil {
+		return Record{}, false, fmt.Errorf("ddblease: read lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, err))
+	}
+	if len(out.Item) == 0 {
+		return Record{}, false, nil
+	}
+	r, err := decodeLease(out.Item)
+	if err != nil {
+		return Record{}, false, fmt.Errorf("%w (table %q)", err, l.table)
+	}
+	return r, true, nil
+}
+
+// fenceCheck is a ConditionCheck that the lease item holds exactly fence.
+func fenceCheck(table string, key map[string]types.AttributeValue, fence int64) *types.ConditionCheck {
+	return &types.ConditionCheck{
+		TableName:                           aws.String(table),
+		Key:                                 key,
+		ConditionExpression:                 aws.String("#fence = :fence"),
+		ExpressionAttributeNames:            map[string]string{"#fence": attrFence},
+		ExpressionAttributeValues:           map[string]types.AttributeValue{":fence": avN(fence)},
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	}
+}
+
+// fenceOf returns the fence of a lease item; 0 for no item.
+func fenceOf(item map[string]types.AttributeValue) (int64, error) {
+	if len(item) == 0 {
+		return 0, nil
+	}
+	f, err := num(item, attrFence)
+	if err == nil && f < 1 {
+		err = fmt.Errorf("fence %d is below 1", f)
+	}
+	if err != nil {
+		key, _ := str(item, attrPK)
+		return 0, fmt.Errorf("%w: lease item %q: %v", ErrMalformedItem, key, err)
+	}
+	return f, nil
 }

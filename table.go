@@ -32,7 +32,7 @@ func CreateTable(ctx context.Context, db DynamoDBAPI, table string) error {
 		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, tableCallTimeout)
-	spec := LeaseTableSpec() // tablespec.go
+	spec := LeaseTableSpec()
 	_, err := db.CreateTable(cctx, &dynamodb.CreateTableInput{
 		TableName:            aws.String(table),
 		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String(spec.PartitionKey), AttributeType: spec.PartitionKeyType}},
@@ -82,4 +82,43 @@ func checkSchema(table string, d *types.TableDescription) error {
 		}
 	}
 	return nil
+}
+
+// TableSpec describes the lease table: a single string partition key,
+// on-demand billing, and time to live on the attribute in which run items
+// carry their expiry. CreateTable makes the table from it; infrastructure
+// code that creates the table instead must match it (the ddblease command's
+// create-table --print renders it as CloudFormation and Terraform).
+type TableSpec struct {
+	PartitionKey     string                    // "pk"
+	PartitionKeyType types.ScalarAttributeType // S
+	BillingMode      types.BillingMode         // PAY_PER_REQUEST
+	// TTLAttribute is RunTTLAttribute. CreateTable does not enable time to
+	// live (the DynamoDBAPI interface has no UpdateTimeToLive); enable it
+	// on this attribute for old runs to be deleted.
+	TTLAttribute string
+}
+
+// LeaseTableSpec returns the specification of the lease table.
+func LeaseTableSpec() TableSpec {
+	return TableSpec{
+		PartitionKey:     attrPK,
+		PartitionKeyType: types.ScalarAttributeTypeS,
+		BillingMode:      types.BillingModePayPerRequest,
+		TTLAttribute:     RunTTLAttribute,
+	}
+}
+
+// getItem reads the item under key in table with a strongly consistent
+// read bounded by timeout; nil when there is none. Callers that must know
+// the outcome of a write even when ctx has ended pass
+// context.WithoutCancel(ctx).
+func getItem(ctx context.Context, db DynamoDBAPI, table string, key map[string]types.AttributeValue, timeout time.Duration) (map[string]types.AttributeValue, error) {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	out, err := db.GetItem(cctx, &dynamodb.GetItemInput{TableName: aws.String(table), Key: key, ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		return nil, err
+	}
+	return out.Item, nil
 }

@@ -2,8 +2,17 @@ package ddblease
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
 // term is one tenure of this handle: from the acquisition that gave it a
@@ -233,5 +242,344 @@ func (t *term) setDraining() {
 	defer t.l.mu.Unlock()
 	if !t.over {
 		t.draining = true
+	}
+}
+
+// Heartbeat renews the lease with a write conditional on this owner and
+// fence, so a stale leader cannot extend it. It returns ErrLost, and the
+// tenure ends, once the item names another owner or fence, or the local
+// deadline passed before the renewal was confirmed (a late confirmation
+// never revives a tenure); ErrNotLeader when this handle has no tenure.
+// Other errors (throttling, timeouts) leave the tenure open until its
+// deadline: call again.
+func (l *Lease) Heartbeat(ctx context.Context) error {
+	l.writes.lock()
+	defer l.writes.unlock()
+	t := l.current()
+	if t == nil {
+		return fmt.Errorf("%w: heartbeat %q", ErrNotLeader, l.job)
+	}
+	return t.renew(ctx)
+}
+
+// renew is Heartbeat for this term, called with the write lock held.
+func (tm *term) renew(ctx context.Context) error {
+	l := tm.l
+	t := tm.snapshot()
+	if !t.held {
+		if t.lost != nil {
+			return t.lost
+		}
+		return fmt.Errorf("%w: heartbeat %q", ErrNotLeader, l.job)
+	}
+	snt := l.opts.sendNow()
+	now := snt.at
+	if !now.Before(t.deadline) {
+		err := fmt.Errorf("%w: %q fence %d: local deadline passed without a confirmed heartbeat", ErrLost, l.job, t.fence)
+		tm.end(err, LossDeadline)
+		return err
+	}
+	rv := randomID(8)
+	update := "SET #exp = :exp, #rv = :rv, #lms = :lms, #ren = :now, #drn = :drn"
+	names := map[string]string{
+		"#owner": attrOwner, "#fence": attrFence, "#exp": attrExpires, "#rv": attrVersion,
+		"#lms": attrLeaseMs, "#ren": attrRenewedAt, "#drn": attrDraining,
+	}
+	values := map[string]types.AttributeValue{
+		":me":    avS(l.opts.Owner),
+		":fence": avN(t.fence),
+		":exp":   avN(now.Add(l.opts.LeaseDuration).UnixMilli()),
+		":rv":    avS(rv),
+		":lms":   avN(l.opts.LeaseDuration.Milliseconds()),
+		":now":   avN(now.UnixMilli()),
+		":drn":   avBool(t.draining),
+	}
+	// The write and its read-back end at the deadline: past it, nothing
+	// they learn could keep the tenure.
+	if err := tm.fencedWrite(ctx, l.opts.CallTimeout, t.deadline, update, names, values, rv); err != nil {
+		return err
+	}
+	if !tm.renewed(rv, snt, l.opts.Now().Sub(now)) {
+		return fmt.Errorf("%w: %q fence %d: the heartbeat was confirmed only after the local deadline", ErrLost, l.job, t.fence)
+	}
+	return nil
+}
+
+// fencedWrite applies an update to the lease item on condition that it
+// still names this owner and the tenure's fence, and carries a renewal
+// version this handle wrote. It returns ErrLost (and ends the tenure) when
+// the condition fails, and the error when the outcome stays unknown. The
+// write and its read-back end by until (zero: CallTimeout each).
+func (t *term) fencedWrite(ctx context.Context, timeout time.Duration, until time.Time, update string,
+	names map[string]string, values map[string]types.AttributeValue, rv string) error {
+	l := t.l
+	cond := "#owner = :me AND #fence = :fence"
+	if mine := l.mineIn(values); mine != "" {
+		cond += " AND " + mine
+	}
+	in := &dynamodb.UpdateItemInput{
+		TableName:                           aws.String(l.table),
+		Key:                                 l.key,
+		UpdateExpression:                    aws.String(update),
+		ConditionExpression:                 aws.String(cond),
+		ExpressionAttributeNames:            names,
+		ExpressionAttributeValues:           values,
+		ReturnValues:                        types.ReturnValueAllNew,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	}
+	rec, ours, err := l.write(ctx, timeout, until, in, rv)
+	switch {
+	case ours:
+		return nil
+	case err != nil && (rec == Record{} || rec.Owner == l.opts.Owner && rec.Fence == t.fence):
+		// Unknown outcome, and the item does not tell us we lost.
+		return fmt.Errorf("ddblease: write lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, err))
+	}
+	var lost error
+	switch {
+	case rec == (Record{}):
+		lost = fmt.Errorf("%w: %q fence %d: the lease item is gone", ErrLost, l.job, t.fence)
+	case rec.Owner == l.opts.Owner && rec.Fence == t.fence:
+		lost = fmt.Errorf("%w: %q fence %d: the item carries a renewal version this handle no longer tracks", ErrLost, l.job, t.fence)
+	default:
+		lost = &movedOnError{err: movedOn(l.job, t.fence, rec), inDoubt: err != nil}
+	}
+	t.end(lost, LossDeposed)
+	return lost
+}
+
+// keeper renews a tenure in the background until it is stopped or the
+// tenure ends. It does not decide when the tenure ends: the term's own
+// timer does, and a keeper stuck in a request cannot hold that up.
+type keeper struct {
+	t         *term
+	cancel    context.CancelFunc
+	done      chan struct{}
+	drainc    chan struct{}
+	drainOnce sync.Once
+	// resign is closed when a heartbeat returns an item that asks this
+	// tenure to resign (control.go).
+	resign     chan struct{}
+	resignOnce sync.Once
+}
+
+func (t *term) keep() *keeper {
+	ctx, cancel := context.WithCancel(context.Background())
+	k := &keeper{t: t, cancel: cancel, done: make(chan struct{}), drainc: make(chan struct{}),
+		resign: make(chan struct{})}
+	go k.loop(ctx)
+	return k
+}
+
+// stop ends the keeper and waits for its goroutine. It is idempotent.
+func (k *keeper) stop() {
+	k.cancel()
+	<-k.done
+}
+
+// drain asks the keeper to mark the lease as draining at once, so that
+// standbys poll fast until the resignation.
+func (k *keeper) drain() { k.drainOnce.Do(func() { close(k.drainc) }) }
+
+func (k *keeper) loop(ctx context.Context) {
+	defer close(k.done)
+	t, l := k.t, k.t.l
+	drainc := k.drainc
+	next := t.snapshot().sentAt.Add(l.opts.HeartbeatInterval)
+	// Back off, from RetryInterval up to half the heartbeat interval, so
+	// that an overloaded server is not made worse.
+	bo := &backoff{base: l.opts.RetryInterval, max: l.opts.HeartbeatInterval / 2}
+	for {
+		if !t.holds() {
+			return
+		}
+		timer := time.NewTimer(max(next.Sub(l.opts.Now()), 0))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-t.ctx.Done():
+			timer.Stop()
+			return
+		case <-drainc:
+			timer.Stop()
+			drainc = nil
+			t.setDraining()
+		case <-timer.C:
+			if l.opts.Now().Before(next) {
+				continue
+			}
+		}
+		// A heartbeat in flight is not abandoned when the keeper stops: it
+		// completes (bounded by CallTimeout and the deadline), so that the
+		// resignation that usually follows finds its outcome known.
+		l.writes.lock()
+		err := t.renew(context.WithoutCancel(ctx))
+		l.writes.unlock()
+		switch {
+		case err == nil:
+			next = t.snapshot().sentAt.Add(l.opts.HeartbeatInterval)
+			bo.reset()
+			k.noticeControl() // control.go: resign requests, operator controls
+		case ctx.Err() != nil, errors.Is(err, ErrLost), errors.Is(err, ErrNotLeader):
+			return
+		default:
+			l.notify.emit(l.event(EventRetry, Event{Op: "heartbeat", Fence: t.fence, Err: err}))
+			next = l.opts.Now().Add(bo.next())
+		}
+	}
+}
+
+// movedOnError reports that the lease item names another owner or fence.
+// inDoubt: the write's own outcome is unknown (it may have landed before
+// the item moved on).
+type movedOnError struct {
+	err     error
+	inDoubt bool
+}
+
+func (e *movedOnError) Error() string { return e.err.Error() }
+func (e *movedOnError) Unwrap() error { return e.err }
+
+// Resign gives the lease up with a write conditional on this owner, fence
+// and renewal version that sets its expiry to zero, so that a polling
+// standby takes over at once. The item keeps its fence: the next holder's
+// is one higher. The tenure ends before the write is sent, whatever its
+// outcome: IsLeader is false and the leader context of a Run on this
+// handle is cancelled (its cause wraps ErrLost) before a standby can lead.
+// ErrLost means another owner had already taken over, ErrNotLeader that
+// this handle had no tenure. Any other error leaves the lease to expire by
+// itself.
+//
+// Called while Run or RunSchedule leads on this handle, Resign hands the
+// lease over: Run's function sees its context end, and Run goes on
+// campaigning, leaving the free lease to the standbys for two
+// RetryIntervals before it tries again. To stop Run, cancel its context
+// instead: it drains the function before it resigns.
+func (l *Lease) Resign(ctx context.Context) error {
+	t := l.current()
+	if t == nil || !t.holds() {
+		return ErrNotLeader
+	}
+	// Stop believing before the write can land: a standby may lead the
+	// moment it does, before its answer reaches us.
+	var reason LossReason
+	l.mu.Lock()
+	if l.campaigning.Load() {
+		// Run leads: to it, this is a loss; it campaigns again after a
+		// pause that leaves the lease to the standbys.
+		reason = LossResignedElsewhere
+		l.yieldUntil = l.opts.Now().Add(2 * l.opts.RetryInterval)
+	}
+	l.mu.Unlock()
+	cause := fmt.Errorf("%w: %q fence %d: resigned by a call to Resign", ErrLost, l.job, t.fence)
+	if reason != "" {
+		t.end(cause, reason)
+	} else {
+		t.endResigning(cause)
+	}
+	l.writes.lock()
+	defer l.writes.unlock()
+	return t.resign(ctx)
+}
+
+func (t *term) resign(ctx context.Context) error {
+	l := t.l
+	now := l.opts.Now()
+	rv := randomID(8)
+	names := map[string]string{
+		"#owner": attrOwner, "#fence": attrFence, "#exp": attrExpires, "#rv": attrVersion,
+		"#ren": attrRenewedAt, "#drn": attrDraining,
+	}
+	values := map[string]types.AttributeValue{
+		":me":    avS(l.opts.Owner),
+		":fence": avN(t.fence),
+		":zero":  avN(0),
+		":rv":    avS(rv),
+		":now":   avN(now.UnixMilli()),
+		":false": avBool(false),
+	}
+	err := t.fencedWrite(ctx, l.opts.CallTimeout, time.Time{}, "SET #exp = :zero, #rv = :rv, #ren = :now, #drn = :false", names, values, rv)
+	var moved *movedOnError
+	if errors.As(err, &moved) && moved.inDoubt {
+		// The answer was lost and the lease has a newer holder: either our
+		// resignation landed and a standby took over, or the lease expired
+		// first. Either way it is given up.
+		return nil
+	}
+	return err
+}
+
+// resignRetrying ends the tenure with this fence and resigns it, retrying
+// transient failures every RetryInterval while the lease may still be in
+// force (until the tenure's deadline). It returns nil when the lease was
+// given up or another owner already held it, and an error wrapping
+// ErrNotResigned otherwise. The context's cancellation is ignored.
+func (tm *term) resignRetrying(ctx context.Context, cause error) error {
+	l, fence := tm.l, tm.fence
+	ctx = context.WithoutCancel(ctx)
+	t := tm.snapshot()
+	if !t.held {
+		return nil
+	}
+	tm.endResigning(cause)
+	// The lock is taken for each attempt, not across the waits between
+	// them, so that the events of each are delivered as it ends.
+	_, _, err := retrier{backoff: fixed(l.opts.RetryInterval), now: l.opts.Now, deadline: t.deadline,
+		onRetry: func(err error) { l.notify.emit(l.event(EventRetry, Event{Op: "resign", Fence: fence, Err: err})) },
+	}.do(ctx, func(ctx context.Context) error {
+		l.writes.lock()
+		defer l.writes.unlock()
+		return tm.resign(ctx)
+	})
+	if err == nil || errors.Is(err, ErrLost) {
+		return nil
+	}
+	err = fmt.Errorf("%w: %q fence %d: %w", ErrNotResigned, l.job, fence, err)
+	l.log.Warn("ddblease: could not resign; the lease lapses at its expiry", "fence", fence, "err", err)
+	return err
+}
+
+// ResignOnSignal resigns the lease when one of sigs arrives (SIGTERM and
+// os.Interrupt when none are given), and does not exit the process: the
+// program's own shutdown goes on. It suits code that drives TryAcquire and
+// Heartbeat itself. With Run, prefer signal.NotifyContext: cancelling Run's
+// context drains the leader's function before resigning.
+//
+// It handles one signal: from the moment it arrives, the signals are no
+// longer caught here, so a second one has its default effect (a second
+// Ctrl-C ends the process) unless the program catches it elsewhere.
+//
+// The returned stop function unregisters the handler, waits for a
+// resignation in progress and returns its error (nil if no signal came or
+// this handle held no lease). It is safe to call more than once.
+func (l *Lease) ResignOnSignal(sigs ...os.Signal) (stop func() error) {
+	if len(sigs) == 0 {
+		sigs = []os.Signal{syscall.SIGTERM, os.Interrupt}
+	}
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, sigs...)
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	var err error
+	go func() {
+		defer close(done)
+		select {
+		case <-ch:
+			signal.Stop(ch)
+			if e := l.Resign(context.Background()); e != nil && !errors.Is(e, ErrNotLeader) {
+				err = e
+			}
+		case <-quit:
+		}
+	}()
+	var once sync.Once
+	return func() error {
+		once.Do(func() {
+			signal.Stop(ch)
+			close(quit)
+		})
+		<-done
+		return err
 	}
 }
