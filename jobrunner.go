@@ -144,12 +144,17 @@ type runner struct {
 	// led and was busy (a long fn, a trigger) is fired whatever its age.
 	busySince time.Time
 	marks     int // abandon writes since the last firing (maxMarks)
+	// ran holds the tokens of the triggers and catch-ups whose fn this
+	// tenure called: their requests stay pending when the outcome was not
+	// recorded, and their claims would be recognised again.
+	ran map[string]bool
 }
 
 // lead is the function given to Run: it fires slots for one tenure.
 func (r *runner) lead(ctx context.Context, tn *term) error {
 	r.ctl.look = true  // jobrunner.go: read the operator controls before the first wait
 	r.ctl.tokens = nil // a claim token belongs to one tenure
+	r.ran = map[string]bool{}
 	r.busySince = time.Time{}
 	r.adopt(ctx, tn)
 	for ctx.Err() == nil {
@@ -388,6 +393,15 @@ func (r *runner) execute(ctx context.Context, tn *term, f firing) (done bool, er
 	}
 	if f.what != "slot" {
 		l.log.Info("ddblease: running a "+f.what, "run", run.id, "fence", tn.fence)
+	}
+	if f.what != "slot" {
+		// A trigger's or catch-up's token is reused by this tenure's next
+		// look: its claim is then recognised as this one, and fn must not
+		// run twice. The run is left for a newer tenure.
+		if r.ran[f.token] {
+			return false, nil
+		}
+		r.ran[f.token] = true
 	}
 	// A run whose outcome could not be recorded is not settled: a slot
 	// stays due, so that a newer tenure's catch-up finds the run left
@@ -878,10 +892,11 @@ func (r *runner) token(id string) string {
 // the request pending: this tenure looks again after its next firing, and
 // a newer tenure's claim finds the run an older one left.
 func (r *runner) runTrigger(ctx context.Context, tn *term, tr pendingTrigger) error {
-	done, err := r.execute(ctx, tn, firing{what: "triggered run", slot: tr.slot, token: r.token(tr.id),
+	token := r.token(tr.id)
+	done, err := r.execute(ctx, tn, firing{what: "triggered run", slot: tr.slot, token: token,
 		spec: claimSpec{trigger: tr.id}})
 	if err != nil || !done {
-		r.ctl.look = r.ctl.look || err == nil && ctx.Err() == nil
+		r.ctl.look = r.ctl.look || err == nil && ctx.Err() == nil && !r.ran[token]
 		return err
 	}
 	r.clearControl(ctx, "REMOVE #tr.#id", "", map[string]string{"#tr": attrTriggers, "#id": tr.id}, map[string]types.AttributeValue{})
@@ -901,10 +916,11 @@ func (r *runner) catchUp(ctx context.Context, tn *term, c Control) error {
 			if latest, _, _, err = r.dueSlots(first, c.ResumedAt); err == nil {
 				// The slots before it were in the pause, or before it: their
 				// count is not known.
-				done, err := r.execute(ctx, tn, firing{what: "catch-up", slot: latest, token: r.token(c.catchUp), missed: -1,
+				token := r.token(c.catchUp)
+				done, err := r.execute(ctx, tn, firing{what: "catch-up", slot: latest, token: token, missed: -1,
 					spec: claimSpec{reclaimed: true, pause: pauseNow}})
 				if err != nil || !done {
-					r.ctl.look = r.ctl.look || err == nil && ctx.Err() == nil
+					r.ctl.look = r.ctl.look || err == nil && ctx.Err() == nil && !r.ran[token]
 					return err
 				}
 				// r.last is left alone: the schedule's own catch-up still

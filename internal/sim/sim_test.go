@@ -49,6 +49,8 @@ var foundSeeds = []struct {
 	{236, "a paused job whose skip record failed sent requests in a loop"},
 	{443, "a resumption's catch-up moved the schedule's last slot, so the catch-up never read an earlier tenure's orphans; abandon writes sent in bursts"},
 	{1046, "a look at the operator controls that failed was not made again: a trigger stayed pending for the rest of the tenure"},
+	{218101, "a trigger whose outcome could not be recorded stayed pending, and the same tenure's next look recognised its claim and ran fn again under NeverRerun"},
+	{218791, "the same, with a wall-clock step"},
 }
 
 // TestFoundSeeds replays the seeds in foundSeeds.
