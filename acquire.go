@@ -106,8 +106,9 @@ func (l *Lease) poll(ctx context.Context) error {
 // when the lease becomes takeable sooner, by its recorded expiry or by the
 // watch on its renewal version, so that a crashed holder's lease is taken
 // the moment it may be, without extra reads. While this handle leaves a
-// free lease to the others (yieldUntil), it looks again soon, to see
-// whether one took it, but not at once.
+// free lease to the others (yieldUntil), it looks again after a jittered
+// RetryInterval, to see whether one took it, and at the end of the yield:
+// not in a loop while the lease looks takeable.
 func (l *Lease) pollInterval() time.Duration {
 	r := l.takeoverRule()
 	d := l.opts.RetryInterval
@@ -122,9 +123,9 @@ func (l *Lease) pollInterval() time.Duration {
 	y := l.yieldUntil.Sub(l.opts.Now())
 	l.mu.Unlock()
 	if y > 0 {
-		// Leaving a free lease to the standbys: look again soon, to see
-		// whether one took it, but not at once.
-		d = min(max(d, jitter(l.opts.RetryInterval/10)), y)
+		// Leaving a free lease to the standbys: look again after a
+		// RetryInterval, to see whether one took it.
+		d = min(max(d, jitter(l.opts.RetryInterval)), y)
 	}
 	return d
 }

@@ -51,6 +51,7 @@ var foundSeeds = []struct {
 	{1046, "a look at the operator controls that failed was not made again: a trigger stayed pending for the rest of the tenure"},
 	{218101, "a trigger whose outcome could not be recorded stayed pending, and the same tenure's next look recognised its claim and ran fn again under NeverRerun"},
 	{218791, "the same, with a wall-clock step"},
+	{201234, "a released replica, leaving the lease to the others, polled every RetryInterval/10 while the lease looked takeable"},
 }
 
 // TestFoundSeeds replays the seeds in foundSeeds.
