@@ -215,7 +215,7 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 		// back, tells a pause from a loss.
 		item, err := w.stored(0)
 		if err == nil {
-			if err = tm.checkLease(item, true, spec.pause, slot); err == nil {
+			if err = tm.checkLease(item, spec.pause, slot); err == nil {
 				err = errors.New("the lease item changed while the claim checked it; try again")
 			}
 		}
@@ -308,7 +308,7 @@ func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 		if err != nil {
 			return plain, fmt.Errorf("read lease %q: %w", l.job, err)
 		}
-		if err := tm.checkLease(item, true, pause, slot); err != nil {
+		if err := tm.checkLease(item, pause, slot); err != nil {
 			return plain, err
 		}
 	}
@@ -318,16 +318,15 @@ func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 	return plain, err
 }
 
-// checkLease judges the lease item seen by a claim's check (item, which
-// may be empty when the server returned none with a failed check; known
-// reports that item is what the table holds): nil when it names this
-// owner and fence and the pause check passes, errPaused when it refuses,
-// and otherwise ErrLost, ending the tenure.
-func (tm *term) checkLease(item map[string]types.AttributeValue, known bool, pause pauseCheck, slot time.Time) error {
+// checkLease judges the lease item as the table holds it, seen by a
+// claim's check (empty: there is none): nil when it names this owner and
+// fence and the pause check passes, errPaused when it refuses, and
+// otherwise ErrLost, ending the tenure.
+func (tm *term) checkLease(item map[string]types.AttributeValue, pause pauseCheck, slot time.Time) error {
 	l := tm.l
 	lost := fmt.Errorf("%w: %q fence %d: the lease item no longer names this owner and fence", ErrLost, l.job, tm.fence)
 	if rec, err := decodeLease(item); len(item) > 0 && err == nil {
-		if known && rec.Owner == l.opts.Owner && rec.Fence == tm.fence {
+		if rec.Owner == l.opts.Owner && rec.Fence == tm.fence {
 			if pause.refuses(rec.Control, slot) {
 				return errPaused
 			}
