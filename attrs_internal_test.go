@@ -23,7 +23,7 @@ func TestRecordTags(t *testing.T) {
 			attrPaused, attrPausedBy, attrPausedAt, attrResumedBy, attrResumedAt, attrCatchUp, attrCatchUpWanted, attrCatchUpDone,
 			attrResignFence, attrResignBy, attrResignAt, attrReleasedFence, attrReleasedBy, attrReleasedAt}},
 		{runItem{}, []string{attrPK, attrJob, attrSlot, attrTrigger, attrFence, attrOwner, attrClaim, attrStatus, attrStartedAt,
-			attrFinishedAt, attrError, attrClaims, attrMissed, attrAbandonedBy, RunTTLAttribute, attrUnswept}},
+			attrFinishedAt, attrError, attrClaims, attrMissed, attrAbandonedBy, RunTTLAttribute, attrUnswept, attrSkippedIn}},
 	} {
 		got := slices.Sorted(maps.Keys(tagNames(reflect.TypeOf(c.record)).exact))
 		slices.Sort(c.want)

@@ -70,6 +70,33 @@ type claimSpec struct {
 	// item, so that the catch-up of a later tenure that stops at this run
 	// reads them back (jobrunner.go).
 	unswept []string
+	// skippedIn is, for a run recorded skipped by a pause (status
+	// RunSkippedByPause), when that pause began (Unix ms; 0 unknown).
+	skippedIn int64
+	// overSkip, set (Unix ms) for a slot found recorded skipped by the pause
+	// that began then, though it came due after that pause began: the claim
+	// may replace that record if the check finds that pause the latest one
+	// and the slot outside it (it came due after the resumption: the skip
+	// was recorded by a wall clock ahead).
+	overSkip int64
+}
+
+// condition returns the part of the lease check that the claim adds to the
+// owner and fence, and sets its names and values.
+func (s claimSpec) condition(slot time.Time, names map[string]string, values map[string]types.AttributeValue) string {
+	cond := s.pause.condition(slot, names, values)
+	if s.overSkip != 0 {
+		names["#pat"], values[":over"] = attrPausedAt, avN(s.overSkip)
+		cond += " AND #pat = :over"
+	}
+	return cond
+}
+
+// refuses reports whether the lease check refuses the claim of slot under
+// the controls c: the pause check does, or the skip to replace is no
+// longer the latest pause's.
+func (s claimSpec) refuses(c Control, slot time.Time) bool {
+	return s.pause.refuses(c, slot) || s.overSkip != 0 && c.PausedAt.UnixMilli() != s.overSkip
 }
 
 // pauseCheck says what a claim checks of the operator's pause.
@@ -116,8 +143,15 @@ func (p pauseCheck) refuses(c Control, slot time.Time) bool {
 }
 
 // errPaused is returned by a claim whose pause check (claimSpec.pause)
-// refused it.
+// refused it, as a pausedError.
 var errPaused = errors.New("ddblease: the job is paused")
+
+// pausedError is errPaused with the pause's start as the lease item held
+// it (Unix ms; 0 if not recorded), which a skip record keeps.
+type pausedError struct{ pausedAt int64 }
+
+func (e pausedError) Error() string        { return errPaused.Error() }
+func (e pausedError) Is(target error) bool { return target == errPaused }
 
 // errClaimedLate marks a claim that was applied but answered once the
 // tenure no longer led by both clocks: fn is not run, and the run is left
@@ -182,13 +216,22 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 		update += ", #unswept = :unswept"
 		names["#unswept"], values[":unswept"] = attrUnswept, &types.AttributeValueMemberSS{Value: spec.unswept}
 	}
-	if spec.reclaimed {
-		cond += " OR #status = :skipped"
-		values[":skipped"] = avS(string(RunSkippedByPause))
-		if spec.status == RunRunning {
-			update += " REMOVE #fin"
-			names["#fin"] = attrFinishedAt
+	if spec.skippedIn != 0 {
+		update += ", #skin = :skin"
+		names["#skin"], values[":skin"] = attrSkippedIn, avN(spec.skippedIn)
+	}
+	if spec.reclaimed || spec.overSkip != 0 {
+		// A run skipped by a pause is claimed again: by the resumption's
+		// catch-up, or when it came due after that pause (claimSpec).
+		if spec.reclaimed {
+			cond += " OR #status = :skipped"
+		} else {
+			cond += " OR (#status = :skipped AND #skin = :over)"
+			values[":over"] = avN(spec.overSkip)
 		}
+		values[":skipped"] = avS(string(RunSkippedByPause))
+		update += " REMOVE #fin, #skin"
+		names["#fin"], names["#skin"] = attrFinishedAt, attrSkippedIn
 	}
 	upd := &types.Update{
 		TableName:                           aws.String(l.table),
@@ -201,7 +244,7 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 	}
 	run := &JobRun{l: l, slot: slot, id: id, key: key, fence: t.fence, claim: token, started: now.Round(0), missed: missed,
 		trigger: spec.trigger, finished: spec.status != RunRunning}
-	actions, err := tm.claimWrite(ctx, t, upd, o, spec.pause, slot)
+	actions, err := tm.claimWrite(ctx, t, upd, o, spec, slot)
 	if errors.Is(err, ErrLost) || errors.Is(err, errPaused) {
 		return nil, err
 	}
@@ -215,7 +258,7 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 		// back, tells a pause from a loss.
 		item, err := w.stored(0)
 		if err == nil {
-			if err = tm.checkLease(item, spec.pause, slot); err == nil {
+			if err = tm.checkLease(item, spec, slot); err == nil {
 				err = errors.New("the lease item changed while the claim checked it; try again")
 			}
 		}
@@ -273,7 +316,7 @@ func (tm *term) claimed(run *JobRun) (*JobRun, error) {
 // claimWrite writes the claim, in a transaction with a check on the lease
 // item where the server supports them, and returns the write's actions
 // (the run's update last) and its error, for condWrite.
-func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *JobOptions, pause pauseCheck, slot time.Time) ([]types.TransactWriteItem, error) {
+func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *JobOptions, spec claimSpec, slot time.Time) ([]types.TransactWriteItem, error) {
 	l := tm.l
 	if !o.NoTransactions && !l.noTxn.Load() {
 		check := &types.ConditionCheck{
@@ -284,7 +327,7 @@ func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 			ExpressionAttributeValues:           map[string]types.AttributeValue{":me": avS(l.opts.Owner), ":fence": avN(t.fence)},
 			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 		}
-		*check.ConditionExpression += pause.condition(slot, check.ExpressionAttributeNames, check.ExpressionAttributeValues)
+		*check.ConditionExpression += spec.condition(slot, check.ExpressionAttributeNames, check.ExpressionAttributeValues)
 		// Conflicts (a heartbeat renewing the lease item as the claim
 		// checks it) are retried until CallTimeout has passed, and never
 		// past the tenure's local deadline.
@@ -301,14 +344,14 @@ func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 		l.noTxn.Store(true)
 	}
 	plain := []types.TransactWriteItem{{Update: upd}}
-	if pause != pauseIgnored {
+	if spec.pause != pauseIgnored {
 		// No transaction: the pause (and the fence, which the keeper checks
 		// too) is read just before the write.
 		item, err := getItem(ctx, l.db, l.table, l.key, l.opts.CallTimeout)
 		if err != nil {
 			return plain, fmt.Errorf("read lease %q: %w", l.job, err)
 		}
-		if err := tm.checkLease(item, pause, slot); err != nil {
+		if err := tm.checkLease(item, spec, slot); err != nil {
 			return plain, err
 		}
 	}
@@ -322,13 +365,17 @@ func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 // claim's check (empty: there is none): nil when it names this owner and
 // fence and the pause check passes, errPaused when it refuses, and
 // otherwise ErrLost, ending the tenure.
-func (tm *term) checkLease(item map[string]types.AttributeValue, pause pauseCheck, slot time.Time) error {
+func (tm *term) checkLease(item map[string]types.AttributeValue, spec claimSpec, slot time.Time) error {
 	l := tm.l
 	lost := fmt.Errorf("%w: %q fence %d: the lease item no longer names this owner and fence", ErrLost, l.job, tm.fence)
 	if rec, err := decodeLease(item); len(item) > 0 && err == nil {
 		if rec.Owner == l.opts.Owner && rec.Fence == tm.fence {
-			if pause.refuses(rec.Control, slot) {
-				return errPaused
+			if spec.refuses(rec.Control, slot) {
+				var at int64
+				if !rec.Control.PausedAt.IsZero() {
+					at = rec.Control.PausedAt.UnixMilli()
+				}
+				return pausedError{pausedAt: at}
 			}
 			return nil
 		}

@@ -30,6 +30,11 @@ const (
 	// may have left running, which the claimant's catch-up could not mark
 	// abandoned: a later catch-up that stops at this run reads them back.
 	attrUnswept = "unswept" // SS
+	// attrSkippedIn is, on a run skipped by a pause, when that pause began
+	// (the lease item's pausedAt, Unix ms): a slot recorded skipped by a
+	// leader whose wall clock ran ahead, though it came due after the
+	// pause ended, is run after all (jobrunner.go).
+	attrSkippedIn = "skippedIn" // N
 )
 
 // slotID formats a slot for the run item's key: RFC 3339 in UTC, with as
@@ -77,8 +82,9 @@ type RunRecord struct {
 	// made outside the schedule; empty for a schedule slot.
 	Trigger string
 
-	claim   string
-	unswept []string
+	claim     string
+	unswept   []string
+	skippedIn int64 // attrSkippedIn; 0 if not recorded
 }
 
 // runID is the id in the run's key: its slot, or for a triggered run the
@@ -117,6 +123,7 @@ type runItem struct {
 	AbandonedBy nAttr    `dynamodbav:"abandonedBy"`
 	TTL         nAttr    `dynamodbav:"ttl"` // RunTTLAttribute
 	Unswept     []string `dynamodbav:"unswept,stringset"`
+	SkippedIn   nAttr    `dynamodbav:"skippedIn"`
 }
 
 // decodeRun reads a run item. Every attribute the protocol relies on must be
@@ -215,6 +222,9 @@ func decodeRun(item map[string]types.AttributeValue) (RunRecord, error) {
 		r.ExpiresAt = time.Unix(n, 0)
 	}
 	r.unswept = it.Unswept
+	if r.skippedIn, err = it.SkippedIn.opt(attrSkippedIn); err != nil {
+		return fail(err)
+	}
 	return r, nil
 }
 
@@ -247,7 +257,10 @@ type RunStatus string
 // failed; a newer tenure marks abandoned a run that an older one left
 // running (see RerunPolicy). RunSkippedByPause records a slot that fell
 // due while the job was paused (Admin.Pause): it did not run, and is run
-// only if the job is resumed with a catch-up. All but RunRunning are final.
+// only if the job is resumed with a catch-up (or, if it turns out to have
+// come due after the pause ended, by a leader whose wall clock was ahead
+// when it recorded the skip, when it comes due). All but RunRunning are
+// final.
 const (
 	RunRunning        RunStatus = "running"
 	RunSucceeded      RunStatus = "succeeded"

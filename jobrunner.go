@@ -148,6 +148,10 @@ type runner struct {
 	// tenure called: their requests stay pending when the outcome was not
 	// recorded, and their claims would be recognised again.
 	ran map[string]bool
+	// looked is the last look for a due slot, by both clocks; ahead sums
+	// the wall clock's jumps ahead of the runtime clock since (returned).
+	looked sent
+	ahead  time.Duration
 }
 
 // lead is the function given to Run: it fires slots for one tenure.
@@ -196,11 +200,21 @@ func (r *runner) due(ctx context.Context, tn *term) (slot time.Time, missed int,
 			floor = busy
 		}
 		r.busySince = time.Time{}
-		if r.last.After(now) {
-			// The wall clock stepped back past the last slot handled: start
-			// again from now. Slots run early stay protected by their runs.
-			r.last = time.Time{}
+		returned := r.returned(now)
+		behind := r.last.After(now)
+		if behind && (returned || r.last.Sub(now) > r.o.CatchUpWindow) {
+			// The wall clock came back from a jump forward (the slots the
+			// jump passed over were never handled), or stepped back
+			// further than the window: start again from now. Slots run
+			// early stay protected by their runs.
+			r.last, behind = time.Time{}, false
 		}
+		// A wall clock that fell behind the last slot handled by up to
+		// the window otherwise waits for it again: the slots before it
+		// are handled, and a claim made now of a slot before it would
+		// break the order in which a tenure claims slots, which a newer
+		// tenure's sweep (within the window) relies on. It is looked at
+		// every RetryInterval meanwhile, so that a step that ends is seen.
 		if !r.last.IsZero() {
 			if r.last.Before(floor) {
 				r.logTooOld(r.last, floor)
@@ -220,7 +234,11 @@ func (r *runner) due(ctx context.Context, tn *term) (slot time.Time, missed int,
 		if first.After(now) {
 			// jobrunner.go: an operator request wakes the wait; due then
 			// returns no slot, and lead reads the controls.
-			if woken, err := r.wait(ctx, min(first.Sub(now), maxSleep)); err != nil || woken {
+			d := min(first.Sub(now), maxSleep)
+			if behind {
+				d = min(d, r.l.opts.RetryInterval)
+			}
+			if woken, err := r.wait(ctx, d); err != nil || woken {
 				return time.Time{}, 0, err == nil, nil
 			}
 			continue
@@ -234,6 +252,25 @@ func (r *runner) due(ctx context.Context, tn *term) (slot time.Time, missed int,
 		}
 		return latest, missed, true, nil
 	}
+}
+
+// returned compares how far the wall clock moved since the last look with
+// how far the runtime clock did, keeping the sum of the wall clock's jumps
+// ahead, and reports whether it has just stepped back from such a jump
+// (the slots the jump passed over were never handled) rather than fallen
+// behind.
+func (r *runner) returned(now time.Time) bool {
+	real := time.Now()
+	prev := r.looked
+	r.looked = sent{at: now, real: real}
+	if prev.at.IsZero() {
+		return false
+	}
+	jump := now.Round(0).Sub(prev.at.Round(0)) - real.Sub(prev.real)
+	was := r.ahead
+	r.ahead = max(0, r.ahead+jump)
+	skew := r.l.opts.MaxClockSkew
+	return jump < -skew && was >= -jump-skew
 }
 
 // dueSlots returns the latest slot due at now, starting from first (which
@@ -337,9 +374,12 @@ func (r *runner) execute(ctx context.Context, tn *term, f firing) (done bool, er
 		run, err = tn.claim(ctx, f.slot, &r.o, f.token, f.missed, f.spec)
 		return err
 	})
+	var paused pausedError
 	switch {
 	case err == nil:
-	case errors.Is(err, errPaused) && f.what == "slot":
+	case errors.Is(err, errPaused) && f.spec.overSkip != 0:
+		return true, nil // the skip stands: a newer pause began since
+	case errors.As(err, &paused) && f.what == "slot":
 		if attempts > 1 {
 			// An earlier attempt may have landed unseen: its run, if
 			// any, is given up and swept like one claimed too late.
@@ -347,11 +387,19 @@ func (r *runner) execute(ctx context.Context, tn *term, f firing) (done bool, er
 			r.unswept = append(r.unswept, f.slot)
 		}
 		return r.execute(ctx, tn, firing{what: f.what, slot: f.slot, missed: f.missed, token: randomID(8),
-			spec: claimSpec{status: RunSkippedByPause, unswept: f.spec.unswept}})
+			spec: claimSpec{status: RunSkippedByPause, skippedIn: paused.pausedAt, unswept: f.spec.unswept}})
 	case errors.Is(err, errPaused):
 		l.log.Info("ddblease: "+f.what+" not run: the job was paused again", "slot", fmtSlot(f.slot))
 		return true, nil
 	case errors.Is(err, ErrSlotTaken):
+		if over := skippedBefore(err, f); over != 0 {
+			// Recorded skipped by a pause that began before the slot
+			// came due, by a leader whose wall clock was ahead: the claim
+			// replaces the record if that pause ended before the slot.
+			spec := f.spec
+			spec.overSkip = over
+			return r.execute(ctx, tn, firing{what: f.what, slot: f.slot, missed: f.missed, token: f.token, spec: spec})
+		}
 		l.log.Debug("ddblease: "+f.what+" already handled", "slot", fmtSlot(f.slot), "err", err)
 		r.keepOrphan(err, tn, f.slot)
 		return true, nil
@@ -407,6 +455,24 @@ func (r *runner) execute(ctx context.Context, tn *term, f firing) (done bool, er
 	// stays due, so that a newer tenure's catch-up finds the run left
 	// running and marks it abandoned; a request stays pending.
 	return r.runAndFinish(ctx, tn, run), nil
+}
+
+// skippedBefore returns, for a slot's claim refused because its run is
+// recorded skipped by a pause that began at or before the slot (and not
+// yet tried over), when that pause began; otherwise 0. A slot is skipped
+// by a pause it came due in, or by the pause that stopped its claim's
+// retries (the pause began after the slot): only the first kind may have
+// been recorded early by a wall clock ahead, and the claim over it checks
+// that the slot lies after that pause.
+func skippedBefore(err error, f firing) int64 {
+	var taken *SlotTakenError
+	if f.what != "slot" || f.spec.overSkip != 0 || !errors.As(err, &taken) {
+		return 0
+	}
+	if rec := taken.Run; rec.Status == RunSkippedByPause && rec.skippedIn != 0 && rec.skippedIn <= f.slot.UnixMilli() {
+		return rec.skippedIn
+	}
+	return 0
 }
 
 // decided reports whether err, from a claim, is an answer rather than a

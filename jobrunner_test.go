@@ -138,6 +138,116 @@ func TestScheduleSurvivesClockStepBack(t *testing.T) {
 	assert.NoError(t, <-done)
 }
 
+// A wall clock stepped back (and staying behind) does not make the leader
+// claim again the slots it already handled: it waits until its clock
+// passes the last one, then goes on in order. A claim of an earlier slot
+// after later ones would break the order a newer tenure's catch-up relies
+// on to find runs left running.
+func TestClockStepBackClaimsNoHandledSlot(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table := srv.NewTable(t)
+	var step atomic.Int64
+	var mu sync.Mutex
+	var fired []time.Time
+	reclaimed := map[time.Time]bool{}
+	watching := atomic.Bool{}
+	faults := &bodyFaults{}
+	faults.set(func(op string, body []byte) ddbtest.Action {
+		if watching.Load() && isWrite(op) && bytes.Contains(body, []byte(`"#claims"`)) {
+			mu.Lock()
+			for _, s := range fired {
+				if bytes.Contains(body, slotKey("job", s)) {
+					reclaimed[s] = true
+				}
+			}
+			mu.Unlock()
+		}
+		return ddbtest.Pass
+	})
+	a := newLease(t, srv.Client(faults.wrap), table, "job", fast("a"), func(o *ddblease.Options) {
+		o.Now = func() time.Time { return time.Now().Add(time.Duration(step.Load())) }
+	})
+	slots := make(chan time.Time, 1000)
+	stop := runScheduleAsync(ctx, a, ddblease.Every(200*time.Millisecond), func(ctx context.Context, run *ddblease.JobRun) error {
+		mu.Lock()
+		fired = append(fired, run.Slot())
+		mu.Unlock()
+		slots <- run.Slot()
+		return nil
+	})
+	for range 5 {
+		receive(t, slots, "a slot")
+	}
+	watching.Store(true)
+	step.Store(int64(-2 * time.Second)) // NTP steps the clock two seconds back
+	for n := 0; n < 5; n++ {
+		receive(t, slots, "a slot on the stepped clock")
+	}
+	require.NoError(t, stop())
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 1; i < len(fired); i++ {
+		assert.True(t, fired[i].After(fired[i-1]), "slot %s fired after %s", fired[i].Format(time.RFC3339Nano), fired[i-1].Format(time.RFC3339Nano))
+	}
+	assert.Empty(t, reclaimed, "slots claimed again after the clock stepped back")
+}
+
+// A leader whose wall clock is ahead during a pause records as skipped a
+// slot that, by the true clock, comes due after the resumption. The slot
+// still runs when it comes due; a slot that did come due in the pause
+// stays skipped.
+func TestSkipRecordedByClockAheadRunsWhenDue(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	admin := newAdmin(t, db, table)
+	var step atomic.Int64
+	l := newLease(t, db, table, "job", fast("a"), func(o *ddblease.Options) {
+		o.Now = func() time.Time { return time.Now().Add(time.Duration(step.Load())) }
+	})
+	const period = 500 * time.Millisecond
+	calls := &fnCalls{}
+	stop := runScheduleAsync(ctx, l, ddblease.Every(period), recordingFn(admin, l, calls))
+	defer func() { assert.NoError(t, stop()) }()
+	eventually(t, "a slot run", func() bool { return len(calls.all()) > 0 })
+
+	_, err := admin.Pause(ctx, "job")
+	require.NoError(t, err)
+	inPause := time.Now().Truncate(period).Add(2 * period)
+	skipped := func(slot time.Time) func() bool {
+		return func() bool {
+			r, ok := runAt(t, admin, "job", slot)
+			return ok && r.Status == ddblease.RunSkippedByPause
+		}
+	}
+	eventually(t, "a slot skipped in the pause", skipped(inPause))
+
+	step.Store(int64(5 * time.Second)) // NTP steps the leader's clock ahead...
+	// The leader's next slot by its clock (the catch-up fires the one
+	// before it), still seconds away by the true clock.
+	early := time.Now().Add(5 * time.Second).Truncate(period).Add(period)
+	eventually(t, "a slot still to come recorded skipped by the clock ahead", skipped(early))
+	_, err = admin.Resume(ctx, "job", false)
+	require.NoError(t, err)
+	step.Store(0) // ...and back
+	require.True(t, time.Now().Before(early), "the slot recorded early is still to come")
+
+	eventually(t, "the slot recorded early run when due", func() bool {
+		r, ok := runAt(t, admin, "job", early)
+		return ok && r.Status == ddblease.RunSucceeded
+	})
+	var ran, ranInPause bool
+	for _, c := range calls.all() {
+		ran = ran || c.slot.Equal(early)
+		ranInPause = ranInPause || c.slot.Equal(inPause)
+	}
+	assert.True(t, ran, "fn ran the slot recorded early")
+	assert.False(t, ranInPause, "fn ran a slot that came due in the pause")
+	r, _ := runAt(t, admin, "job", inPause)
+	assert.Equal(t, ddblease.RunSkippedByPause, r.Status, "the slot that came due in the pause")
+}
+
 // Defect 14: a catch-up over more than 100 slots counts the missed ones
 // exactly and abandons a run an older tenure left running far back.
 func TestCatchUpOverManySlots(t *testing.T) {

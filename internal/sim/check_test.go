@@ -575,15 +575,21 @@ func (c *checker) runs(admin *dynamodb.Client, calls []fnCall) {
 		// catch-up claimed again, an orphan re-run) had an earlier claim,
 		// perhaps of a lower fence: it may have existed then too. A run of
 		// the same tenure claimed after it (a resumption's catch-up of an
-		// earlier slot) did not.
-		prev := time.Time{}
+		// earlier slot) did not; one claimed at the same millisecond may
+		// have come before or after it. Runs that may have existed bound
+		// the count from below (prevLo), runs that surely did from above.
+		var prevLo, prevHi time.Time
 		for _, o := range recs[:i] {
-			earlier := o.Fence < r.Fence || o.Fence == r.Fence && !o.StartedAt.After(r.StartedAt) || o.Claims > 1
-			if earlier && o.Slot.After(prev) {
-				prev = o.Slot
+			surely := o.Fence < r.Fence || o.Fence == r.Fence && o.StartedAt.Before(r.StartedAt)
+			maybe := surely || o.Fence == r.Fence && o.StartedAt.Equal(r.StartedAt) || o.Claims > 1
+			if surely && o.Slot.After(prevHi) {
+				prevHi = o.Slot
+			}
+			if maybe && o.Slot.After(prevLo) {
+				prevLo = o.Slot
 			}
 		}
-		count := func(floor time.Time) int {
+		count := func(floor, prev time.Time) int {
 			if floor.Before(prev) {
 				floor = prev
 			}
@@ -600,7 +606,7 @@ func (c *checker) runs(admin *dynamodb.Client, calls []fnCall) {
 			// (sent between tol before its first run's claim and that claim).
 			loFloor, hiFloor = later(loFloor, r.StartedAt), later(hiFloor, r.StartedAt.Add(-tol))
 		}
-		lo, hi := count(loFloor), count(hiFloor)
+		lo, hi := count(loFloor, prevLo), count(hiFloor, prevHi)
 		if r.Missed < lo || r.Missed > hi {
 			c.fail(VMissedCount, "slot %v (%s, fence %d): Missed=%d marked known, but %d to %d slots before it have no run", r.Slot.Sub(start), r.Status, r.Fence, r.Missed, lo, hi)
 		}

@@ -52,6 +52,12 @@ var foundSeeds = []struct {
 	{218101, "a trigger whose outcome could not be recorded stayed pending, and the same tenure's next look recognised its claim and ran fn again under NeverRerun"},
 	{218791, "the same, with a wall-clock step"},
 	{201234, "a released replica, leaving the lease to the others, polled every RetryInterval/10 while the lease looked takeable"},
+	{209233, "a leader whose wall clock stepped ahead during a pause recorded a slot skipped that came due after the resumption; it never ran"},
+	{217840, "the same, four slots"},
+	{211904, "a wall clock stepped back: the leader started again from now and claimed slots before ones already handled; its run left running there was never swept"},
+	{150, "a wall clock that came back from a jump of an hour ahead: the slots the jump passed over must still fire"},
+	{553, "the same, for a replica that first looked while its clock was ahead"},
+	{210171, "checker: a resumption's catch-up claimed at the millisecond of the slot's claim was counted before it"},
 }
 
 // TestFoundSeeds replays the seeds in foundSeeds.
