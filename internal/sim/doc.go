@@ -140,7 +140,8 @@
 //     slots there end skipped-by-pause or without a run);
 //   - catch-up-once: after a Resume with catchUp, the slots the pause
 //     covered get at most one fn call between them (the latest slot,
-//     once).
+//     once; under Rerun, again by newer tenures when an older one left
+//     its run running).
 //
 // # Running it
 //
