@@ -63,6 +63,8 @@ type config struct {
 	n, rounds, warmup, conns int
 	ramp                     time.Duration
 	cpuprofile               string
+	memprofile               string
+	scaleHeap                bool
 
 	// parent
 	dynalite    string
@@ -103,6 +105,7 @@ func main() {
 	fs.IntVar(&c.warmup, "warmup", 1, "internal: heartbeat rounds before the scale measurement")
 	fs.IntVar(&c.conns, "conns", 64, "internal: HTTP connections of the scale process")
 	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "internal: CPU profile of the scale process's measurement window")
+	fs.StringVar(&c.memprofile, "memprofile", "", "internal: heap profile of the scale process, taken as its measurement begins")
 	fs.DurationVar(&c.ramp, "ramp", 0, "internal: time over which the scale process starts its leases (default: one heartbeat interval)")
 
 	fs.StringVar(&c.dynalite, "dynalite", "", "dynalite executable (default: testservers/dynalite/node_modules/.bin/dynalite above the working directory)")
@@ -122,6 +125,7 @@ func main() {
 	fs.StringVar(&c.scale, "scale", "1000,10000,10000/minidyn,10000/dynalite/120s/40s",
 		"leases held by one process: N[/server[/lease/heartbeat]], server dynalite (the run's) or minidyn (a separate process); settings (b) unless given")
 	fs.IntVar(&c.scaleRounds, "scale-rounds", 3, "heartbeat rounds measured at scale")
+	fs.BoolVar(&c.scaleHeap, "scale-heap", false, "write a heap profile of each scale process (every allocation sampled: its memory figures grow)")
 	_ = fs.Parse(os.Args[1:])
 	if c.ramp == 0 {
 		c.ramp = c.set.hb
