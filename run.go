@@ -31,10 +31,12 @@ import (
 // while its leader context is live is fn's failure, and ends Run.
 //
 // When ctx ends (a SIGTERM through signal.NotifyContext, say), Run cancels
-// the leader context (its cause wraps ctx's cause), marks the lease as
-// draining so that standbys poll fast, keeps renewing the lease while fn
-// returns, and resigns the moment it has: a standby takes over within its
-// fast poll. If fn is still running DrainTimeout after ctx ended, Run stops
+// the leader context (its cause wraps ctx's cause), keeps renewing the
+// lease while fn returns, and resigns the moment it has. If fn still runs
+// a RetryInterval later, Run marks the lease as draining, so that standbys
+// poll fast: a standby takes over within its fast poll of the
+// resignation. A function that returns sooner is handed over by the
+// resignation alone, one write: a standby takes over at its next poll. If fn is still running DrainTimeout after ctx ended, Run stops
 // renewing, so the lease lapses at its expiry and a standby may take over
 // while fn still runs (its side effects stay fenced); Run still waits for
 // fn, and then returns an error wrapping ErrDrainTimeout.
