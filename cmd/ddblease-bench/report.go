@@ -234,6 +234,20 @@ func (r *runner) table() string {
 		w("\n")
 	}
 
+	if sp := res.Spread; sp != nil {
+		w("Spread: a pool of %d jobs over %d replica processes %v, each process's function leading a job until it is handed over; then a rolling restart (SIGTERM to one, a new one started, in turn). Balanced: every live replica leads within ±5 %% of its share; gap: the longest a job that had a leader went without one (bound %.1f s: heartbeat + retry + 2 call timeouts); overlaps: moments at which two replicas' functions led one job:\n\n",
+			sp.Jobs, sp.Replicas, sp.Settings, sp.Bound)
+		w("| phase | live replicas | balanced after | hand-overs | longest gap | overlaps |\n|---|---|---|---|---|---|\n")
+		for _, ph := range sp.Phases {
+			bal := "not within 10 heartbeats"
+			if ph.Balanced >= 0 {
+				bal = fmt.Sprintf("%.2f s", ph.Balanced)
+			}
+			w("| %s | %d | %s | %d | %.2f s | %d |\n", ph.What, ph.Live, bal, ph.HandOvers, ph.MaxGap, ph.Overlaps)
+		}
+		w("\n")
+	}
+
 	w("Aims (issue 5):\n\n")
 	all := func(f func(n string) (ok, have bool)) (bool, bool) {
 		ok, have := true, false

@@ -71,6 +71,7 @@ type results struct {
 	Cost     map[string]costResult
 	Overhead *overheadResult
 	Scale    []map[string]string
+	Spread   *spreadResult
 	Errors   []string
 	DrainFor float64
 	Settings map[string]string
@@ -176,6 +177,9 @@ func (r *runner) run() error {
 	}
 	if r.only["scale"] {
 		r.scaleAll()
+	}
+	if r.only["spread"] {
+		r.spread()
 	}
 	r.res.Finished = time.Now()
 
