@@ -7,9 +7,9 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,10 +55,6 @@ type Pool struct {
 	mu   sync.Mutex
 	live []string // the live replicas last seen, sorted; nil before the first look
 }
-
-// poolMemberPrefix starts the attribute of a replica in the pool's item:
-// "member:" + owner, a Unix ms expiry.
-const poolMemberPrefix = "member:"
 
 // NewPool returns a pool of jobs in table, run by this replica as
 // Options.Owner. Each job is a lease of its own (New), with the options
@@ -207,26 +203,33 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 		return fmt.Errorf("ddblease: pool %q: %w", p.name, ended(ctx))
 	}
 	type jobRun struct {
-		cancel context.CancelFunc
-		done   chan struct{}
-		err    error
+		cancel    context.CancelFunc
+		cancelled bool // handed over, or stopped with the pool
+		done      chan struct{}
+		err       error
 	}
 	runs := map[string]*jobRun{}
 	finished := make(chan string, len(p.jobs))
 	runCtx, stopAll := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopAll()
 	var failed error
-	stop := func() {
+	// stop leaves the pool, then drains and resigns every job, and returns
+	// their errors (a drain timeout, a resignation that failed) with the
+	// one that stopped the pool, if any.
+	stop := func() error {
 		p.leave()
 		for _, r := range runs {
 			r.cancel()
 		}
-		for job, r := range runs {
+		errs := []error{failed}
+		for _, job := range slices.Sorted(maps.Keys(runs)) {
+			r := runs[job]
 			<-r.done
-			if r.err != nil && failed == nil {
-				failed = fmt.Errorf("ddblease: pool %q: job %q: %w", p.name, job, r.err)
+			if r.err != nil {
+				errs = append(errs, fmt.Errorf("ddblease: pool %q: job %q: %w", p.name, job, r.err))
 			}
 		}
+		return errors.Join(errs...)
 	}
 	var seenAt time.Time // when this replica's membership was last renewed
 	for {
@@ -254,7 +257,8 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 			want[job] = true
 		}
 		for job, r := range runs {
-			if !want[job] {
+			if !want[job] && !r.cancelled {
+				r.cancelled = true
 				r.cancel() // a hand-over: the job's Run drains and resigns
 			}
 		}
@@ -278,16 +282,19 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 			select {
 			case <-ctx.Done():
 				wait.Stop()
-				stop()
-				return failed
+				return stop()
 			case job := <-finished:
 				r := runs[job]
 				delete(runs, job)
-				if r.err != nil && !errors.Is(r.err, context.Canceled) && failed == nil {
+				switch {
+				case r.err == nil:
+				case r.cancelled:
+					p.log.Warn("ddblease: a job handed over did not end cleanly", "job", job, "err", r.err)
+				default:
+					// fn failed while it led: the pool stops, as Run does.
 					failed = fmt.Errorf("ddblease: pool %q: job %q: %w", p.name, job, r.err)
 					wait.Stop()
-					stop()
-					return failed
+					return stop()
 				}
 			case <-wait.C:
 				break waiting
@@ -297,51 +304,135 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 }
 
 // renew writes this replica's expiry in the pool's item and returns the
-// live replicas the answer lists, sorted.
+// live replicas the answer lists, sorted. The item's members map is made
+// by the first replica of the pool.
 func (p *Pool) renew(ctx context.Context) ([]string, error) {
 	now := p.opts.Now()
-	cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
-	defer cancel()
-	out, err := p.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
-		TableName:                 aws.String(p.table),
-		Key:                       p.key,
-		UpdateExpression:          aws.String("SET #me = :exp"),
-		ExpressionAttributeNames:  map[string]string{"#me": poolMemberPrefix + p.opts.Owner},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":exp": avN(now.Add(p.opts.LeaseDuration).UnixMilli())},
-		ReturnValues:              types.ReturnValueAllNew,
-	})
+	exp := avN(now.Add(p.opts.LeaseDuration).UnixMilli())
+	update := func(expr, cond string, names map[string]string, values map[string]types.AttributeValue) (*dynamodb.UpdateItemOutput, error) {
+		cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
+		defer cancel()
+		return p.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
+			TableName:                 aws.String(p.table),
+			Key:                       p.key,
+			UpdateExpression:          aws.String(expr),
+			ConditionExpression:       aws.String(cond),
+			ExpressionAttributeNames:  names,
+			ExpressionAttributeValues: values,
+			ReturnValues:              types.ReturnValueAllNew,
+		})
+	}
+	var out *dynamodb.UpdateItemOutput
+	var err error
+	for range 2 {
+		out, err = update("SET #mm.#me = :exp", "attribute_exists(#mm)",
+			map[string]string{"#mm": attrPoolMembers, "#me": p.opts.Owner}, map[string]types.AttributeValue{":exp": exp})
+		if _, refused := failedConditions(err)[0]; !refused {
+			break
+		}
+		// The first replica of the pool makes the map, with a placeholder
+		// that keeps it from ever being emptied.
+		init := &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{poolKeep: avN(0), p.opts.Owner: exp}}
+		out, err = update("SET #mm = :init", "attribute_not_exists(#mm)",
+			map[string]string{"#mm": attrPoolMembers}, map[string]types.AttributeValue{":init": init})
+		if _, refused := failedConditions(err)[0]; !refused {
+			break
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("ddblease: pool %q: renew membership: %w", p.name, err)
 	}
-	return p.liveIn(out.Attributes, p.opts.Now()), nil
+	members := p.members(out.Attributes)
+	p.forgetDead(ctx, members, now)
+	return p.liveIn(members, p.opts.Now()), nil
 }
 
-// liveIn returns the replicas whose expiry in the pool's item is not yet
-// MaxClockSkew old at now, sorted. A malformed member attribute is
-// skipped, and logged.
-func (p *Pool) liveIn(item map[string]types.AttributeValue, now time.Time) []string {
+// attrPoolMembers is the pool item's map of members: owner -> expiry
+// (Unix ms), with the placeholder entry poolKeep, so that the map is never
+// emptied (the in-process test server mishandles the removal of a map's
+// last entry, as control.go says of the triggers).
+const (
+	attrPoolMembers = "members"
+	poolKeep        = "-"
+)
+
+// members returns the members map of the pool's item: owner -> expiry.
+// A malformed entry has expiry -1 (it is ignored, then removed).
+func (p *Pool) members(item map[string]types.AttributeValue) map[string]int64 {
+	out := map[string]int64{}
+	m, ok := item[attrPoolMembers].(*types.AttributeValueMemberM)
+	if !ok {
+		if item[attrPoolMembers] != nil {
+			p.log.Warn("ddblease: the pool's item has a malformed members attribute; ignoring it")
+		}
+		return out
+	}
+	for owner, v := range m.Value {
+		if owner == poolKeep {
+			continue
+		}
+		ms := int64(-1)
+		if n, ok := v.(*types.AttributeValueMemberN); ok {
+			if x, err := strconv.ParseInt(n.Value, 10, 64); err == nil && x >= 0 {
+				ms = x
+			}
+		}
+		if ms < 0 || owner == "" {
+			p.log.Warn("ddblease: the pool's item has a malformed member; ignoring it", "member", owner)
+			ms = -1
+		}
+		out[owner] = ms
+	}
+	return out
+}
+
+// liveIn returns the members whose expiry is not yet MaxClockSkew old at
+// now, sorted.
+func (p *Pool) liveIn(members map[string]int64, now time.Time) []string {
 	live := []string{}
-	for name, v := range item {
-		owner, ok := strings.CutPrefix(name, poolMemberPrefix)
-		if !ok {
-			continue
-		}
-		n, ok := v.(*types.AttributeValueMemberN)
-		var ms int64
-		var err error
-		if ok {
-			ms, err = strconv.ParseInt(n.Value, 10, 64)
-		}
-		if !ok || err != nil || owner == "" {
-			p.log.Warn("ddblease: the pool's item has a malformed member; ignoring it", "attribute", name)
-			continue
-		}
-		if time.UnixMilli(ms).Add(p.opts.MaxClockSkew).After(now) {
+	for owner, ms := range members {
+		if ms >= 0 && owner != "" && time.UnixMilli(ms).Add(p.opts.MaxClockSkew).After(now) {
 			live = append(live, owner)
 		}
 	}
 	slices.Sort(live)
 	return live
+}
+
+// maxForget bounds the members one renewal removes from the pool's item.
+const maxForget = 10
+
+// forgetDead removes from the pool's item the members whose expiry is
+// older than a LeaseDuration (replicas that died, or whose leave failed)
+// and malformed ones, so that the item does not grow with every deploy.
+// Each removal is conditional on the member being unchanged; a failure is
+// left for a later renewal.
+func (p *Pool) forgetDead(ctx context.Context, members map[string]int64, now time.Time) {
+	n := 0
+	for owner, ms := range members {
+		if owner == p.opts.Owner || owner == "" || n == maxForget ||
+			ms >= 0 && !time.UnixMilli(ms).Add(p.opts.LeaseDuration).Before(now) {
+			continue
+		}
+		n++
+		cond, values := "attribute_exists(#mm.#m)", map[string]types.AttributeValue(nil)
+		if ms >= 0 {
+			cond, values = "#mm.#m = :v", map[string]types.AttributeValue{":v": avN(ms)}
+		}
+		cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
+		_, err := p.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
+			TableName:                 aws.String(p.table),
+			Key:                       p.key,
+			UpdateExpression:          aws.String("REMOVE #mm.#m"),
+			ConditionExpression:       aws.String(cond),
+			ExpressionAttributeNames:  map[string]string{"#mm": attrPoolMembers, "#m": owner},
+			ExpressionAttributeValues: values,
+		})
+		cancel()
+		if err == nil {
+			p.log.Info("ddblease: removed a replica gone from the pool", "member", owner)
+		}
+	}
 }
 
 // leave removes this replica from the pool's item, so that the others
@@ -353,10 +444,11 @@ func (p *Pool) leave() {
 	_, err := p.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                aws.String(p.table),
 		Key:                      p.key,
-		UpdateExpression:         aws.String("REMOVE #me"),
-		ExpressionAttributeNames: map[string]string{"#me": poolMemberPrefix + p.opts.Owner},
+		UpdateExpression:         aws.String("REMOVE #mm.#me"),
+		ConditionExpression:      aws.String("attribute_exists(#mm.#me)"),
+		ExpressionAttributeNames: map[string]string{"#mm": attrPoolMembers, "#me": p.opts.Owner},
 	})
-	if err != nil {
+	if _, refused := failedConditions(err)[0]; err != nil && !refused {
 		p.log.Warn("ddblease: could not leave the pool; the others take its jobs at its expiry", "err", err)
 	}
 	p.mu.Lock()

@@ -2,13 +2,16 @@ package ddblease_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
 	"github.com/ddblease/ddblease/internal/ddbtest"
 	"github.com/stretchr/testify/assert"
@@ -179,8 +182,9 @@ func TestPoolReplicaThatDiesLosesItsJobs(t *testing.T) {
 	eventually(t, "a leads every job", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 8}, w.leads()) })
 	assert.Equal(t, []string{"a"}, a.Members())
 	require.NoError(t, stopA())
-	dead.Store(false)
-	require.NoError(t, stopB())
+	// b, cut off, still fails to reach the table as it stops: its Run
+	// reports that (as Run does when it stops while failing).
+	_ = stopB()
 }
 
 // Replicas whose clocks differ by less than MaxClockSkew see the same
@@ -229,4 +233,67 @@ func TestNewPoolBadInput(t *testing.T) {
 	assert.ErrorIs(t, p.Run(context.Background(), nil), ddblease.ErrInvalid)
 	assert.Nil(t, p.Lease("nope"))
 	assert.NotNil(t, p.Lease("a"))
+}
+
+// An error fn returns while it leads a job stops the pool on this replica,
+// as it stops Run: the other jobs are handed over, and Run returns the
+// error, naming the job.
+func TestPoolStopsOnFnError(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table, db := tableAndClient(t)
+	p := newPool(t, db, table, poolJobs(3), fast("a"))
+	boom := errors.New("boom")
+	err := p.Run(ctx, func(ctx context.Context, job string, fence int64) error {
+		if job == "tenant-01" {
+			return boom
+		}
+		<-ctx.Done()
+		return nil
+	})
+	require.ErrorIs(t, err, boom)
+	assert.ErrorContains(t, err, `job "tenant-01"`)
+	for _, job := range poolJobs(3) {
+		assert.False(t, p.Lease(job).IsLeader(), job)
+		rec, err := p.Lease(job).Holder(ctx)
+		require.NoError(t, err)
+		assert.True(t, rec.ExpiresAt.IsZero(), "%s resigned", job)
+	}
+}
+
+// The pool's item forgets replicas long gone (dead, or whose leave
+// failed), and a malformed member attribute is ignored, not fatal.
+func TestPoolForgetsDeadMembers(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table, db := tableAndClient(t)
+	old := time.Now().Add(-time.Hour).UnixMilli()
+	putRaw(t, db, table, map[string]types.AttributeValue{
+		"pk": &types.AttributeValueMemberS{Value: "pool#reports"},
+		"members": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+			"-":         &types.AttributeValueMemberN{Value: "0"},
+			"gone":      &types.AttributeValueMemberN{Value: strconv.FormatInt(old, 10)},
+			"malformed": &types.AttributeValueMemberS{Value: "not a number"},
+		}},
+	})
+	p := newPool(t, db, table, poolJobs(2), fast("a"))
+	w := newPoolWatch(t)
+	stop := async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn("a")) })
+	eventually(t, "a leads both jobs", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2}, w.leads()) })
+	assert.Equal(t, []string{"a"}, p.Members())
+	members := func() map[string]types.AttributeValue {
+		m, _ := getRaw(t, db, table, "pool#reports")["members"].(*types.AttributeValueMemberM)
+		require.NotNil(t, m)
+		return m.Value
+	}
+	eventually(t, "the gone members removed", func() bool {
+		m := members()
+		_, gone := m["gone"]
+		_, bad := m["malformed"]
+		_, me := m["a"]
+		return !gone && !bad && me
+	})
+	require.NoError(t, stop())
+	_, me := members()["a"]
+	assert.False(t, me, "a left the pool when it stopped")
 }
