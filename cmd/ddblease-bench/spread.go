@@ -77,8 +77,13 @@ type spreadResult struct {
 // spread measures a pool of cfg.spreadJobs jobs over cfg.spreadReplicas
 // replica processes started cfg.spreadStagger apart, then a rolling
 // restart of every replica (SIGTERM, then a new one), with settings (a).
+// A quick run uses short timings and restarts one replica.
 func (r *runner) spread() {
 	s := setA
+	restarts := r.cfg.spreadReplicas
+	if r.cfg.quick {
+		s, restarts = settings{"quick", 4 * time.Second, time.Second, 250 * time.Millisecond}, 1
+	}
 	n, m := r.cfg.spreadJobs, r.cfg.spreadReplicas
 	what := fmt.Sprintf("spread %d jobs over %d replicas %v", n, m, s)
 	pool := "spread-" + r.runID
@@ -140,7 +145,7 @@ func (r *runner) spread() {
 		}
 	}
 	phase(fmt.Sprintf("%d replicas started %v apart", m, r.cfg.spreadStagger), last, first)
-	for i, p := range slices.Clone(procs) {
+	for i, p := range slices.Clone(procs)[:min(restarts, len(procs))] {
 		from := time.Now()
 		if err := p.stop(time.Minute); err != nil {
 			r.fail(what, err)
@@ -153,7 +158,7 @@ func (r *runner) spread() {
 			return
 		}
 		live[q] = true
-		phase(fmt.Sprintf("rolling restart %d of %d (SIGTERM, a new replica)", i+1, m), from, from)
+		phase(fmt.Sprintf("rolling restart %d of %d (SIGTERM, a new replica)", i+1, restarts), from, from)
 	}
 	r.mu.Lock()
 	r.res.Spread = res
