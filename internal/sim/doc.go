@@ -53,9 +53,10 @@
 //
 // At about 20% of the seeds the replicas run a pool instead, drawn from a
 // hash stream of its own too (never at a seed of foundSeeds, which replay
-// paths found in single leases): each replica calls Pool.Run over 3 to 8
+// paths found in single leases): each replica calls Pool.Run over 3 to 6
 // jobs, its fn doing for each job what a Run leader does (a guarded
-// effect on the job's own items every Work, with a Guard per job). Some
+// effect on the job's own items, with a Guard per job, every Work times
+// the number of jobs: as many effects in all as one leader makes). Some
 // replicas (never r0) make their first Run call late, within the first
 // 80% of the faulty phase, so that the others hand them their share. The
 // network faults, clocks, wall steps, crashes and pauses are drawn as for

@@ -417,8 +417,10 @@ func newPlan(seed uint64) *Plan {
 		// Long enough for the spread: a crash's lease and membership to
 		// lapse (settled), every job led, its moves done (spreadFrom),
 		// and a few heartbeats of the split to judge.
-		p.Quiet = p.poolLiveBound() + p.poolGapBound() + p.CallTimeout + 2*p.Lease + 2*p.Skew + 4*p.Heartbeat +
-			(p.maxDelay() + p.CallTimeout + p.Lease + 2*p.Skew)
+		p.Quiet = p.poolLiveBound() + p.poolGapBound() + p.CallTimeout + 2*p.Lease + 2*p.Skew + 4*p.Heartbeat
+		if len(p.Crashes) > 0 {
+			p.Quiet += p.maxDelay() + p.CallTimeout + p.Lease + 2*p.Skew
+		}
 		p.Tags = append(p.Tags, "pool")
 	}
 	p.drawOperator(phase)
@@ -427,7 +429,7 @@ func newPlan(seed uint64) *Plan {
 
 // poolStream draws from a stream of its own whether the seed runs a pool
 // (about 20% of the seeds, never one of foundSeeds, which replay paths
-// found in single leases) and its jobs (3 to 8), so that every other seed
+// found in single leases) and its jobs (3 to 6), so that every other seed
 // draws everything as it did before pools existed. It returns the stream
 // for the rest of the pool's draws (drawJoins).
 func (p *Plan) poolStream() *rand.Rand {
@@ -436,7 +438,7 @@ func (p *Plan) poolStream() *rand.Rand {
 		return r
 	}
 	p.Pool = true
-	for i := range 3 + r.IntN(6) {
+	for i := range 3 + r.IntN(4) {
 		p.Jobs = append(p.Jobs, fmt.Sprintf("job-%d", i))
 	}
 	return r
