@@ -25,8 +25,9 @@
 // monotonic clock does not when NTP steps the wall clock),
 // crashes (the replica's clock freezes, its network black-holes new
 // requests while requests already in flight still land, its fn is never
-// told; at the end it is wound down so that the bubble can exit, and it is
-// excluded from the checks from the crash on) and pauses (its clock
+// told; at the end it is wound down so that the bubble can exit: its clock
+// runs again and its context ends, while its network still black-holes new
+// requests; it is excluded from the checks from the crash on) and pauses (its clock
 // frozen; its requests, answers and fn held). Users misbehave as real ones do:
 // Resign while Run leads, two Run calls on one handle, a panic in fn
 // recovered by a supervisor that calls Run again, slots whose fn fails.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -681,6 +682,10 @@ func execute(p *Plan) (violations []string, h *history) {
 	for i := range p.N {
 		if crashed[i] && !waitFor(wgs[i], wait) {
 			violations = append(violations, fmt.Sprintf("run-hang: crashed r%d: Run did not return within %v after its context ended", i, wait))
+			if debugReq {
+				buf := make([]byte, 1<<22)
+				fmt.Fprintf(os.Stderr, "goroutines:\n%s\n", buf[:runtime.Stack(buf, true)])
+			}
 		}
 	}
 	samplers.Wait()

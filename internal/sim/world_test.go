@@ -333,7 +333,7 @@ func (r *replicaState) now() time.Time {
 	// stopped process is held instead (hold in fn, in the IsLeader sampler
 	// and where a leader context's end is recorded).
 	el := r.w.since()
-	if r.crashed.Load() {
+	if r.crashed.Load() && !r.woundDown() {
 		el = time.Duration(r.crashEl.Load())
 	} else if until := r.pausedUntil(el); until != 0 {
 		el = r.pausedFrom(el)
@@ -350,6 +350,19 @@ func (r *replicaState) now() time.Time {
 		}
 	}
 	return t
+}
+
+// woundDown reports whether a crashed replica is being wound down: its
+// clock runs again (a frozen one would keep a wait judged by Options.Now,
+// such as a resignation retried until the tenure's deadline, from ever
+// ending), while its network still black-holes new requests.
+func (r *replicaState) woundDown() bool {
+	select {
+	case <-r.dead:
+		return true
+	default:
+		return false
+	}
 }
 
 // transport is one replica's network: an http.RoundTripper to the
