@@ -416,8 +416,8 @@ func newPlan(seed uint64) *Plan {
 	if p.Pool {
 		// Long enough for the spread: a crash's lease and membership to
 		// lapse (settled), every job led, its moves done (spreadFrom),
-		// and a few heartbeats of the split to judge.
-		p.Quiet = p.poolLiveBound() + p.poolGapBound() + p.CallTimeout + 2*p.Lease + 2*p.Skew + 4*p.Heartbeat
+		// and half a lease and four heartbeats of the split to judge.
+		p.Quiet = p.poolLiveBound() + p.poolGapBound() + p.CallTimeout + p.Lease/2 + 2*p.Skew + 4*p.Heartbeat
 		if len(p.Crashes) > 0 {
 			p.Quiet += p.maxDelay() + p.CallTimeout + p.Lease + 2*p.Skew
 		}
