@@ -45,18 +45,6 @@ const (
 	VSetup        = "setup"
 )
 
-// excusePoolNotResigned excuses a known defect of Pool.Run from
-// run-returned: when the pool cancels a job's Lease.Run (a hand-over, or
-// the replica counting itself gone after its membership renewals failed
-// for a lease) and the resignation keeps failing in the faults, Lease.Run
-// returns an error wrapping ErrNotResigned, and Pool.Run takes it for fn's
-// error: it stops the replica's whole pool (leaves, drains and resigns
-// every job) and returns it while its context is live, though its doc
-// stops it only on fn's error and a lease not resigned only lapses at its
-// expiry. Each excused return is noted (knownNote) and counted in the
-// survey. Set it to false once Pool.Run is mended.
-const excusePoolNotResigned = true
-
 // knownNote starts a note of a known defect that a check excused.
 const knownNote = "known defect:"
 
@@ -298,12 +286,6 @@ func check(s *sim, admin *dynamodb.Client, checkAt time.Duration) []string {
 		}
 		if at, ok := resigns[r.rep]; ok && at <= r.at && r.err != nil {
 			continue // stopped by the user's Resign, and said so
-		}
-		if p.Pool && excusePoolNotResigned && errors.Is(r.err, ddblease.ErrNotResigned) {
-			// A known defect of Pool.Run (see excusePoolNotResigned):
-			// noted, not counted, until it is mended.
-			s.note("%s r%d call %d: Pool.Run returned %v at %v while its context was live", knownNote, r.rep, r.call, r.err, r.at)
-			continue
 		}
 
 		cause := "no leader context"

@@ -80,14 +80,7 @@
 // pool's bounds (below); guard-order judges transactions per lease item;
 // run-returned, run-shutdown and run-hang judge Pool.Run's returns (it
 // returns only when its context ends, and then nil); busy-loop and leak
-// apply as they are; and spread is judged besides. One known defect of
-// Pool.Run is excused from run-returned (excusePoolNotResigned in
-// check_test.go), noted in the seed's notes as "known defect:" and
-// counted in the survey: when the pool cancels a job's Lease.Run (a
-// hand-over, or the replica counting itself gone) and the resignation
-// keeps failing in the faults, Lease.Run returns an error wrapping
-// ErrNotResigned, and Pool.Run stops the replica's whole pool with it
-// while its context is live.
+// apply as they are; and spread is judged besides.
 //
 // Every invariant is judged from what the users observed, in virtual time:
 // the leader contexts handed to fn (when fn first saw one and when a
