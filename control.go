@@ -73,8 +73,8 @@ func (k *keeper) noticeControl() {
 		return
 	}
 	l.ctl.note(c)
-	if c.ResignFence == k.t.fence {
-		k.resignOnce.Do(func() { close(k.resign) })
+	if c.ResignFence == k.t.fence && k.onResign != nil {
+		k.resignOnce.Do(k.onResign)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/ddblease/ddblease"
 	"github.com/ddblease/ddblease/internal/ddbtest"
@@ -115,4 +116,43 @@ func ExampleOptions_observer() {
 	// draining nightly-billing fence 1
 	// resigned nightly-billing fence 1
 	// stopped err: <nil>
+}
+
+// A Pool spreads many jobs over the replicas that run it: here one replica
+// runs alone and so leads all three. A replica that joins takes its share,
+// handed over drained and resigned.
+func ExamplePool() {
+	ctx := context.Background()
+	db := srv.Client(nil) // a *dynamodb.Client
+	table := "example-" + ddbtest.RandomID()
+	if err := ddblease.CreateTable(ctx, db, table); err != nil {
+		fmt.Println(err)
+		return
+	}
+	tenants := []string{"report-acme", "report-globex", "report-initech"}
+	pool, err := ddblease.NewPool(db, table, "reports", tenants, func(o *ddblease.Options) {
+		o.Owner = "replica-1"
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	runCtx, sigterm := context.WithCancel(ctx)
+	var mu sync.Mutex
+	led := map[string]int64{}
+	err = pool.Run(runCtx, func(ctx context.Context, job string, fence int64) error {
+		mu.Lock()
+		led[job] = fence
+		if len(led) == len(tenants) {
+			sigterm() // as if SIGTERM arrived once every job is led
+		}
+		mu.Unlock()
+		<-ctx.Done()
+		return nil
+	})
+	fmt.Println("Run returned", err)
+	fmt.Println(led)
+	// Output:
+	// Run returned <nil>
+	// map[report-acme:1 report-globex:1 report-initech:1]
 }

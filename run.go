@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"sync/atomic"
+	"sync"
 	"time"
 )
 
@@ -31,10 +31,12 @@ import (
 // while its leader context is live is fn's failure, and ends Run.
 //
 // When ctx ends (a SIGTERM through signal.NotifyContext, say), Run cancels
-// the leader context (its cause wraps ctx's cause), marks the lease as
-// draining so that standbys poll fast, keeps renewing the lease while fn
-// returns, and resigns the moment it has: a standby takes over within its
-// fast poll. If fn is still running DrainTimeout after ctx ended, Run stops
+// the leader context (its cause wraps ctx's cause), keeps renewing the
+// lease while fn returns, and resigns the moment it has. If fn still runs
+// a RetryInterval later, Run marks the lease as draining, so that standbys
+// poll fast: a standby takes over within its fast poll of the
+// resignation. A function that returns sooner is handed over by the
+// resignation alone, one write: a standby takes over at its next poll. If fn is still running DrainTimeout after ctx ended, Run stops
 // renewing, so the lease lapses at its expiry and a standby may take over
 // while fn still runs (its side effects stay fenced); Run still waits for
 // fn, and then returns an error wrapping ErrDrainTimeout.
@@ -133,34 +135,15 @@ func (t *term) lead(ctx context.Context, fn func(context.Context, *term) error) 
 	}
 	leaderCtx, cancelLeader := context.WithCancelCause(termCtx)
 	defer cancelLeader(nil)
-	k := t.keep()
-	fnDone := make(chan struct{})
-	watchDone := make(chan struct{})
-	var drainExpired atomic.Bool
-	go func() {
-		defer close(watchDone)
-		select {
-		case <-fnDone:
-			return
-		case <-termCtx.Done():
-			return
-		case <-ctx.Done():
-			cancelLeader(fmt.Errorf("ddblease: shutting down: %w", context.Cause(ctx)))
-		case <-k.resign: // control.go: an operator's resign request, drained as a shutdown
-			cancelLeader(fmt.Errorf("%w: fence %d", ErrResignRequested, fence))
-		}
-		l.notify.emit(l.event(EventDraining, Event{Fence: fence}))
-		k.drain()
-		t := time.NewTimer(l.opts.DrainTimeout)
-		defer t.Stop()
-		select {
-		case <-fnDone:
-		case <-t.C:
-			drainExpired.Store(true)
-			l.log.Warn("ddblease: leader function still running after DrainTimeout; no longer renewing", "fence", fence)
-			k.stop()
-		}
-	}()
+	w := &drainWatch{t: t, cancelLeader: cancelLeader}
+	k := t.keeper(func() { // control.go: an operator's resign request, drained as a shutdown
+		w.start(fmt.Errorf("%w: fence %d", ErrResignRequested, fence))
+	})
+	w.k = k
+	k.start()
+	stopWatch := context.AfterFunc(ctx, func() {
+		w.start(fmt.Errorf("ddblease: shutting down: %w", context.Cause(ctx)))
+	})
 	var fnErr error
 	var panicked *PanicError
 	// over: the leader context had ended when fn returned, or Run's own
@@ -170,6 +153,7 @@ func (t *term) lead(ctx context.Context, fn func(context.Context, *term) error) 
 	// returned: fn returned at all (false after a panic or
 	// runtime.Goexit).
 	var over, returned bool
+	var drainErr error
 	func() {
 		defer func() {
 			p := recover()
@@ -180,9 +164,12 @@ func (t *term) lead(ctx context.Context, fn func(context.Context, *term) error) 
 					panicked = &PanicError{Value: p, Stack: debug.Stack()}
 				}
 			}
-			close(fnDone)
-			<-watchDone
+			stopWatch()
+			drainExpired := w.finish()
 			k.stop()
+			if drainExpired {
+				drainErr = fmt.Errorf("%w: fence %d ran past %v", ErrDrainTimeout, fence, l.opts.DrainTimeout)
+			}
 			if p == nil && !returned {
 				// runtime.Goexit (t.FailNow, say) unwinds this goroutine
 				// past Run: end the tenure as after a panic, and let the
@@ -203,12 +190,9 @@ func (t *term) lead(ctx context.Context, fn func(context.Context, *term) error) 
 	if over && endsWith(fnErr, leaderCtx, ctx) {
 		fnErr = nil // the leader context's own end, handed back
 	}
-	var resignErr, drainErr error
+	var resignErr error
 	if termCtx.Err() == nil {
 		resignErr = t.resignRetrying(ctx, fmt.Errorf("%w: %q fence %d: resigning", ErrLost, l.job, fence))
-	}
-	if drainExpired.Load() {
-		drainErr = fmt.Errorf("%w: fence %d ran past %v", ErrDrainTimeout, fence, l.opts.DrainTimeout)
 	}
 	if over && ctx.Err() == nil {
 		// The tenure ended under fn (lost, Resign called, an operator's
@@ -224,6 +208,63 @@ func (t *term) lead(ctx context.Context, fn func(context.Context, *term) error) 
 		return false, nil
 	}
 	return true, errors.Join(fnErr, resignErr, drainErr)
+}
+
+// drainWatch drains a tenure when Run's context ends or an operator asks
+// it to resign: it cancels the leader context at once, marks the lease
+// draining if fn is still running a RetryInterval later (a standby polls
+// that often: a function that returns sooner is handed over by the
+// resignation alone, one write), and stops renewing once DrainTimeout has
+// passed. It holds no goroutine: its parts run on timers and
+// context.AfterFunc.
+type drainWatch struct {
+	t            *term
+	k            *keeper
+	cancelLeader context.CancelCauseFunc
+
+	mu            sync.Mutex
+	done, started bool
+	expired       bool // DrainTimeout passed before fn returned
+	mark, timeout *time.Timer
+}
+
+// start begins the drain, once, unless fn has returned or the tenure has
+// ended.
+func (w *drainWatch) start(cause error) {
+	l, fence := w.t.l, w.t.fence
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done || w.started || w.t.ctx.Err() != nil {
+		return
+	}
+	w.started = true
+	w.cancelLeader(cause)
+	l.notify.emit(l.event(EventDraining, Event{Fence: fence}))
+	w.mark = time.AfterFunc(l.opts.RetryInterval, w.k.drain)
+	w.timeout = time.AfterFunc(l.opts.DrainTimeout, func() {
+		w.mu.Lock()
+		if w.done {
+			w.mu.Unlock()
+			return
+		}
+		w.expired = true
+		w.mu.Unlock()
+		l.log.Warn("ddblease: leader function still running after DrainTimeout; no longer renewing", "fence", fence)
+		w.k.stop()
+	})
+}
+
+// finish is called once fn has returned: no drain starts after it. It
+// reports whether DrainTimeout had passed.
+func (w *drainWatch) finish() (expired bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.done = true
+	if w.started {
+		w.mark.Stop()
+		w.timeout.Stop()
+	}
+	return w.expired
 }
 
 // endsWith reports whether err, returned by a function whose leader

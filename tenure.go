@@ -348,86 +348,127 @@ func (t *term) fencedWrite(ctx context.Context, timeout time.Duration, until tim
 	return lost
 }
 
-// keeper renews a tenure in the background until it is stopped or the
-// tenure ends. It does not decide when the tenure ends: the term's own
-// timer does, and a keeper stuck in a request cannot hold that up.
+// keeper renews a tenure on a timer until it is stopped or the tenure
+// ends: no goroutine waits between renewals, each runs on the timer's own.
+// It does not decide when the tenure ends: the term's own timer does, and
+// a renewal stuck in a request cannot hold that up.
 type keeper struct {
-	t         *term
-	cancel    context.CancelFunc
-	done      chan struct{}
-	drainc    chan struct{}
-	drainOnce sync.Once
-	// resign is closed when a heartbeat returns an item that asks this
-	// tenure to resign (control.go).
-	resign     chan struct{}
+	t  *term
+	bo *backoff // back off, from RetryInterval up to half the heartbeat interval
+	// onResign is called once, from a renewal, when the item it returned
+	// asks this tenure to resign (control.go).
+	onResign   func()
 	resignOnce sync.Once
+
+	mu       sync.Mutex
+	timer    *time.Timer
+	next     time.Time // when the next renewal is due, by Options.Now
+	stopped  bool
+	drained  bool
+	urgent   int            // drain requests: a renewal that began before one is followed by another at once
+	inFlight sync.WaitGroup // the renewal running, if any
 }
 
-func (t *term) keep() *keeper {
-	ctx, cancel := context.WithCancel(context.Background())
-	k := &keeper{t: t, cancel: cancel, done: make(chan struct{}), drainc: make(chan struct{}),
-		resign: make(chan struct{})}
-	go k.loop(ctx)
-	return k
+// keeper returns a keeper of the term; start sets it going.
+func (t *term) keeper(onResign func()) *keeper {
+	l := t.l
+	return &keeper{t: t, onResign: onResign,
+		bo:   &backoff{base: l.opts.RetryInterval, max: l.opts.HeartbeatInterval / 2},
+		next: t.snapshot().sentAt.Add(l.opts.HeartbeatInterval)}
 }
 
-// stop ends the keeper and waits for its goroutine. It is idempotent.
-func (k *keeper) stop() {
-	k.cancel()
-	<-k.done
+// start arms the first renewal, a heartbeat interval after the term's last
+// write was sent.
+func (k *keeper) start() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.armLocked()
 }
 
-// drain asks the keeper to mark the lease as draining at once, so that
-// standbys poll fast until the resignation.
-func (k *keeper) drain() { k.drainOnce.Do(func() { close(k.drainc) }) }
-
-func (k *keeper) loop(ctx context.Context) {
-	defer close(k.done)
-	t, l := k.t, k.t.l
-	drainc := k.drainc
-	next := t.snapshot().sentAt.Add(l.opts.HeartbeatInterval)
-	// Back off, from RetryInterval up to half the heartbeat interval, so
-	// that an overloaded server is not made worse.
-	bo := &backoff{base: l.opts.RetryInterval, max: l.opts.HeartbeatInterval / 2}
-	for {
-		if !t.holds() {
-			return
-		}
-		timer := time.NewTimer(max(next.Sub(l.opts.Now()), 0))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return
-		case <-t.ctx.Done():
-			timer.Stop()
-			return
-		case <-drainc:
-			timer.Stop()
-			drainc = nil
-			t.setDraining()
-		case <-timer.C:
-			if l.opts.Now().Before(next) {
-				continue
-			}
-		}
-		// A heartbeat in flight is not abandoned when the keeper stops: it
-		// completes (bounded by CallTimeout and the deadline), so that the
-		// resignation that usually follows finds its outcome known.
-		l.writes.lock()
-		err := t.renew(context.WithoutCancel(ctx))
-		l.writes.unlock()
-		switch {
-		case err == nil:
-			next = t.snapshot().sentAt.Add(l.opts.HeartbeatInterval)
-			bo.reset()
-			k.noticeControl() // control.go: resign requests, operator controls
-		case ctx.Err() != nil, errors.Is(err, ErrLost), errors.Is(err, ErrNotLeader):
-			return
-		default:
-			l.notify.emit(l.event(EventRetry, Event{Op: "heartbeat", Fence: t.fence, Err: err}))
-			next = l.opts.Now().Add(bo.next())
-		}
+// armLocked sets the timer for the next renewal. Called with k.mu held.
+func (k *keeper) armLocked() {
+	if k.stopped || !k.t.holds() {
+		return
 	}
+	k.timer = time.AfterFunc(max(k.next.Sub(k.t.l.opts.Now()), 0), k.fire)
+}
+
+// stop ends the keeper and waits for a renewal in flight: it is not
+// abandoned (it completes, bounded by CallTimeout and the deadline), so that
+// the resignation that usually follows finds its outcome known. It is
+// idempotent.
+func (k *keeper) stop() {
+	k.mu.Lock()
+	k.stopped = true
+	if k.timer != nil {
+		k.timer.Stop()
+	}
+	k.mu.Unlock()
+	k.inFlight.Wait()
+}
+
+// drain marks the lease as draining with a renewal sent at once, so that
+// standbys poll fast until the resignation.
+func (k *keeper) drain() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.stopped || k.drained {
+		return
+	}
+	k.drained = true
+	k.t.setDraining()
+	k.urgent++
+	k.next = time.Time{}
+	if k.timer != nil && k.timer.Stop() {
+		k.armLocked()
+	} // else a renewal is running: it is followed by another at once
+}
+
+// fire is the timer's function: one renewal, then the timer for the next.
+func (k *keeper) fire() {
+	t, l := k.t, k.t.l
+	k.mu.Lock()
+	if k.stopped || !t.holds() {
+		k.mu.Unlock()
+		return
+	}
+	if l.opts.Now().Before(k.next) {
+		k.armLocked() // the runtime's clock ran ahead of Options.Now
+		k.mu.Unlock()
+		return
+	}
+	urgent := k.urgent
+	k.inFlight.Add(1)
+	k.mu.Unlock()
+	defer k.inFlight.Done()
+
+	l.writes.lock()
+	err := t.renew(context.Background())
+	l.writes.unlock()
+	if err == nil {
+		k.noticeControl() // control.go: resign requests, operator controls
+	}
+	k.mu.Lock()
+	stopped := k.stopped
+	k.mu.Unlock()
+	if err != nil && !stopped && !errors.Is(err, ErrLost) && !errors.Is(err, ErrNotLeader) {
+		l.notify.emit(l.event(EventRetry, Event{Op: "heartbeat", Fence: t.fence, Err: err}))
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	switch {
+	case k.stopped, errors.Is(err, ErrLost), errors.Is(err, ErrNotLeader):
+		return
+	case err == nil:
+		k.next = t.snapshot().sentAt.Add(l.opts.HeartbeatInterval)
+		k.bo.reset()
+	default:
+		k.next = l.opts.Now().Add(k.bo.next())
+	}
+	if k.urgent != urgent {
+		k.next = time.Time{}
+	}
+	k.armLocked()
 }
 
 // movedOnError reports that the lease item names another owner or fence.

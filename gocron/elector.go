@@ -100,8 +100,9 @@ func (e *Elector) observe(ev ddblease.Event) {
 }
 
 // Start begins the campaign: it runs Lease.Run in a goroutine until ctx
-// ends, and returns at once. When ctx ends, Run cancels the tenure, marks
-// the lease draining and resigns it, so that a standby takes over at once;
+// ends, and returns at once. When ctx ends, Run cancels the tenure, drains
+// it (marking the lease draining if that takes longer than a
+// RetryInterval) and resigns it, so that a standby takes over at once;
 // Wait returns when that is done. gocron does not stop a running job when
 // the elector's context ends: to let running jobs finish while the lease is
 // still held, shut the scheduler down (gocron's Scheduler.Shutdown waits

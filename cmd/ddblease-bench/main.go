@@ -63,6 +63,12 @@ type config struct {
 	n, rounds, warmup, conns int
 	ramp                     time.Duration
 	cpuprofile               string
+	memprofile               string
+	scaleHeap                bool
+
+	// spread
+	spreadJobs, spreadReplicas int
+	spreadStagger              time.Duration
 
 	// parent
 	dynalite    string
@@ -87,7 +93,7 @@ func main() {
 	start := time.Now()
 	var c config
 	fs := flag.NewFlagSet("ddblease-bench", flag.ExitOnError)
-	fs.StringVar(&c.role, "role", "", "internal: contender or scale (child processes)")
+	fs.StringVar(&c.role, "role", "", "internal: contender, scale or pool (child processes)")
 	fs.StringVar(&c.endpoint, "endpoint", "", "DynamoDB endpoint; empty starts dynalite on a free loopback port")
 	fs.StringVar(&c.table, "table", "ddblease-bench", "table name (created if missing)")
 	fs.StringVar(&c.job, "job", "", "internal: job name")
@@ -103,12 +109,13 @@ func main() {
 	fs.IntVar(&c.warmup, "warmup", 1, "internal: heartbeat rounds before the scale measurement")
 	fs.IntVar(&c.conns, "conns", 64, "internal: HTTP connections of the scale process")
 	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "internal: CPU profile of the scale process's measurement window")
+	fs.StringVar(&c.memprofile, "memprofile", "", "internal: heap profile of the scale process, taken as its measurement begins")
 	fs.DurationVar(&c.ramp, "ramp", 0, "internal: time over which the scale process starts its leases (default: one heartbeat interval)")
 
 	fs.StringVar(&c.dynalite, "dynalite", "", "dynalite executable (default: testservers/dynalite/node_modules/.bin/dynalite above the working directory)")
 	fs.StringVar(&c.out, "out", "bench-out", "directory for logs and raw results")
 	fs.BoolVar(&c.quick, "quick", false, "2-3 trials of each figure, short windows, for CI")
-	fs.StringVar(&c.only, "only", "handover,drain,failover,cold,cost,overhead,scale", "figures to measure")
+	fs.StringVar(&c.only, "only", "handover,drain,failover,cold,cost,overhead,scale,spread", "figures to measure")
 	fs.StringVar(&c.setNames, "settings", "a,b", "settings columns: a (20s/5s/1s), b (30s/10s/1s)")
 	fs.IntVar(&c.handover, "handover", 30, "hand-over trials per setting")
 	fs.IntVar(&c.drainTrials, "drain-trials", 30, "hand-over trials with a draining leader per setting")
@@ -122,6 +129,10 @@ func main() {
 	fs.StringVar(&c.scale, "scale", "1000,10000,10000/minidyn,10000/dynalite/120s/40s",
 		"leases held by one process: N[/server[/lease/heartbeat]], server dynalite (the run's) or minidyn (a separate process); settings (b) unless given")
 	fs.IntVar(&c.scaleRounds, "scale-rounds", 3, "heartbeat rounds measured at scale")
+	fs.IntVar(&c.spreadJobs, "spread-jobs", 1000, "jobs of the pool the spread bench runs")
+	fs.IntVar(&c.spreadReplicas, "spread-replicas", 5, "replica processes of the spread bench")
+	fs.DurationVar(&c.spreadStagger, "spread-stagger", 3*time.Second, "time between the starts of the spread bench's replicas")
+	fs.BoolVar(&c.scaleHeap, "scale-heap", false, "write a heap profile of each scale process (every allocation sampled: its memory figures grow)")
 	_ = fs.Parse(os.Args[1:])
 	if c.ramp == 0 {
 		c.ramp = c.set.hb
@@ -133,6 +144,8 @@ func main() {
 		err = runContender(c, start)
 	case "scale":
 		err = runScale(c)
+	case "pool":
+		err = runPoolReplica(c)
 	case "minidyn":
 		err = runMinidyn()
 	case "":
@@ -168,6 +181,9 @@ func quickDefaults(c *config, fs *flag.FlagSet) {
 	def("overhead", func() { c.overhead = 100 })
 	def("scale", func() { c.scale = "1000" })
 	def("scale-rounds", func() { c.scaleRounds = 1 })
+	def("spread-jobs", func() { c.spreadJobs = 100 })
+	def("spread-replicas", func() { c.spreadReplicas = 3 })
+	def("spread-stagger", func() { c.spreadStagger = time.Second })
 }
 
 // childArgs are the flags of a child process on job with settings s.

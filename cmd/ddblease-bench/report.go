@@ -218,14 +218,32 @@ func (r *runner) table() string {
 
 	if len(res.Scale) > 0 {
 		w("Scale: one process holding N leases (one job each, each its own Lease and Run; retry 1 s), one SDK client with 64 connections; measured over %d heartbeat rounds after one round of warm-up:\n\n", r.cfg.scaleRounds)
-		w("| leases | server | lease / heartbeat | led | RSS (base) | Go heap in use (base) | goroutines (stacks) | CPU per heartbeat round | renewals seen / expected | renewal gap p50 / p99 / max | gaps > interval + 1 s | leadership lost | UpdateItem p50 / p99 / max | server CPU (cores) | shutdown |\n")
-		w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		w("| leases | server | lease / heartbeat | led | RSS (base) | Go heap in use (base) | goroutines (stacks) | CPU per heartbeat round | renewals seen / expected | renewal gap p50 / p99 / max | gaps > interval + 1 s | leadership lost | UpdateItem p50 / p99 / max | server CPU (cores) | shutdown | per lease: RSS, goroutines, writes at shutdown |\n")
+		w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, m := range res.Scale {
 			mb := func(k string) string { v, _ := strconv.ParseFloat(m[k], 64); return fmt.Sprintf("%.0f MB", v/1e6) }
-			w("| %s | %s | %s | %s | %s (%s) | %s (%s) | %s (%s) | %s s | %s / %s | %s / %s / %s ms | %s | %s | %s / %s / %s ms | %s | %s s |\n",
+			num := func(k string) float64 { v, _ := strconv.ParseFloat(m[k], 64); return v }
+			n := max(num("n"), 1)
+			perLease := fmt.Sprintf("%.1f KB, %.2f, %.2f", (num("rss")-num("rss_base"))/n/1e3, (num("goroutines")-num("goroutines_base"))/n,
+				num("shutdown_writes")/n)
+			w("| %s | %s | %s | %s | %s (%s) | %s (%s) | %s (%s) | %s s | %s / %s | %s / %s / %s ms | %s | %s | %s / %s / %s ms | %s | %s s | %s |\n",
 				m["n"], m["server"], m["settings"], m["led"], mb("rss"), mb("rss_base"), mb("heap"), mb("heap_base"), m["goroutines"], mb("stack"), m["cpu_per_round_s"],
 				m["renewals"], m["renewals_expected"], m["gap_p50_ms"], m["gap_p99_ms"], m["gap_max_ms"],
-				m["late_1s"], m["lost_total"], m["upd_p50_ms"], m["upd_p99_ms"], m["upd_max_ms"], m["server_cpu_share"], m["shutdown_s"])
+				m["late_1s"], m["lost_total"], m["upd_p50_ms"], m["upd_p99_ms"], m["upd_max_ms"], m["server_cpu_share"], m["shutdown_s"], perLease)
+		}
+		w("\n")
+	}
+
+	if sp := res.Spread; sp != nil {
+		w("Spread: a pool of %d jobs over %d replica processes %v, each process's function leading a job until it is handed over; then a rolling restart (SIGTERM to one, a new one started, in turn). Balanced: every live replica leads within ±5 %% of its share; gap: the longest a job that had a leader went without one (bound %.1f s: heartbeat + retry + 2 call timeouts); overlaps: moments at which two replicas' functions led one job:\n\n",
+			sp.Jobs, sp.Replicas, sp.Settings, sp.Bound)
+		w("| phase | live replicas | balanced after | hand-overs | longest gap | overlaps |\n|---|---|---|---|---|---|\n")
+		for _, ph := range sp.Phases {
+			bal := "not within 10 heartbeats"
+			if ph.Balanced >= 0 {
+				bal = fmt.Sprintf("%.2f s", ph.Balanced)
+			}
+			w("| %s | %d | %s | %d | %.2f s | %d |\n", ph.What, ph.Live, bal, ph.HandOvers, ph.MaxGap, ph.Overlaps)
 		}
 		w("\n")
 	}

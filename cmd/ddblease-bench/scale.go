@@ -87,6 +87,9 @@ func runScale(cfg config) error {
 	counter.Observe = lat.observe
 	db := newClient(cfg.endpoint, counter)
 
+	if cfg.memprofile != "" {
+		runtime.MemProfileRate = 1
+	}
 	heap0, _ := heapInuse()
 	rss0, _ := rss()
 	g0 := runtime.NumGoroutine()
@@ -162,6 +165,12 @@ func runScale(cfg config) error {
 	}
 	sample(false)
 	heap1, sys1 := heapInuse()
+	if cfg.memprofile != "" {
+		if f, err := os.Create(cfg.memprofile); err == nil {
+			_ = pprof.WriteHeapProfile(f)
+			f.Close()
+		}
+	}
 	ms1 := memStats()
 	rss1, _ := rss()
 	g1 := runtime.NumGoroutine()
@@ -200,9 +209,11 @@ func runScale(cfg config) error {
 	leadingAtEnd := leading.Load()
 
 	stopAt := time.Now()
+	cntStop := counter.Snapshot()
 	cancel()
 	wg.Wait()
 	shutdown := time.Since(stopAt)
+	stopWrites := counter.Snapshot().Sub(cntStop)["UpdateItem"]
 
 	late := func(limit time.Duration) int {
 		n := 0
@@ -252,6 +263,7 @@ func runScale(cfg config) error {
 		fmt.Sprintf("warnings=%d", warns.Load()),
 		fmt.Sprintf("run_errors=%d", runErrs.Load()),
 		fmt.Sprintf("shutdown_s=%.2f", shutdown.Seconds()),
+		fmt.Sprintf("shutdown_writes=%d", stopWrites),
 		fmt.Sprintf("goroutines_after=%d", runtime.NumGoroutine()),
 	}
 	emit("SCALE", time.Now(), kv...)

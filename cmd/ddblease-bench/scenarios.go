@@ -71,6 +71,7 @@ type results struct {
 	Cost     map[string]costResult
 	Overhead *overheadResult
 	Scale    []map[string]string
+	Spread   *spreadResult
 	Errors   []string
 	DrainFor float64
 	Settings map[string]string
@@ -176,6 +177,9 @@ func (r *runner) run() error {
 	}
 	if r.only["scale"] {
 		r.scaleAll()
+	}
+	if r.only["spread"] {
+		r.spread()
 	}
 	r.res.Finished = time.Now()
 
@@ -647,9 +651,12 @@ func (r *runner) scaleOne(sp scaleSpec) {
 	cfg := r.cfg
 	cfg.endpoint = endpoint
 	prof := filepath.Join(r.cfg.out, fmt.Sprintf("scale-%d-%s-%s.pprof", n, sp.server, s.hb))
-	p, err := spawn("scale", r.log, cfg.childArgs("scale", job, s,
-		"-n", strconv.Itoa(n), "-rounds", strconv.Itoa(r.cfg.scaleRounds), "-warmup", strconv.Itoa(warm),
-		"-ramp", ramp.String(), "-cpuprofile", prof)...)
+	args := []string{"-n", strconv.Itoa(n), "-rounds", strconv.Itoa(r.cfg.scaleRounds), "-warmup", strconv.Itoa(warm),
+		"-ramp", ramp.String(), "-cpuprofile", prof}
+	if r.cfg.scaleHeap {
+		args = append(args, "-memprofile", strings.TrimSuffix(prof, ".pprof")+".heap.pprof")
+	}
+	p, err := spawn("scale", r.log, cfg.childArgs("scale", job, s, args...)...)
 	if err != nil {
 		r.fail(what, err)
 		return

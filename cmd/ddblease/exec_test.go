@@ -321,7 +321,7 @@ wait`
 	faults.Clear()
 	r2.signal(t, syscall.SIGTERM)
 	waitFor(t, "r2 drains", func() bool { return strings.Contains(r2.stderr.String(), "draining fence 2") })
-	assert.True(t, statusJSON(t, baseEnv(), table, "worker")[0].Draining)
+	waitFor(t, "the lease marked draining", func() bool { return statusJSON(t, baseEnv(), table, "worker")[0].Draining })
 	// (r1 exits 1 if none of its requests succeeded since it was cut off.)
 	r1.signal(t, syscall.SIGTERM)
 	r1.exited(t)

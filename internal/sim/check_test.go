@@ -40,9 +40,13 @@ const (
 	VRunFence     = "run-fence"     // a slot's fn saw a fence its finished item does not hold (NeverRerun)
 	VPauseRespect = "pause-respect" // a slot's fn was called while the job was paused
 	VCatchUpOnce  = "catch-up-once" // more than one run after a Resume with catchUp of the slots the pause covered
+	VSpread       = "spread"        // a pool's jobs not led as Assign splits them over the live replicas, once settled
 	VLeak         = "leak"          // a goroutine outlived the run (synctest deadlock)
 	VSetup        = "setup"
 )
+
+// knownNote starts a note of a known defect that a check excused.
+const knownNote = "known defect:"
 
 type checker struct {
 	s       *sim
@@ -51,10 +55,30 @@ type checker struct {
 	out     []string
 	crashAt map[int]time.Duration
 	checkAt time.Duration
+	job     string // under a pool, the job being judged (named in each violation)
 }
 
 func (c *checker) fail(kind, format string, args ...any) {
-	c.out = append(c.out, kind+": "+fmt.Sprintf(format, args...))
+	msg := fmt.Sprintf(format, args...)
+	if c.p.Pool && c.job != "" {
+		msg = "job " + c.job + ": " + msg
+	}
+	c.out = append(c.out, kind+": "+msg)
+}
+
+// liveBound and gapBound are the plan's, or its pool's.
+func (c *checker) liveBound() time.Duration {
+	if c.p.Pool {
+		return c.p.poolLiveBound()
+	}
+	return c.p.liveBound()
+}
+
+func (c *checker) gapBound() time.Duration {
+	if c.p.Pool {
+		return c.p.poolGapBound()
+	}
+	return c.p.gapBound()
 }
 
 // pauseWithin returns how much of [a, b) rep spent paused.
@@ -161,87 +185,31 @@ func check(s *sim, admin *dynamodb.Client, checkAt time.Duration) []string {
 	applied := slices.Clone(s.w.applied)
 	s.w.mu.Unlock()
 	sort.SliceStable(ctxs, func(i, j int) bool { return ctxs[i].start < ctxs[j].start })
-	timed := !p.wild() && !p.stepped()
-
-	// Fences handed to fn.
-	last := map[[2]int]int64{}
-	byFence := map[int64]ctxRec{}
-	var maxSoFar int64
-	for _, x := range ctxs {
-		k := [2]int{x.rep, x.call}
-		if f, ok := last[k]; ok && x.fence <= f {
-			c.fail(VFenceOrder, "r%d call %d: fn got fence %d at %v after fence %d in an earlier tenure", x.rep, x.call, x.fence, x.start, f)
+	perJob := func(j string) ([]ctxRec, []sample) {
+		var xs []ctxRec
+		var ys []sample
+		for _, x := range ctxs {
+			if x.job == j {
+				xs = append(xs, x)
+			}
 		}
-		last[k] = x.fence
-		if y, ok := byFence[x.fence]; ok {
-			c.fail(VFenceDup, "fence %d handed to two leader contexts: r%d call %d at %v and r%d call %d at %v",
-				x.fence, y.rep, y.call, y.start, x.rep, x.call, x.start)
-		} else {
-			byFence[x.fence] = x
+		for _, y := range samples {
+			if y.job == j {
+				ys = append(ys, y)
+			}
 		}
-		if timed && x.fence < maxSoFar {
-			c.fail(VFenceOrder, "r%d got fence %d at %v after fence %d was handed to fn", x.rep, x.fence, x.start, maxSoFar)
-		}
-		maxSoFar = max(maxSoFar, x.fence)
+		return xs, ys
 	}
-	// No one believes it leads long after a newer fence reached fn (every run).
-	for _, a := range ctxs {
-		for _, b := range ctxs {
-			if b.fence <= a.fence || b.start >= a.end {
-				continue
-			}
-			// A tenure ends LeaseDuration - margin after its last confirmed
-			// write was sent, by the runtime's clock or sooner by the
-			// replica's, whatever its rate.
-			allowed := time.Duration(float64(p.Lease)*0.9) + c.pauseWithin(a.rep, b.start, a.end) + time.Millisecond
-			if a.end-b.start > allowed {
-				c.fail(VStaleLeader, "r%d's leader context (fence %d) was live until %v, %v after r%d's fn got fence %d (allowed %v)",
-					a.rep, a.fence, a.end, a.end-b.start, b.rep, b.fence, allowed)
-			}
-		}
+	for _, j := range p.jobs() {
+		c.job = j
+		c.leaders(perJob(j))
 	}
-	if timed {
-		// No two live leader contexts at once.
-		for i, a := range ctxs {
-			for _, b := range ctxs[i+1:] {
-				if b.start >= a.end {
-					continue
-				}
-				for _, wa := range c.live(a.rep, a.start, a.end) {
-					for _, wb := range c.live(b.rep, b.start, b.end) {
-						if lo, hi := max(wa.From, wb.From), min(wa.To, wb.To); hi > lo {
-							c.fail(VOverlap, "r%d call %d (fence %d, [%v, %v)) and r%d call %d (fence %d, [%v, %v)) both led for %v from %v (a ended: %s)",
-								a.rep, a.call, a.fence, a.start, a.end, b.rep, b.call, b.fence, b.start, b.end, hi-lo, lo, a.cause)
-						}
-					}
-				}
-			}
-		}
-		// IsLeader true on two replicas at once, or while another's context is live.
-		at := map[time.Duration][]int{}
-		for _, sm := range samples {
-			if sm.leader && !c.paused(sm.rep, sm.at) {
-				at[sm.at] = append(at[sm.at], sm.rep)
-			}
-		}
-		for t, reps := range at {
-			slices.Sort(reps)
-			reps = slices.Compact(reps)
-			if len(reps) > 1 {
-				c.fail(VTwoLeaders, "IsLeader true on replicas %v at %v", reps, t)
-			}
-			for _, x := range ctxs {
-				if x.rep != reps[0] && len(reps) == 1 && t >= x.start && t < x.end && !c.paused(x.rep, t) {
-					c.fail(VTwoLeaders, "IsLeader true on r%d at %v while r%d's leader context (fence %d) was live", reps[0], t, x.rep, x.fence)
-				}
-			}
-		}
-	}
+	c.job = ""
 
 	// Guards: fences accepted only grow, per item for Put/Update, per job
 	// for the transactional forms.
 	perItem := map[string]int64{}
-	var txnMax int64
+	txnMax := map[string]int64{} // per lease item: a pool's jobs have fences of their own
 	effects := map[string]int{}
 	idem := map[string]int{}
 	for _, a := range applied {
@@ -252,10 +220,10 @@ func check(s *sim, admin *dynamodb.Client, checkAt time.Duration) []string {
 			perItem[a.pk] = max(perItem[a.pk], a.wf)
 		}
 		if a.guard && a.txn {
-			if a.wf < txnMax {
-				c.fail(VGuardOrder, "guarded transaction (%s) accepted fence %d at %v after fence %d", a.pk, a.wf, a.at, txnMax)
+			if a.wf < txnMax[a.lease] {
+				c.fail(VGuardOrder, "guarded transaction (%s, %s) accepted fence %d at %v after fence %d", a.pk, a.lease, a.wf, a.at, txnMax[a.lease])
 			}
-			txnMax = max(txnMax, a.wf)
+			txnMax[a.lease] = max(txnMax[a.lease], a.wf)
 		}
 		if a.slot != "" {
 			effects[a.slot]++
@@ -337,8 +305,16 @@ func check(s *sim, admin *dynamodb.Client, checkAt time.Duration) []string {
 		r.mu.Unlock()
 	}
 	if !p.wild() {
-		c.handover(ctxs, shutdown)
-		c.liveness(samples, shutdown)
+		for _, j := range p.jobs() {
+			c.job = j
+			xs, ys := perJob(j)
+			c.handover(xs, shutdown)
+			c.liveness(ys, shutdown)
+		}
+		c.job = ""
+		if p.Pool {
+			c.spread(samples, shutdown)
+		}
 		if p.Schedule {
 			c.runs(admin, calls)
 		}
@@ -348,6 +324,90 @@ func check(s *sim, admin *dynamodb.Client, checkAt time.Duration) []string {
 		c.pauses(calls)
 	}
 	return c.out
+}
+
+// leaders judges the leader contexts and IsLeader samples of one job:
+// fence-order, fence-dup, stale-leader (every run); overlap and
+// two-leaders (clocks within the bound, no wall step beyond it).
+func (c *checker) leaders(ctxs []ctxRec, samples []sample) {
+	p := c.p
+	timed := !p.wild() && !p.stepped()
+
+	// Fences handed to fn.
+	last := map[[2]int]int64{}
+	byFence := map[int64]ctxRec{}
+	var maxSoFar int64
+	for _, x := range ctxs {
+		k := [2]int{x.rep, x.call}
+		if f, ok := last[k]; ok && x.fence <= f {
+			c.fail(VFenceOrder, "r%d call %d: fn got fence %d at %v after fence %d in an earlier tenure", x.rep, x.call, x.fence, x.start, f)
+		}
+		last[k] = x.fence
+		if y, ok := byFence[x.fence]; ok {
+			c.fail(VFenceDup, "fence %d handed to two leader contexts: r%d call %d at %v and r%d call %d at %v",
+				x.fence, y.rep, y.call, y.start, x.rep, x.call, x.start)
+		} else {
+			byFence[x.fence] = x
+		}
+		if timed && x.fence < maxSoFar {
+			c.fail(VFenceOrder, "r%d got fence %d at %v after fence %d was handed to fn", x.rep, x.fence, x.start, maxSoFar)
+		}
+		maxSoFar = max(maxSoFar, x.fence)
+	}
+	// No one believes it leads long after a newer fence reached fn (every run).
+	for _, a := range ctxs {
+		for _, b := range ctxs {
+			if b.fence <= a.fence || b.start >= a.end {
+				continue
+			}
+			// A tenure ends LeaseDuration - margin after its last confirmed
+			// write was sent, by the runtime's clock or sooner by the
+			// replica's, whatever its rate.
+			allowed := time.Duration(float64(p.Lease)*0.9) + c.pauseWithin(a.rep, b.start, a.end) + time.Millisecond
+			if a.end-b.start > allowed {
+				c.fail(VStaleLeader, "r%d's leader context (fence %d) was live until %v, %v after r%d's fn got fence %d (allowed %v)",
+					a.rep, a.fence, a.end, a.end-b.start, b.rep, b.fence, allowed)
+			}
+		}
+	}
+	if timed {
+		// No two live leader contexts at once.
+		for i, a := range ctxs {
+			for _, b := range ctxs[i+1:] {
+				if b.start >= a.end {
+					continue
+				}
+				for _, wa := range c.live(a.rep, a.start, a.end) {
+					for _, wb := range c.live(b.rep, b.start, b.end) {
+						if lo, hi := max(wa.From, wb.From), min(wa.To, wb.To); hi > lo {
+							c.fail(VOverlap, "r%d call %d (fence %d, [%v, %v)) and r%d call %d (fence %d, [%v, %v)) both led for %v from %v (a ended: %s)",
+								a.rep, a.call, a.fence, a.start, a.end, b.rep, b.call, b.fence, b.start, b.end, hi-lo, lo, a.cause)
+						}
+					}
+				}
+			}
+		}
+		// IsLeader true on two replicas at once, or while another's context is live.
+		at := map[time.Duration][]int{}
+		for _, sm := range samples {
+			if sm.leader && !c.paused(sm.rep, sm.at) {
+				at[sm.at] = append(at[sm.at], sm.rep)
+			}
+		}
+		for t, reps := range at {
+			slices.Sort(reps)
+			reps = slices.Compact(reps)
+			if len(reps) > 1 {
+				c.fail(VTwoLeaders, "IsLeader true on replicas %v at %v", reps, t)
+			}
+			for _, x := range ctxs {
+				if x.rep != reps[0] && len(reps) == 1 && t >= x.start && t < x.end && !c.paused(x.rep, t) {
+					c.fail(VTwoLeaders, "IsLeader true on r%d at %v while r%d's leader context (fence %d) was live", reps[0], t, x.rep, x.fence)
+				}
+			}
+		}
+	}
+
 }
 
 // handover: a leader context that ends after the faults ended, other than
@@ -360,7 +420,7 @@ func (c *checker) handover(ctxs []ctxRec, shutdown map[int]time.Duration) {
 	for _, t := range shutdown {
 		end = min(end, t)
 	}
-	bound := p.gapBound()
+	bound := c.gapBound()
 	if p.Schedule {
 		bound += p.Interval + p.Work
 		// A wall step forward by By fires the slots it passes up to By
@@ -439,22 +499,113 @@ func (c *checker) liveness(samples []sample, shutdown map[int]time.Duration) {
 		}
 		// No leader yet since the faults ended. A later pause between
 		// tenures (a panic, a resignation) is judged as a gap.
-		if !led && !hadLeader && t >= p.FaultEnd+p.liveBound() && !reported {
-			c.fail(VNoLeader, "no replica led at %v (faults ended at %v, bound %v)", t, p.FaultEnd, p.liveBound())
+		if !led && !hadLeader && t >= p.FaultEnd+c.liveBound() && !reported {
+			c.fail(VNoLeader, "no replica led at %v (faults ended at %v, bound %v)", t, p.FaultEnd, c.liveBound())
 			reported = true
 		}
 		switch {
 		case !led && hadLeader && gapFrom < 0:
 			gapFrom = t
 		case led && gapFrom >= 0:
-			if t-gapFrom > p.gapBound() && gapFrom >= c.settled() {
-				c.fail(VGap, "no leader from %v to %v (%v) though the faults ended at %v (bound %v)", gapFrom, t, t-gapFrom, p.FaultEnd, p.gapBound())
+			if t-gapFrom > c.gapBound() && gapFrom >= c.settled() {
+				c.fail(VGap, "no leader from %v to %v (%v) though the faults ended at %v (bound %v)", gapFrom, t, t-gapFrom, p.FaultEnd, c.gapBound())
 			}
 			gapFrom = -1
 		}
 		if led {
 			hadLeader = true
 		}
+	}
+}
+
+// spreadFrom is when a pool's jobs are led as Assign splits them: every
+// live replica has renewed its membership after the faults (a CallTimeout
+// and a heartbeat) and a crashed one's has lapsed (settled), every view
+// shows it (a view lag), the moves it makes are done (poolGapBound), and
+// every job is led (poolLiveBound).
+func (c *checker) spreadFrom() time.Duration {
+	p := c.p
+	return max(max(c.settled(), p.FaultEnd+p.CallTimeout+p.Heartbeat)+p.viewLag()+p.poolGapBound(), p.FaultEnd+p.poolLiveBound())
+}
+
+// spread: from spreadFrom until the shutdown, at every instant at which
+// every live replica sampled every job, each job is led by one replica,
+// the one ddblease.Assign gives it over the replicas alive (not crashed)
+// at the end; each then leads its share, rounded down or up.
+func (c *checker) spread(samples []sample, shutdown map[int]time.Duration) {
+	p := c.p
+	end := c.checkAt
+	for _, t := range shutdown {
+		end = min(end, t)
+	}
+	var alive []string
+	for i := range p.N {
+		if _, ok := c.crashAt[i]; !ok {
+			alive = append(alive, fmt.Sprintf("r%d", i))
+		}
+	}
+	want := ddblease.Assign(p.Jobs, alive)
+	owner := map[string]string{}
+	for r, js := range want {
+		for _, j := range js {
+			owner[j] = r
+		}
+	}
+	from := c.spreadFrom()
+	byT := map[time.Duration][]sample{}
+	for _, sm := range samples {
+		if sm.at >= from && sm.at < end && c.alive(sm.rep, sm.at) {
+			byT[sm.at] = append(byT[sm.at], sm)
+		}
+	}
+	var ts []time.Duration
+	for t, xs := range byT {
+		seen := map[string]bool{} // fn samples its job too, at its own instants
+		for _, x := range xs {
+			seen[fmt.Sprintf("%d/%s", x.rep, x.job)] = true
+		}
+		if len(seen) == len(alive)*len(p.Jobs) {
+			ts = append(ts, t)
+		}
+	}
+	if len(ts) == 0 {
+		c.fail(VSpread, "no instant from %v to the shutdown at %v at which every live replica sampled every job", from, end)
+		return
+	}
+	slices.Sort(ts)
+	lo, hi := len(p.Jobs)/len(alive), (len(p.Jobs)+len(alive)-1)/len(alive)
+	for _, t := range ts {
+		led := map[string][]string{}
+		byRep := map[string][]string{}
+		for _, x := range byT[t] {
+			r := fmt.Sprintf("r%d", x.rep)
+			if x.leader && !slices.Contains(led[x.job], r) {
+				led[x.job] = append(led[x.job], r)
+				byRep[r] = append(byRep[r], x.job)
+			}
+		}
+		ok := true
+		for _, j := range p.Jobs {
+			ok = ok && len(led[j]) == 1 && led[j][0] == owner[j]
+		}
+		if ok {
+			continue
+		}
+		var parts []string
+		shares := true
+		for _, r := range alive {
+			js := byRep[r]
+			slices.Sort(js)
+			shares = shares && len(js) >= lo && len(js) <= hi
+			parts = append(parts, fmt.Sprintf("%s leads %v (Assign: %v)", r, js, want[r]))
+		}
+		what := "not as Assign splits them"
+		if !shares {
+			what = fmt.Sprintf("not %d or %d each", lo, hi)
+		}
+		c.fail(VSpread, "at %v the jobs were led %s over the live replicas %v: %s (faults ended at %v, spread due from %v)",
+			t, what, alive, strings.Join(parts, "; "), p.FaultEnd, from)
+		return
 	}
 }
 

@@ -1,6 +1,6 @@
 // Package sim is a deterministic simulation of ddblease: the library's real
-// code (Lease.Run, Lease.RunSchedule, JobRun.Commit, Guard.Put, Update,
-// TransactWrite and Do) runs for several replicas inside one process under
+// code (Lease.Run, Lease.RunSchedule, Pool.Run, JobRun.Commit, Guard.Put,
+// Update, TransactWrite and Do) runs for several replicas inside one process under
 // testing/synctest, so that minutes of protocol time take milliseconds. The
 // package has no code outside its tests.
 //
@@ -25,8 +25,9 @@
 // monotonic clock does not when NTP steps the wall clock),
 // crashes (the replica's clock freezes, its network black-holes new
 // requests while requests already in flight still land, its fn is never
-// told; at the end it is wound down so that the bubble can exit, and it is
-// excluded from the checks from the crash on) and pauses (its clock
+// told; at the end it is wound down so that the bubble can exit: its clock
+// runs again and its context ends, while its network still black-holes new
+// requests; it is excluded from the checks from the crash on) and pauses (its clock
 // frozen; its requests, answers and fn held). Users misbehave as real ones do:
 // Resign while Run leads, two Run calls on one handle, a panic in fn
 // recovered by a supervisor that calls Run again, slots whose fn fails.
@@ -51,10 +52,35 @@
 // lease before the faulty phase ends (a release two leases before), so
 // that FaultEnd and the quiet period are as without an operator.
 //
+// At about 20% of the seeds the replicas run a pool instead, drawn from a
+// hash stream of its own too (never at a seed of foundSeeds, which replay
+// paths found in single leases): each replica calls Pool.Run over 3 to 6
+// jobs, its fn doing for each job what a Run leader does (a guarded
+// effect on the job's own items, with a Guard per job, every Work times
+// the number of jobs: as many effects in all as one leader makes). Some
+// replicas (never r0) make their first Run call late, within the first
+// 80% of the faulty phase, so that the others hand them their share. The
+// network faults, clocks, wall steps, crashes and pauses are drawn as for
+// a single lease; a fault or wall step aimed at the leader hits a replica
+// that leads some job. A pool seed has no RunSchedule, no operator (its
+// calls name one job), and no Resign, second Run call or panic in fn (a
+// panic in a pool's fn panics again in the pool's goroutine, which stops
+// the process). A pool replica's busy-loop limit is the single lease's
+// times the number of jobs plus one (a lease for each, and the
+// membership).
+//
 // After FaultEnd the plan is quiet; then every live replica is shut down by
 // cancelling its context.
 //
 // # What is checked
+//
+// Under a pool, every invariant about leaders below (fence-order,
+// fence-dup, stale-leader, overlap, two-leaders, no-leader, gap) is judged
+// per job, from that job's leader contexts and IsLeader samples, with the
+// pool's bounds (below); guard-order judges transactions per lease item;
+// run-returned, run-shutdown and run-hang judge Pool.Run's returns (it
+// returns only when its context ends, and then nil); busy-loop and leak
+// apply as they are; and spread is judged besides.
 //
 // Every invariant is judged from what the users observed, in virtual time:
 // the leader contexts handed to fn (when fn first saw one and when a
@@ -129,6 +155,36 @@
 //     operator's Admin.Trigger returned is claimed once replicas led, after
 //     it and after the faults settled, for two heartbeats, four
 //     CallTimeouts, two RetryIntervals, a slot's work and half a lease.
+//
+// Under a pool, no-leader and gap use the pool's bounds, which add the
+// membership's own delays. A view lag (HeartbeatInterval + CallTimeout +
+// 2*MaxClockSkew) bounds how long after a change of the pool's item every
+// live replica's view shows it: its next renewal (a jittered heartbeat,
+// after a renewal that may have waited its CallTimeout in the faults),
+// and an expiry judged on clocks up to 2*MaxClockSkew apart.
+//
+//   - no-leader: each job is led within PoolLiveBound of the faults' end,
+//     the longer of two paths: a lease lost with its replica's membership
+//     (a crash, a replica cut off: a LeaseDuration + MaxClockSkew for the
+//     membership to expire, concurrently with the lease) is taken as in
+//     LiveBound once the view lag has shown the membership gone
+//     (LiveBound + view lag); or a replica whose membership lapsed in the
+//     faults renews (CallTimeout + HeartbeatInterval), the others see it
+//     (view lag), the job's former assignee resigns (CallTimeout) and the
+//     new one takes it as a standby (RetryInterval + 2*CallTimeout +
+//     LeaseDuration/20);
+//   - gap: PoolGapBound is GapBound + view lag + CallTimeout: a job moved
+//     by the pool is resigned by its former assignee and taken by the new
+//     one, whose view may show the move a view lag after the former's;
+//   - spread: from spreadFrom until the shutdown (every live replica has
+//     renewed after the faults and a crashed one's membership and leases
+//     have lapsed, as for the gap checks; then a view lag, PoolGapBound
+//     for the moves, and no sooner than PoolLiveBound after the faults),
+//     at every instant at which every live replica sampled every job, each
+//     job is led (IsLeader) by exactly one replica: the one ddblease.Assign
+//     gives it over the replicas alive (not crashed) at the end, so that
+//     each leads jobs/replicas rounded down or up. The quiet period of a
+//     pool seed is long enough for several heartbeats of it.
 //
 // With clocks within the bound and no wall step beyond it, judged by the
 // slots' instants against the operator's calls in virtual time, with a

@@ -124,6 +124,13 @@ type Plan struct {
 	OpClock  Clock
 	OpFaulty bool
 
+	// The pool (drawPool): each replica runs Pool.Run over Jobs instead
+	// of Lease.Run on one job; Joins are replicas whose first Run call is
+	// made late (At), so that the others hand them their share.
+	Pool  bool
+	Jobs  []string
+	Joins []Act
+
 	FaultEnd time.Duration // every fault, action and wall step is over
 	Quiet    time.Duration // fault-free time after FaultEnd before shutdown
 }
@@ -208,8 +215,12 @@ func pick[T any](r *rand.Rand, xs ...T) T { return xs[r.IntN(len(xs))] }
 func newPlan(seed uint64) *Plan {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	p := &Plan{Seed: seed, Double: -1}
+	pr := p.poolStream()
 	p.N = pick(r, 2, 2, 3, 3, 4)
 	p.Schedule = r.Float64() < 0.6
+	if p.Pool {
+		p.Schedule = false // a pool runs Lease.Run for each job
+	}
 	p.Lease = pick(r, 1*time.Second, 2*time.Second, 2*time.Second, 5*time.Second, 10*time.Second)
 	p.Heartbeat = time.Duration(float64(p.Lease) * pick(r, 1.0/3, 1.0/3, 0.2, 0.45))
 	p.CallTimeout = time.Duration(float64(p.Heartbeat) * pick(r, 0.5, 0.5, 0.3, 0.95))
@@ -229,6 +240,10 @@ func newPlan(seed uint64) *Plan {
 	} else {
 		p.Work = time.Duration(float64(p.Lease) * pick(r, 0.02, 0.1, 0.3))
 		p.Effect = pick(r, "put", "update", "txn", "do")
+		if p.Pool {
+			// As many effects in all as one leader makes, spread over the jobs.
+			p.Work *= time.Duration(len(p.Jobs))
+		}
 	}
 	phase := time.Duration(float64(p.Lease) * pick(r, 3.0, 6, 10))
 
@@ -347,6 +362,13 @@ func newPlan(seed uint64) *Plan {
 	if r.Float64() < 0.08 {
 		p.Double = r.IntN(p.N)
 	}
+	if p.Pool {
+		// The pool's jobs are its own: no user of a pool calls Resign on
+		// them or runs them twice, and a panic in fn would stop the
+		// process (Lease.Run panics again, in the pool's goroutine).
+		p.Resigns, p.Panics, p.Double = nil, nil, -1
+		p.drawJoins(pr, phase)
+	}
 
 	// A handle used by two goroutines of the user (Resign, two Run calls)
 	// gets no faults: under synctest a goroutine waiting on the handle's
@@ -391,8 +413,76 @@ func newPlan(seed uint64) *Plan {
 		p.FaultEnd = max(p.FaultEnd, s.At+s.Dur)
 	}
 	p.Quiet = p.liveBound() + 2*p.Lease + 4*max(p.Interval, p.Heartbeat)
+	if p.Pool {
+		// Long enough for the spread: a crash's lease and membership to
+		// lapse (settled), every job led, its moves done (spreadFrom),
+		// and half a lease and four heartbeats of the split to judge.
+		p.Quiet = p.poolLiveBound() + p.poolGapBound() + p.CallTimeout + p.Lease/2 + 2*p.Skew + 4*p.Heartbeat
+		if len(p.Crashes) > 0 {
+			p.Quiet += p.maxDelay() + p.CallTimeout + p.Lease + 2*p.Skew
+		}
+		p.Tags = append(p.Tags, "pool")
+	}
 	p.drawOperator(phase)
 	return p
+}
+
+// poolStream draws from a stream of its own whether the seed runs a pool
+// (about 20% of the seeds, never one of foundSeeds, which replay paths
+// found in single leases) and its jobs (3 to 6), so that every other seed
+// draws everything as it did before pools existed. It returns the stream
+// for the rest of the pool's draws (drawJoins).
+func (p *Plan) poolStream() *rand.Rand {
+	r := rand.New(rand.NewPCG(p.Seed^0x706f6f6c6a6f6273, p.Seed*0x9fb21c651e98df25+3))
+	if r.Float64() >= 0.2 || slices.ContainsFunc(foundSeeds, func(f foundSeed) bool { return f.seed == p.Seed }) {
+		return r
+	}
+	p.Pool = true
+	for i := range 3 + r.IntN(4) {
+		p.Jobs = append(p.Jobs, fmt.Sprintf("job-%d", i))
+	}
+	return r
+}
+
+// drawJoins makes some replicas of a pool (never r0) call Run late, within
+// the first 80% of the faulty phase, so that the ones already running hand
+// them their share.
+func (p *Plan) drawJoins(r *rand.Rand, phase time.Duration) {
+	for i := 1; i < p.N; i++ {
+		if r.Float64() < 0.3 {
+			p.Joins = append(p.Joins, Act{Rep: i, At: time.Duration(r.Float64() * 0.8 * float64(phase))})
+		}
+	}
+	if len(p.Joins) > 0 {
+		p.Tags = append(p.Tags, "join")
+	}
+}
+
+// jobs returns the jobs the replicas run: the pool's, or the one job.
+func (p *Plan) jobs() []string {
+	if p.Pool {
+		return p.Jobs
+	}
+	return []string{job}
+}
+
+// joinAt returns when rep first calls Run (0 unless it joins late).
+func (p *Plan) joinAt(rep int) time.Duration {
+	for _, a := range p.Joins {
+		if a.Rep == rep {
+			return a.At
+		}
+	}
+	return 0
+}
+
+// maxDelay is the longest delay of a fault of the plan.
+func (p *Plan) maxDelay() time.Duration {
+	var d time.Duration
+	for _, f := range p.Faults {
+		d = max(d, f.Delay)
+	}
+	return d
 }
 
 // opRep is the operator's number in the fault plan: its faults have Rep
@@ -412,8 +502,8 @@ func (p *Plan) opRep() int { return p.N }
 // of the quiet period start.
 func (p *Plan) drawOperator(phase time.Duration) {
 	r := rand.New(rand.NewPCG(p.Seed^0x6f70657261746f72, p.Seed*0x2545f4914f6cdd1d+1))
-	if r.Float64() >= 0.4 {
-		return
+	if r.Float64() >= 0.4 || p.Pool {
+		return // the operator's calls name one job: none under a pool
 	}
 	last := phase - p.Lease
 	between := func(lo, hi time.Duration) time.Duration {
@@ -559,9 +649,52 @@ func (p *Plan) gapBound() time.Duration {
 	return p.Lease/10 + 2*p.Skew + p.Retry + 2*p.CallTimeout + p.Lease/20
 }
 
+// viewLag bounds, once the faults are over, how long after a change of the
+// pool's item (a renewal that lands, a membership whose expiry passes)
+// every live replica's view of the members shows it: its next renewal,
+// sent within a jittered HeartbeatInterval (at most 0.95 of it) of the last
+// one, which may have been sent into the faults and waited its
+// CallTimeout; and an expiry is judged on each reader's clock, up to
+// 2*MaxClockSkew apart from the writer's and from each other's.
+func (p *Plan) viewLag() time.Duration {
+	return p.Heartbeat + p.CallTimeout + 2*p.Skew
+}
+
+// poolLiveBound is how long after the faults end each job of a pool must
+// be led: the later of two paths.
+//   - A tenure lost with its replica's membership (a crash, a replica cut
+//     off by the faults, which leads nothing once it could not renew its
+//     membership for a lease): the lease lapses as in liveBound, and the
+//     membership, renewed no later than the lease, is seen gone by the
+//     job's new assignee within a view lag of its expiry, which then takes
+//     the lease as a standby.
+//   - A replica whose membership lapsed during the faults (or which joined
+//     during them) renews within a CallTimeout and a heartbeat of their
+//     end; the others see it within a view lag; the former assignee of a
+//     job it gets resigns (a CallTimeout), and it takes the lease as a
+//     standby (a RetryInterval, a read and a write), with the margin
+//     liveBound has (LeaseDuration/20).
+func (p *Plan) poolLiveBound() time.Duration {
+	lapse := p.liveBound() + p.viewLag()
+	rejoin := p.CallTimeout + p.Heartbeat + p.viewLag() + p.CallTimeout + p.Retry + 2*p.CallTimeout + p.Lease/20
+	return max(lapse, rejoin)
+}
+
+// poolGapBound bounds a job's leaderless gap after the faults ended: a
+// tenure that ends because the pool moved its job (a member joined, left,
+// or was seen gone) is resigned (a CallTimeout) and taken by the new
+// assignee, whose view may show the move up to a view lag after the
+// former's did; a tenure that ends otherwise is followed as in gapBound.
+func (p *Plan) poolGapBound() time.Duration {
+	return p.gapBound() + p.viewLag() + p.CallTimeout
+}
+
 func (p *Plan) String() string {
 	var b strings.Builder
 	mode := "Run"
+	if p.Pool {
+		mode = fmt.Sprintf("Pool.Run(%d jobs %v)", len(p.Jobs), p.Jobs)
+	}
 	if p.Schedule {
 		mode = fmt.Sprintf("RunSchedule(Every(%v), window=%v, rerun=%v, fnError=%v)", p.Interval, p.Window, p.Rerun, p.FnError)
 	}
@@ -602,6 +735,9 @@ func (p *Plan) String() string {
 	if p.Double >= 0 {
 		fmt.Fprintf(&b, "  two Run calls on r%d's handle\n", p.Double)
 	}
+	for _, a := range p.Joins {
+		fmt.Fprintf(&b, "  r%d joins the pool at %v\n", a.Rep, a.At)
+	}
 	if len(p.Ops) > 0 {
 		net := "a clean network"
 		if p.OpFaulty {
@@ -616,7 +752,11 @@ func (p *Plan) String() string {
 		}
 		b.WriteString("\n")
 	}
-	fmt.Fprintf(&b, "  faults end %v, quiet until %v (live bound %v, gap bound %v)", p.FaultEnd, p.end(), p.liveBound(), p.gapBound())
+	if p.Pool {
+		fmt.Fprintf(&b, "  faults end %v, quiet until %v (pool live bound %v, pool gap bound %v)", p.FaultEnd, p.end(), p.poolLiveBound(), p.poolGapBound())
+	} else {
+		fmt.Fprintf(&b, "  faults end %v, quiet until %v (live bound %v, gap bound %v)", p.FaultEnd, p.end(), p.liveBound(), p.gapBound())
+	}
 	return b.String()
 }
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -28,6 +29,7 @@ const (
 // with it to the moment a goroutine waiting on it saw it end.
 type ctxRec struct {
 	rep, call int
+	job       string
 	fence     int64
 	start     time.Duration
 	end       time.Duration // -1 while live
@@ -37,6 +39,7 @@ type ctxRec struct {
 type sample struct {
 	at     time.Duration
 	rep    int
+	job    string
 	leader bool
 }
 
@@ -88,15 +91,16 @@ type history struct {
 
 // sim is one run of a plan inside a synctest bubble.
 type sim struct {
-	p    *Plan
-	w    *world
-	h    history
-	reps []*replicaState
-	op   *replicaState // the operator's network and clock
-	ls   []*ddblease.Lease
-	gs   []*ddblease.Guard
-	ctxs []context.Context
-	stop []context.CancelFunc
+	p     *Plan
+	w     *world
+	h     history
+	reps  []*replicaState
+	op    *replicaState     // the operator's network and clock
+	ls    []*ddblease.Lease // one job: each replica's handle
+	pools []*ddblease.Pool  // a pool: each replica's
+	gs    []map[string]*ddblease.Guard
+	ctxs  []context.Context
+	stop  []context.CancelFunc
 
 	mu       sync.Mutex
 	seen     map[context.Context]*ctxRec // leader contexts already recorded
@@ -115,14 +119,32 @@ func (s *sim) note(format string, args ...any) {
 	s.h.mu.Unlock()
 }
 
-// enter records fn being handed ctx and fence.
-func (s *sim) enter(rep, call int, ctx context.Context, fence int64) {
+// lease returns rep's handle of job (the pool's, under a pool).
+func (s *sim) lease(rep int, j string) *ddblease.Lease {
+	if s.p.Pool {
+		return s.pools[rep].Lease(j)
+	}
+	return s.ls[rep]
+}
+
+// leads reports whether rep leads a job (any of the pool's).
+func (s *sim) leads(rep int) bool {
+	for _, j := range s.p.jobs() {
+		if s.lease(rep, j).IsLeader() {
+			return true
+		}
+	}
+	return false
+}
+
+// enter records fn being handed ctx and fence for job j.
+func (s *sim) enter(rep, call int, j string, ctx context.Context, fence int64) {
 	s.mu.Lock()
 	if _, ok := s.seen[ctx]; ok {
 		s.mu.Unlock()
 		return
 	}
-	rec := &ctxRec{rep: rep, call: call, fence: fence, start: s.now(), end: -1}
+	rec := &ctxRec{rep: rep, call: call, job: j, fence: fence, start: s.now(), end: -1}
 	s.seen[ctx] = rec
 	s.mu.Unlock()
 	s.h.mu.Lock()
@@ -137,10 +159,19 @@ func (s *sim) enter(rep, call int, ctx context.Context, fence int64) {
 	})
 }
 
-func (s *sim) sample(rep int) {
-	l := s.ls[rep].IsLeader()
+// sample samples IsLeader of jobs on rep (every job if none is named),
+// at one instant.
+func (s *sim) sample(rep int, jobs ...string) {
+	at := s.now()
+	if len(jobs) == 0 {
+		jobs = s.p.jobs()
+	}
+	xs := make([]sample, len(jobs))
+	for i, j := range jobs {
+		xs[i] = sample{at: at, rep: rep, job: j, leader: s.lease(rep, j).IsLeader()}
+	}
 	s.h.mu.Lock()
-	s.h.samples = append(s.h.samples, sample{at: s.now(), rep: rep, leader: l})
+	s.h.samples = append(s.h.samples, xs...)
 	s.h.mu.Unlock()
 }
 
@@ -165,43 +196,55 @@ func av(n int64) types.AttributeValue {
 }
 func as(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
 
-// effect is one guarded side effect of a Run leader.
-func (s *sim) effect(ctx context.Context, rep int, fence int64) {
-	g := s.gs[rep]
+// effect is one guarded side effect of a Run leader of job j.
+func (s *sim) effect(ctx context.Context, rep int, j string, fence int64) {
+	g := s.gs[rep][j]
 	s.mu.Lock()
 	s.nEffect++
 	n := s.nEffect
 	s.mu.Unlock()
+	sfx := "" // one job: the items as they were before pools
+	if s.p.Pool {
+		sfx = "#" + j
+	}
 	switch s.p.Effect {
 	case "put":
 		_, _ = g.Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(sink),
-			Item: map[string]types.AttributeValue{"pk": as("sink#put"), "wf": av(fence), "n": av(int64(n))}})
+			Item: map[string]types.AttributeValue{"pk": as("sink#put" + sfx), "wf": av(fence), "n": av(int64(n))}})
 	case "update":
 		_, _ = g.Update(ctx, fence, &dynamodb.UpdateItemInput{TableName: aws.String(sink),
-			Key:                       map[string]types.AttributeValue{"pk": as("sink#upd")},
+			Key:                       map[string]types.AttributeValue{"pk": as("sink#upd" + sfx)},
 			UpdateExpression:          aws.String("SET wf = :wf, n = :n"),
 			ExpressionAttributeValues: map[string]types.AttributeValue{":wf": av(fence), ":n": av(int64(n))}})
 	case "txn":
 		_ = g.TransactWrite(ctx, fence, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(sink),
-			Item: map[string]types.AttributeValue{"pk": as(fmt.Sprintf("sink#txn#%d#%d", rep, n)), "wf": av(fence)}}}})
+			Item: map[string]types.AttributeValue{"pk": as(fmt.Sprintf("sink#txn%s#%d#%d", sfx, rep, n)), "wf": av(fence)}}}})
 	case "do":
 		_ = g.Do(ctx, fence, func(context.Context, int64) error { return nil })
 	}
 }
 
 func (s *sim) fnRun(rep, call int) func(context.Context, int64) error {
+	return func(ctx context.Context, fence int64) error { return s.lead(rep, call, job, ctx, fence) }
+}
+
+// fnPool is fnRun for each job of a pool.
+func (s *sim) fnPool(rep, call int) func(context.Context, string, int64) error {
+	return func(ctx context.Context, j string, fence int64) error { return s.lead(rep, call, j, ctx, fence) }
+}
+
+// lead is a Run leader's work on job j: an effect every Work.
+func (s *sim) lead(rep, call int, j string, ctx context.Context, fence int64) error {
 	r := s.reps[rep]
-	return func(ctx context.Context, fence int64) error {
-		s.enter(rep, call, ctx, fence)
-		for {
+	s.enter(rep, call, j, ctx, fence)
+	for {
+		r.hold(nil)
+		s.maybePanic(rep)
+		s.sample(rep, j)
+		s.effect(ctx, rep, j, fence)
+		if !sleepCtx(ctx, s.p.Work) {
 			r.hold(nil)
-			s.maybePanic(rep)
-			s.sample(rep)
-			s.effect(ctx, rep, fence)
-			if !sleepCtx(ctx, s.p.Work) {
-				r.hold(nil)
-				return ctx.Err()
-			}
+			return ctx.Err()
 		}
 	}
 }
@@ -211,7 +254,7 @@ func (s *sim) fnSchedule(rep, call int) func(context.Context, *ddblease.JobRun) 
 	return func(ctx context.Context, run *ddblease.JobRun) (err error) {
 		fence := run.Fence()
 		dead := ctx.Err() != nil
-		s.enter(rep, call, ctx, fence)
+		s.enter(rep, call, job, ctx, fence)
 		slot := run.Slot().UTC().Format(time.RFC3339Nano)
 		if run.Trigger() != "" {
 			// Its own key for the effects: a trigger's instant may be a slot's.
@@ -244,11 +287,11 @@ func (s *sim) fnSchedule(rep, call int) func(context.Context, *ddblease.JobRun) 
 			err = run.Commit(ctx, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(sink),
 				Item: map[string]types.AttributeValue{"pk": as(fmt.Sprintf("eff#%s|%d|%d|%d", slot, fence, rep, n)), "wf": av(fence)}}}})
 		case "idem":
-			_, err = s.gs[rep].Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(sink),
+			_, err = s.gs[rep][job].Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(sink),
 				Item:                map[string]types.AttributeValue{"pk": as("idem#" + run.IdempotencyKey()), "wf": av(fence)},
 				ConditionExpression: aws.String("attribute_not_exists(pk)")})
 		case "slotput":
-			_, err = s.gs[rep].Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(sink),
+			_, err = s.gs[rep][job].Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(sink),
 				Item: map[string]types.AttributeValue{"pk": as("slotsink#" + slot), "wf": av(fence)}})
 		}
 		if err != nil {
@@ -337,7 +380,9 @@ func (s *sim) supervise(rep, call int, wg *sync.WaitGroup, done chan struct{}) {
 	defer wg.Done()
 	defer close(done)
 	ctx := s.ctxs[rep]
-	l := s.ls[rep]
+	if d := s.p.joinAt(rep) - s.now(); d > 0 && !sleepCtx(ctx, d) {
+		return
+	}
 	for {
 		var err error
 		panicked := false
@@ -349,15 +394,18 @@ func (s *sim) supervise(rep, call int, wg *sync.WaitGroup, done chan struct{}) {
 					err = fmt.Errorf("panic: %v", v)
 				}
 			}()
-			if s.p.Schedule {
-				err = l.RunSchedule(ctx, ddblease.Every(s.p.Interval), s.fnSchedule(rep, call), func(o *ddblease.JobOptions) {
+			switch {
+			case s.p.Pool:
+				err = s.pools[rep].Run(ctx, s.fnPool(rep, call))
+			case s.p.Schedule:
+				err = s.ls[rep].RunSchedule(ctx, ddblease.Every(s.p.Interval), s.fnSchedule(rep, call), func(o *ddblease.JobOptions) {
 					o.CatchUpWindow = s.p.Window
 					if s.p.Rerun {
 						o.Rerun = ddblease.Rerun
 					}
 				})
-			} else {
-				err = l.Run(ctx, s.fnRun(rep, call))
+			default:
+				err = s.ls[rep].Run(ctx, s.fnRun(rep, call))
 			}
 		}()
 		s.h.mu.Lock()
@@ -421,21 +469,35 @@ func execute(p *Plan) (violations []string, h *history) {
 		}
 		s.reps = append(s.reps, r)
 		db := client(transport{r}, p.Attempts)
-		l, err := ddblease.New(db, table, job, func(o *ddblease.Options) {
+		opts := func(o *ddblease.Options) {
 			o.Owner = fmt.Sprintf("r%d", i)
 			o.LeaseDuration, o.HeartbeatInterval, o.RetryInterval = p.Lease, p.Heartbeat, p.Retry
 			o.MaxClockSkew, o.CallTimeout, o.DrainTimeout = p.Skew, p.CallTimeout, p.Drain
 			o.Logger = logger.With("rep", i)
 			o.Now = r.now
-		})
-		if err != nil {
-			return []string{"setup: " + err.Error()}, &s.h
 		}
-		g, err := ddblease.NewGuard(db, table, job, func(o *ddblease.GuardOptions) { o.CallTimeout = p.CallTimeout })
-		if err != nil {
-			return []string{"setup: " + err.Error()}, &s.h
+		if p.Pool {
+			pl, err := ddblease.NewPool(db, table, "pool", p.Jobs, opts)
+			if err != nil {
+				return []string{"setup: " + err.Error()}, &s.h
+			}
+			s.pools = append(s.pools, pl)
+		} else {
+			l, err := ddblease.New(db, table, job, opts)
+			if err != nil {
+				return []string{"setup: " + err.Error()}, &s.h
+			}
+			s.ls = append(s.ls, l)
 		}
-		s.ls, s.gs = append(s.ls, l), append(s.gs, g)
+		gs := map[string]*ddblease.Guard{}
+		for _, j := range p.jobs() {
+			g, err := ddblease.NewGuard(db, table, j, func(o *ddblease.GuardOptions) { o.CallTimeout = p.CallTimeout })
+			if err != nil {
+				return []string{"setup: " + err.Error()}, &s.h
+			}
+			gs[j] = g
+		}
+		s.gs = append(s.gs, gs)
 		ctx, stop := context.WithCancel(context.Background())
 		s.ctxs, s.stop = append(s.ctxs, ctx), append(s.stop, stop)
 	}
@@ -516,8 +578,8 @@ func execute(p *Plan) (violations []string, h *history) {
 	crashed := map[int]bool{}
 	// The replica that leads now, outside Clean and the crashed; -3 if none.
 	leading := func() int {
-		for i, l := range s.ls {
-			if !crashed[i] && !slices.Contains(p.Clean, i) && l.IsLeader() {
+		for i := range p.N {
+			if !crashed[i] && !slices.Contains(p.Clean, i) && s.leads(i) {
 				return i
 			}
 		}
@@ -620,6 +682,10 @@ func execute(p *Plan) (violations []string, h *history) {
 	for i := range p.N {
 		if crashed[i] && !waitFor(wgs[i], wait) {
 			violations = append(violations, fmt.Sprintf("run-hang: crashed r%d: Run did not return within %v after its context ended", i, wait))
+			if debugReq {
+				buf := make([]byte, 1<<22)
+				fmt.Fprintf(os.Stderr, "goroutines:\n%s\n", buf[:runtime.Stack(buf, true)])
+			}
 		}
 	}
 	samplers.Wait()

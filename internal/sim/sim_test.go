@@ -34,10 +34,12 @@ var (
 // checker) with the fault draws as they are. A replay takes the seed's
 // path often, not always (the SDK's and the library's jitter), so
 // TestFoundSeeds runs each several times.
-var foundSeeds = []struct {
+type foundSeed struct {
 	seed uint64
 	what string
-}{
+}
+
+var foundSeeds = []foundSeed{
 	{141013, "a claim found a run an older tenure left running and could not mark it abandoned: the slot counted as handled"},
 	{149650, "a claim answered after the tenure's deadline by the runtime clock: the ended tenure claimed the next slot, found its own run and moved past both (1 replay in 150 took that path before the fix)"},
 	{149795, "checker: a leaderless moment after a panic, once a leader had followed the faults, reported as no leader at all"},
@@ -146,6 +148,7 @@ func TestSim(t *testing.T) {
 		failed   []result
 		virtual  time.Duration
 		firstBy  = map[string]uint64{}
+		known    []uint64 // seeds with a known defect excused (knownNote)
 		countBy  = map[string]int{}
 		seedsBy  = map[string]int{}
 		wallFrom = time.Now()
@@ -202,6 +205,9 @@ func TestSim(t *testing.T) {
 					if len(res.violations) > 0 {
 						failed = append(failed, res)
 					}
+					if slices.ContainsFunc(res.notes, func(n string) bool { return strings.Contains(n, knownNote) }) {
+						known = append(known, seed)
+					}
 					mu.Unlock()
 				}
 			})
@@ -218,6 +224,10 @@ func TestSim(t *testing.T) {
 	sort.Strings(kinds)
 	for _, k := range kinds {
 		t.Logf("  %-13s in %5d seeds (%d violations), first at seed %d", k, seedsBy[k], countBy[k], firstBy[k])
+	}
+	if len(known) > 0 {
+		slices.Sort(known)
+		t.Logf("  a known defect excused (%s) in %d seeds: %v", knownNote, len(known), known[:min(len(known), 20)])
 	}
 	if *flagList {
 		for _, res := range failed {

@@ -56,6 +56,7 @@ type appliedWrite struct {
 	pk    string
 	wf    int64 // fence the user presented (attribute or :wf value); 0 if none
 	txn   bool
+	lease string // transactions: the lease item their fence check names
 	slot  string // effect items: the slot they were written for
 	guard bool   // the request carried a guard's fence check
 }
@@ -121,6 +122,7 @@ func (w *world) record(rep int, target string, body []byte) {
 		return
 	}
 	at := w.since()
+	var lease string
 	one := func(ww *wireWrite, txn, guard bool) {
 		if ww == nil {
 			return
@@ -137,7 +139,7 @@ func (w *world) record(rep int, target string, body []byte) {
 			return
 		}
 		f, _ := strconv.ParseInt(wf, 10, 64)
-		a := appliedWrite{at: at, rep: rep, op: op, pk: pk, wf: f, txn: txn, guard: guard}
+		a := appliedWrite{at: at, rep: rep, op: op, pk: pk, wf: f, txn: txn, guard: guard, lease: lease}
 		if rest, ok := strings.CutPrefix(pk, "eff#"); ok {
 			a.slot, _, _ = strings.Cut(rest, "|")
 		}
@@ -150,7 +152,7 @@ func (w *world) record(rep int, target string, body []byte) {
 	guard := false
 	for _, it := range r.TransactItems {
 		if it.ConditionCheck != nil && strings.HasPrefix(it.ConditionCheck.Key["pk"].str("S"), "lease#") {
-			guard = true
+			guard, lease = true, it.ConditionCheck.Key["pk"].str("S")
 		}
 	}
 	for _, it := range r.TransactItems {
@@ -250,12 +252,18 @@ func (r *replicaState) latency(op string) time.Duration {
 // time: 50, or more where the plan's RetryInterval is so short that the
 // library's loops (heartbeat, standby poll, claim and finish retries), each
 // waiting about a RetryInterval, send more. A loop that does not wait at
-// all spins at one instant and passes any limit.
+// all spins at one instant and passes any limit. A replica of a pool runs
+// a lease for each job, and renews its membership: the limit is that many
+// times higher.
 func (w *world) busyLimit() int {
-	if w.plan.Retry <= 0 {
-		return 50
+	n := 50
+	if w.plan.Retry > 0 {
+		n = max(50, int(8*100*time.Millisecond/w.plan.Retry))
 	}
-	return max(50, int(8*100*time.Millisecond/w.plan.Retry))
+	if w.plan.Pool {
+		n *= len(w.plan.Jobs) + 1
+	}
+	return n
 }
 
 // pausedFrom returns the start of the pause in force at d.
@@ -325,7 +333,7 @@ func (r *replicaState) now() time.Time {
 	// stopped process is held instead (hold in fn, in the IsLeader sampler
 	// and where a leader context's end is recorded).
 	el := r.w.since()
-	if r.crashed.Load() {
+	if r.crashed.Load() && !r.woundDown() {
 		el = time.Duration(r.crashEl.Load())
 	} else if until := r.pausedUntil(el); until != 0 {
 		el = r.pausedFrom(el)
@@ -342,6 +350,19 @@ func (r *replicaState) now() time.Time {
 		}
 	}
 	return t
+}
+
+// woundDown reports whether a crashed replica is being wound down: its
+// clock runs again (a frozen one would keep a wait judged by Options.Now,
+// such as a resignation retried until the tenure's deadline, from ever
+// ending), while its network still black-holes new requests.
+func (r *replicaState) woundDown() bool {
+	select {
+	case <-r.dead:
+		return true
+	default:
+		return false
+	}
 }
 
 // transport is one replica's network: an http.RoundTripper to the

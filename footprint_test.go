@@ -1,0 +1,134 @@
+package ddblease_test
+
+import (
+	"bytes"
+	"context"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ddblease/ddblease"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// libraryGoroutines counts the goroutines parked in the library's code,
+// other than those running a leader function (whose stacks hold marker).
+func libraryGoroutines(marker string) (n int, stacks string) {
+	buf := make([]byte, 1<<22)
+	buf = buf[:runtime.Stack(buf, true)]
+	for _, g := range bytes.Split(buf, []byte("\n\n")) {
+		if bytes.Contains(g, []byte("github.com/ddblease/ddblease.")) && !bytes.Contains(g, []byte(marker)) {
+			n++
+			stacks += string(g) + "\n\n"
+		}
+	}
+	return n, stacks
+}
+
+// A held lease costs the goroutine running fn and nothing else: renewals
+// run on timers, and no goroutine of the library waits beside fn while
+// the leases are held (a renewal in flight has one for its request).
+func TestHeldLeasesCostOnlyTheLeaderGoroutine(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table, db := tableAndClient(t)
+	const n = 20
+	var leading atomic.Int32
+	var wg sync.WaitGroup
+	rctx, cancel := context.WithCancel(ctx)
+	for i := range n {
+		l := newLease(t, db, table, "job-"+string(rune('a'+i)), fast("a"), func(o *ddblease.Options) {
+			o.LeaseDuration, o.HeartbeatInterval = 10*time.Second, 3*time.Second
+		})
+		wg.Go(func() {
+			assert.NoError(t, l.Run(rctx, heldLeaderFn(&leading)))
+		})
+	}
+	eventually(t, "every lease led", func() bool { return leading.Load() == n })
+	// Between renewals no goroutine of the library but the leaders' waits;
+	// sampled a few times, as one may catch a renewal in flight.
+	least, stacks := -1, ""
+	for range 10 {
+		if g, s := libraryGoroutines("heldLeaderFn"); least < 0 || g < least {
+			least, stacks = g, s
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	assert.Zero(t, least, "goroutines of the library beside the %d leaders:\n%s", n, stacks)
+	cancel()
+	wg.Wait()
+}
+
+// heldLeaderFn is a leader function that counts the leaders and waits
+// for its context to end.
+func heldLeaderFn(leading *atomic.Int32) func(context.Context, int64) error {
+	return func(ctx context.Context, _ int64) error {
+		leading.Add(1)
+		<-ctx.Done()
+		return nil
+	}
+}
+
+// A leader whose function returns at once on shutdown is handed over by one
+// write, the resignation: the drain mark is written only when fn still runs
+// a RetryInterval after the drain began (a standby polls that often).
+func TestShutdownHandsOverWithOneWrite(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		drain  time.Duration // how long fn runs after its context ends
+		writes int
+		marked bool
+	}{
+		{"fn returns at once", 0, 1, false},
+		{"fn drains for several polls", 6 * 50 * time.Millisecond, 2, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := withTimeout(t, 20*time.Second)
+			table, db := tableAndClient(t)
+			var mu sync.Mutex
+			var writes []ddblease.Event
+			counting := false
+			a := newLease(t, db, table, "job", fast("a"), func(o *ddblease.Options) {
+				o.LeaseDuration, o.HeartbeatInterval = 20*time.Second, 6*time.Second
+				o.Observer = func(e ddblease.Event) {
+					mu.Lock()
+					defer mu.Unlock()
+					if counting && e.Kind == ddblease.EventCall && e.Op == "UpdateItem" {
+						writes = append(writes, e)
+					}
+				}
+			})
+			started := make(chan struct{})
+			var sawDraining atomic.Bool
+			stop := runAsync(ctx, a, func(lctx context.Context, _ int64) error {
+				close(started)
+				<-lctx.Done()
+				for end := time.Now().Add(c.drain); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+					if rec, err := a.Holder(ctx); err == nil && rec.Draining {
+						sawDraining.Store(true)
+					}
+				}
+				return nil
+			})
+			receive(t, started, "leadership")
+			mu.Lock()
+			counting = true
+			mu.Unlock()
+			require.NoError(t, stop())
+			mu.Lock()
+			counting = false
+			got := len(writes)
+			mu.Unlock()
+			assert.Equal(t, c.writes, got, "writes to the lease item from shutdown to Run's return")
+			assert.Equal(t, c.marked, sawDraining.Load(), "the lease marked draining while fn ran")
+			rec, err := a.Holder(ctx)
+			require.NoError(t, err)
+			assert.True(t, rec.ExpiresAt.IsZero(), "resigned")
+		})
+	}
+}

@@ -1,0 +1,457 @@
+package ddblease
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// Pool runs a set of singleton jobs spread across the replicas that run the
+// same pool: each replica leads its share of the jobs (the jobs divided by
+// the live replicas, rounded up or down), hands its surplus over (drained,
+// then resigned) when another replica joins, and takes its share of the
+// jobs of one that leaves or dies. Each job is a lease of its own, with
+// every guarantee of a single lease: one leader at a time, a fence that
+// grows, a drain on hand-over.
+//
+// The replicas know each other through one item of the pool in the same
+// table (key "pool#" + name), in which each renews its own expiry every
+// HeartbeatInterval (one UpdateItem, whose answer carries the others'). A
+// replica that stops renewing counts as gone once its expiry, a
+// LeaseDuration after its last renewal, is MaxClockSkew old; one that stops
+// running the pool removes itself first, so that the others take its jobs
+// within a HeartbeatInterval of its shutdown. From the live replicas each
+// computes the same assignment: the jobs, in the order of a hash, each go
+// to the live replica ranked highest for it (rendezvous hashing) that has
+// fewer than its share, so that a change of replicas moves few jobs besides
+// the ones it must. A replica campaigns only for the jobs assigned to it:
+// a job waits for a replica that joined, left or died to be seen (up to a
+// HeartbeatInterval, or the dead replica's expiry), then for its lease as
+// any standby does.
+type Pool struct {
+	db      DynamoDBAPI
+	table   string
+	name    string
+	key     map[string]types.AttributeValue
+	jobs    []string // sorted, unique
+	leases  map[string]*Lease
+	opts    Options // resolved: the same for every job's lease
+	log     *slog.Logger
+	running atomic.Bool
+
+	mu   sync.Mutex
+	live []string // the live replicas last seen, sorted; nil before the first look
+}
+
+// NewPool returns a pool of jobs in table, run by this replica as
+// Options.Owner. Each job is a lease of its own (New), with the options
+// given; the pool's name and the jobs' names follow the rules of job names.
+// It makes no call.
+func NewPool(db DynamoDBAPI, table, pool string, jobs []string, optFns ...func(*Options)) (*Pool, error) {
+	if err := CheckClient(db); err != nil {
+		return nil, err
+	}
+	if err := checkTable(table); err != nil {
+		return nil, err
+	}
+	if err := checkName("pool name", pool, MaxJobLength); err != nil {
+		return nil, err
+	}
+	if len(jobs) == 0 {
+		return nil, invalid("pool %q has no jobs", pool)
+	}
+	var o Options
+	for _, fn := range optFns {
+		if fn != nil {
+			fn(&o)
+		}
+	}
+	if err := o.setDefaults(); err != nil {
+		return nil, err
+	}
+	p := &Pool{db: db, table: table, name: pool, opts: o, leases: make(map[string]*Lease, len(jobs)),
+		key: map[string]types.AttributeValue{attrPK: avS("pool#" + pool)},
+		log: lineLogger(o.Logger).With("pool", pool, "owner", o.Owner)}
+	for _, job := range jobs {
+		if _, dup := p.leases[job]; dup {
+			return nil, invalid("pool %q: job %q is listed twice", pool, job)
+		}
+		l, err := New(db, table, job, func(lo *Options) { *lo = o })
+		if err != nil {
+			return nil, fmt.Errorf("pool %q: %w", pool, err)
+		}
+		p.leases[job] = l
+		p.jobs = append(p.jobs, job)
+	}
+	slices.Sort(p.jobs)
+	return p, nil
+}
+
+// Lease returns the lease of job, nil if job is not in the pool: for
+// IsLeader, State, a Guard's fence and the other per-job calls.
+func (p *Pool) Lease(job string) *Lease { return p.leases[job] }
+
+// Members returns the replicas the pool last saw live, sorted (nil before
+// Run's first look at the pool's item).
+func (p *Pool) Members() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.live)
+}
+
+// Assigned returns the jobs assigned to this replica by the replicas last
+// seen live, sorted: those it leads or campaigns for.
+func (p *Pool) Assigned() []string {
+	p.mu.Lock()
+	live := p.live
+	p.mu.Unlock()
+	return Assign(p.jobs, live)[p.opts.Owner]
+}
+
+// Assign returns the assignment of jobs to replicas that every replica of a
+// pool computes from the same live replicas: owner -> its jobs, sorted.
+// Each replica gets len(jobs)/len(replicas) jobs, or one more.
+func Assign(jobs, replicas []string) map[string][]string {
+	out := make(map[string][]string, len(replicas))
+	if len(replicas) == 0 {
+		return out
+	}
+	reps := slices.Clone(replicas)
+	slices.Sort(reps)
+	reps = slices.Compact(reps)
+	js := slices.Clone(jobs)
+	slices.Sort(js)
+	js = slices.Compact(js)
+	hashes := make(map[string]uint64, len(js))
+	for _, j := range js {
+		hashes[j] = hash64(j)
+	}
+	slices.SortFunc(js, func(a, b string) int { return cmp.Or(cmp.Compare(hashes[a], hashes[b]), cmp.Compare(a, b)) })
+	limit := (len(js) + len(reps) - 1) / len(reps)
+	spare := len(js) - (limit-1)*len(reps) // replicas that may get the extra job
+	type rank struct {
+		rep string
+		h   uint64
+	}
+	ranks := make([]rank, len(reps))
+	for _, j := range js {
+		for i, r := range reps {
+			ranks[i] = rank{r, hash64(j + "\x00" + r)}
+		}
+		slices.SortFunc(ranks, func(a, b rank) int { return cmp.Or(cmp.Compare(b.h, a.h), cmp.Compare(a.rep, b.rep)) })
+		for _, r := range ranks {
+			n := len(out[r.rep])
+			if n < limit-1 || n == limit-1 && spare > 0 {
+				if n == limit-1 {
+					spare--
+				}
+				out[r.rep] = append(out[r.rep], j)
+				break
+			}
+		}
+	}
+	for _, v := range out {
+		slices.Sort(v)
+	}
+	return out
+}
+
+func hash64(s string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(s))
+	x := h.Sum64()
+	// A finalizer spreads the bits of near keys (job-001, job-002).
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	return x
+}
+
+// Run runs this replica's share of the pool until ctx ends: it renews its
+// membership every HeartbeatInterval, and runs Lease.Run, with fn, for each
+// job assigned to it, cancelling the Run of a job assigned elsewhere (it
+// drains and resigns, and the job's new replica takes it). fn is called as
+// Lease.Run calls it, with the job's name.
+//
+// When ctx ends, Run removes this replica from the pool's item, then drains
+// and resigns every job it leads, and returns nil. An error fn returns
+// while it leads (not after its tenure ended) stops the pool on this
+// replica the same way, and is returned, naming its job. A second Run on
+// the same pool while one is active is an error.
+func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string, fence int64) error) error {
+	if fn == nil {
+		return invalid("pool %q: Run: fn is nil", p.name)
+	}
+	if !p.running.CompareAndSwap(false, true) {
+		return invalid("pool %q: another Run is active on this pool", p.name)
+	}
+	defer p.running.Store(false)
+	if ctx.Err() != nil {
+		return fmt.Errorf("ddblease: pool %q: %w", p.name, ended(ctx))
+	}
+	type jobRun struct {
+		cancel    context.CancelFunc
+		cancelled bool // handed over, or stopped with the pool
+		done      chan struct{}
+		err       error
+	}
+	runs := map[string]*jobRun{}
+	finished := make(chan string, len(p.jobs))
+	runCtx, stopAll := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopAll()
+	var failed error
+	// stop leaves the pool, then drains and resigns every job, and returns
+	// their errors (a drain timeout, a resignation that failed) with the
+	// one that stopped the pool, if any.
+	stop := func() error {
+		p.leave()
+		for _, r := range runs {
+			r.cancel()
+		}
+		errs := []error{failed}
+		for _, job := range slices.Sorted(maps.Keys(runs)) {
+			r := runs[job]
+			<-r.done
+			if r.err != nil {
+				errs = append(errs, fmt.Errorf("ddblease: pool %q: job %q: %w", p.name, job, r.err))
+			}
+		}
+		return errors.Join(errs...)
+	}
+	var seenAt time.Time // when this replica's membership was last renewed
+	for {
+		live, err := p.renew(ctx)
+		now := p.opts.Now()
+		switch {
+		case err == nil:
+			seenAt = now
+		case ctx.Err() != nil:
+		default:
+			p.log.Warn("ddblease: could not renew the pool membership", "err", err)
+			if !seenAt.IsZero() && now.Sub(seenAt) > p.opts.LeaseDuration-p.opts.margin() {
+				// The others count this replica gone: lead nothing they
+				// may have taken on.
+				live = []string{}
+			}
+		}
+		if live != nil {
+			p.mu.Lock()
+			p.live = live
+			p.mu.Unlock()
+		}
+		want := map[string]bool{}
+		for _, job := range p.Assigned() {
+			want[job] = true
+		}
+		for job, r := range runs {
+			if !want[job] && !r.cancelled {
+				r.cancelled = true
+				r.cancel() // a hand-over: the job's Run drains and resigns
+			}
+		}
+		for job := range want {
+			if _, ok := runs[job]; ok || ctx.Err() != nil || failed != nil {
+				continue
+			}
+			jctx, cancel := context.WithCancel(runCtx)
+			r := &jobRun{cancel: cancel, done: make(chan struct{})}
+			runs[job] = r
+			l := p.leases[job]
+			go func() {
+				defer close(r.done)
+				defer func() { finished <- job }()
+				r.err = l.Run(jctx, func(ctx context.Context, fence int64) error { return fn(ctx, job, fence) })
+			}()
+		}
+		wait := time.NewTimer(jitter(p.opts.HeartbeatInterval))
+	waiting:
+		for {
+			select {
+			case <-ctx.Done():
+				wait.Stop()
+				return stop()
+			case job := <-finished:
+				r := runs[job]
+				delete(runs, job)
+				switch {
+				case r.err == nil:
+				case r.cancelled:
+					p.log.Warn("ddblease: a job handed over did not end cleanly", "job", job, "err", r.err)
+				default:
+					// fn failed while it led: the pool stops, as Run does.
+					failed = fmt.Errorf("ddblease: pool %q: job %q: %w", p.name, job, r.err)
+					wait.Stop()
+					return stop()
+				}
+			case <-wait.C:
+				break waiting
+			}
+		}
+	}
+}
+
+// renew writes this replica's expiry in the pool's item and returns the
+// live replicas the answer lists, sorted. The item's members map is made
+// by the first replica of the pool.
+func (p *Pool) renew(ctx context.Context) ([]string, error) {
+	now := p.opts.Now()
+	exp := avN(now.Add(p.opts.LeaseDuration).UnixMilli())
+	update := func(expr, cond string, names map[string]string, values map[string]types.AttributeValue) (*dynamodb.UpdateItemOutput, error) {
+		cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
+		defer cancel()
+		return p.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
+			TableName:                 aws.String(p.table),
+			Key:                       p.key,
+			UpdateExpression:          aws.String(expr),
+			ConditionExpression:       aws.String(cond),
+			ExpressionAttributeNames:  names,
+			ExpressionAttributeValues: values,
+			ReturnValues:              types.ReturnValueAllNew,
+		})
+	}
+	var out *dynamodb.UpdateItemOutput
+	var err error
+	for range 2 {
+		out, err = update("SET #mm.#me = :exp", "attribute_exists(#mm)",
+			map[string]string{"#mm": attrPoolMembers, "#me": p.opts.Owner}, map[string]types.AttributeValue{":exp": exp})
+		if _, refused := failedConditions(err)[0]; !refused {
+			break
+		}
+		// The first replica of the pool makes the map, with a placeholder
+		// that keeps it from ever being emptied.
+		init := &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{poolKeep: avN(0), p.opts.Owner: exp}}
+		out, err = update("SET #mm = :init", "attribute_not_exists(#mm)",
+			map[string]string{"#mm": attrPoolMembers}, map[string]types.AttributeValue{":init": init})
+		if _, refused := failedConditions(err)[0]; !refused {
+			break
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ddblease: pool %q: renew membership: %w", p.name, err)
+	}
+	members := p.members(out.Attributes)
+	p.forgetDead(ctx, members, now)
+	return p.liveIn(members, p.opts.Now()), nil
+}
+
+// attrPoolMembers is the pool item's map of members: owner -> expiry
+// (Unix ms), with the placeholder entry poolKeep, so that the map is never
+// emptied (the in-process test server mishandles the removal of a map's
+// last entry, as control.go says of the triggers).
+const (
+	attrPoolMembers = "members"
+	poolKeep        = "-"
+)
+
+// members returns the members map of the pool's item: owner -> expiry.
+// A malformed entry has expiry -1 (it is ignored, then removed).
+func (p *Pool) members(item map[string]types.AttributeValue) map[string]int64 {
+	out := map[string]int64{}
+	m, ok := item[attrPoolMembers].(*types.AttributeValueMemberM)
+	if !ok {
+		if item[attrPoolMembers] != nil {
+			p.log.Warn("ddblease: the pool's item has a malformed members attribute; ignoring it")
+		}
+		return out
+	}
+	for owner, v := range m.Value {
+		if owner == poolKeep {
+			continue
+		}
+		ms := int64(-1)
+		if n, ok := v.(*types.AttributeValueMemberN); ok {
+			if x, err := strconv.ParseInt(n.Value, 10, 64); err == nil && x >= 0 {
+				ms = x
+			}
+		}
+		if ms < 0 || owner == "" {
+			p.log.Warn("ddblease: the pool's item has a malformed member; ignoring it", "member", owner)
+			ms = -1
+		}
+		out[owner] = ms
+	}
+	return out
+}
+
+// liveIn returns the members whose expiry is not yet MaxClockSkew old at
+// now, sorted.
+func (p *Pool) liveIn(members map[string]int64, now time.Time) []string {
+	live := []string{}
+	for owner, ms := range members {
+		if ms >= 0 && owner != "" && time.UnixMilli(ms).Add(p.opts.MaxClockSkew).After(now) {
+			live = append(live, owner)
+		}
+	}
+	slices.Sort(live)
+	return live
+}
+
+// maxForget bounds the members one renewal removes from the pool's item.
+const maxForget = 10
+
+// forgetDead removes from the pool's item the members whose expiry is
+// older than a LeaseDuration (replicas that died, or whose leave failed)
+// and malformed ones, so that the item does not grow with every deploy.
+// Each removal is conditional on the member being unchanged; a failure is
+// left for a later renewal.
+func (p *Pool) forgetDead(ctx context.Context, members map[string]int64, now time.Time) {
+	n := 0
+	for owner, ms := range members {
+		if owner == p.opts.Owner || owner == "" || n == maxForget ||
+			ms >= 0 && !time.UnixMilli(ms).Add(p.opts.LeaseDuration).Before(now) {
+			continue
+		}
+		n++
+		cond, values := "attribute_exists(#mm.#m)", map[string]types.AttributeValue(nil)
+		if ms >= 0 {
+			cond, values = "#mm.#m = :v", map[string]types.AttributeValue{":v": avN(ms)}
+		}
+		cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
+		_, err := p.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
+			TableName:                 aws.String(p.table),
+			Key:                       p.key,
+			UpdateExpression:          aws.String("REMOVE #mm.#m"),
+			ConditionExpression:       aws.String(cond),
+			ExpressionAttributeNames:  map[string]string{"#mm": attrPoolMembers, "#m": owner},
+			ExpressionAttributeValues: values,
+		})
+		cancel()
+		if err == nil {
+			p.log.Info("ddblease: removed a replica gone from the pool", "member", owner)
+		}
+	}
+}
+
+// leave removes this replica from the pool's item, so that the others
+// take its jobs at their next renewal rather than at its expiry. A failure
+// is logged: the expiry still ends the membership.
+func (p *Pool) leave() {
+	ctx, cancel := context.WithTimeout(context.Background(), p.opts.CallTimeout)
+	defer cancel()
+	_, err := p.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                aws.String(p.table),
+		Key:                      p.key,
+		UpdateExpression:         aws.String("REMOVE #mm.#me"),
+		ConditionExpression:      aws.String("attribute_exists(#mm.#me)"),
+		ExpressionAttributeNames: map[string]string{"#mm": attrPoolMembers, "#me": p.opts.Owner},
+	})
+	if _, refused := failedConditions(err)[0]; err != nil && !refused {
+		p.log.Warn("ddblease: could not leave the pool; the others take its jobs at its expiry", "err", err)
+	}
+	p.mu.Lock()
+	p.live = nil
+	p.mu.Unlock()
+}

@@ -1,0 +1,299 @@
+package ddblease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/internal/ddbtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Every job goes to one replica, each replica gets its share rounded down
+// or up, every replica computes the same assignment whatever the order it
+// lists the replicas in, and a replica that joins takes about its share and
+// little more from the others.
+func TestAssignShares(t *testing.T) {
+	for _, n := range []int{1, 7, 30, 1000} {
+		jobs := make([]string, n)
+		for i := range jobs {
+			jobs[i] = fmt.Sprintf("job-%04d", i)
+		}
+		for m := 1; m <= 7; m++ {
+			reps := make([]string, m)
+			for i := range reps {
+				reps[i] = fmt.Sprintf("replica-%d", i)
+			}
+			got := ddblease.Assign(jobs, reps)
+			seen := map[string]string{}
+			for r, js := range got {
+				assert.Contains(t, reps, r)
+				assert.True(t, len(js) == n/m || len(js) == (n+m-1)/m, "n=%d m=%d: %s has %d jobs", n, m, r, len(js))
+				for _, j := range js {
+					assert.Empty(t, seen[j], "n=%d m=%d: job %s assigned twice", n, m, j)
+					seen[j] = r
+				}
+			}
+			assert.Len(t, seen, n, "n=%d m=%d: every job assigned", n, m)
+			rev := slices.Clone(reps)
+			slices.Reverse(rev)
+			assert.Equal(t, got, ddblease.Assign(jobs, rev), "n=%d m=%d: the same from any order", n, m)
+
+			joined := ddblease.Assign(jobs, append(slices.Clone(reps), "replica-new"))
+			moved := 0
+			for r, js := range joined {
+				for _, j := range js {
+					if seen[j] != r {
+						moved++
+					}
+				}
+			}
+			share := (n + m) / (m + 1)
+			assert.LessOrEqual(t, moved, 2*share+m, "n=%d m=%d: jobs moved when one replica joined", n, m)
+		}
+	}
+	assert.Empty(t, ddblease.Assign([]string{"a"}, nil))
+}
+
+// poolWatch records, for the replicas of one pool, which replica's fn leads
+// each job, and fails when two lead one job at once or a fence goes down.
+type poolWatch struct {
+	t      *testing.T
+	mu     sync.Mutex
+	active map[string]string // job -> replica whose fn runs
+	fence  map[string]int64
+	count  map[string]int // replica -> jobs its fn runs
+}
+
+func newPoolWatch(t *testing.T) *poolWatch {
+	return &poolWatch{t: t, active: map[string]string{}, fence: map[string]int64{}, count: map[string]int{}}
+}
+
+func (w *poolWatch) fn(replica string) func(context.Context, string, int64) error {
+	return func(ctx context.Context, job string, fence int64) error {
+		w.mu.Lock()
+		if other := w.active[job]; other != "" {
+			w.t.Errorf("job %s: %s leads while %s's fn still runs", job, replica, other)
+		}
+		if fence <= w.fence[job] {
+			w.t.Errorf("job %s: fence %d handed to %s after %d", job, fence, replica, w.fence[job])
+		}
+		w.active[job], w.fence[job] = replica, fence
+		w.count[replica]++
+		w.mu.Unlock()
+		<-ctx.Done()
+		w.mu.Lock()
+		w.active[job] = ""
+		w.count[replica]--
+		w.mu.Unlock()
+		return nil
+	}
+}
+
+// leads returns how many jobs each replica's fn leads now.
+func (w *poolWatch) leads() map[string]int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[string]int{}
+	for r, n := range w.count {
+		if n > 0 {
+			out[r] = n
+		}
+	}
+	return out
+}
+
+func poolJobs(n int) []string {
+	jobs := make([]string, n)
+	for i := range jobs {
+		jobs[i] = fmt.Sprintf("tenant-%02d", i)
+	}
+	return jobs
+}
+
+func newPool(t *testing.T, db ddblease.DynamoDBAPI, table string, jobs []string, opts ...func(*ddblease.Options)) *ddblease.Pool {
+	t.Helper()
+	p, err := ddblease.NewPool(db, table, "reports", jobs, opts...)
+	require.NoError(t, err)
+	return p
+}
+
+// A replica that joins takes its share from the one that led every job,
+// which hands it over drained and resigned; a third makes three shares; one
+// that stops hands its jobs to the others. No job has two leaders at once.
+func TestPoolSpreadsJobsAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(12)
+	w := newPoolWatch(t)
+	start := func(owner string) (stop func() error) {
+		p := newPool(t, db, table, jobs, fast(owner))
+		return async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn(owner)) })
+	}
+	shares := func(want map[string]int) func() bool {
+		return func() bool { return assert.ObjectsAreEqual(want, w.leads()) }
+	}
+	stopA := start("a")
+	eventually(t, "a leads every job", shares(map[string]int{"a": 12}))
+	stopB := start("b")
+	eventually(t, "a and b lead six each", shares(map[string]int{"a": 6, "b": 6}))
+	stopC := start("c")
+	eventually(t, "a, b and c lead four each", shares(map[string]int{"a": 4, "b": 4, "c": 4}))
+	require.NoError(t, stopB())
+	eventually(t, "a and c take b's jobs", shares(map[string]int{"a": 6, "c": 6}))
+	require.NoError(t, stopA())
+	require.NoError(t, stopC())
+	assert.Empty(t, w.leads())
+}
+
+// A replica that dies (its network black-holed: no renewal of its leases
+// or of its membership lands) loses its jobs to the others once its leases
+// and its membership expire; they never lead a job while its fn still
+// does.
+func TestPoolReplicaThatDiesLosesItsJobs(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, faults, faulty := tableWithFaults(t)
+	jobs := poolJobs(8)
+	w := newPoolWatch(t)
+	var dead atomic.Bool
+	faults.Set(func(op string) ddbtest.Action {
+		if dead.Load() {
+			return ddbtest.Blackhole
+		}
+		return ddbtest.Pass
+	})
+	a := newPool(t, srv.Client(nil), table, jobs, fast("a"))
+	b := newPool(t, faulty, table, jobs, fast("b"))
+	stopA := async(ctx, func(ctx context.Context) error { return a.Run(ctx, w.fn("a")) })
+	stopB := async(ctx, func(ctx context.Context) error { return b.Run(ctx, w.fn("b")) })
+	eventually(t, "four jobs each", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 4, "b": 4}, w.leads()) })
+	dead.Store(true)
+	eventually(t, "a leads every job", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 8}, w.leads()) })
+	assert.Equal(t, []string{"a"}, a.Members())
+	require.NoError(t, stopA())
+	// b, cut off, still fails to reach the table as it stops: its Run
+	// reports that (as Run does when it stops while failing).
+	_ = stopB()
+}
+
+// Replicas whose clocks differ by less than MaxClockSkew see the same
+// replicas live and split the jobs evenly.
+func TestPoolClocksWithinTheBound(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(9)
+	w := newPoolWatch(t)
+	var stops []func() error
+	for i, d := range []time.Duration{-70 * time.Millisecond, 0, 70 * time.Millisecond} {
+		owner := string(rune('a' + i))
+		p := newPool(t, db, table, jobs, fast(owner), offset(d))
+		stops = append(stops, async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn(owner)) }))
+	}
+	eventually(t, "three jobs each", func() bool {
+		return assert.ObjectsAreEqual(map[string]int{"a": 3, "b": 3, "c": 3}, w.leads())
+	})
+	// The split holds over several membership renewals.
+	time.Sleep(2 * time.Second)
+	assert.Equal(t, map[string]int{"a": 3, "b": 3, "c": 3}, w.leads())
+	for _, stop := range stops {
+		require.NoError(t, stop())
+	}
+}
+
+// Bad input gets an error naming what was wrong.
+func TestNewPoolBadInput(t *testing.T) {
+	table, db := tableAndClient(t)
+	for _, c := range []struct {
+		name, pool string
+		jobs       []string
+		want       string
+	}{
+		{"no jobs", "p", nil, "has no jobs"},
+		{"a job twice", "p", []string{"a", "b", "a"}, `job "a" is listed twice`},
+		{"an empty pool name", "", []string{"a"}, "pool name"},
+		{"an empty job name", "p", []string{""}, "job name"},
+	} {
+		_, err := ddblease.NewPool(db, table, c.pool, c.jobs)
+		assert.ErrorIs(t, err, ddblease.ErrInvalid, c.name)
+		assert.ErrorContains(t, err, c.want, c.name)
+	}
+	p := newPool(t, db, table, []string{"a"}, fast("x"))
+	assert.ErrorIs(t, p.Run(context.Background(), nil), ddblease.ErrInvalid)
+	assert.Nil(t, p.Lease("nope"))
+	assert.NotNil(t, p.Lease("a"))
+}
+
+// An error fn returns while it leads a job stops the pool on this replica,
+// as it stops Run: the other jobs are handed over, and Run returns the
+// error, naming the job.
+func TestPoolStopsOnFnError(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table, db := tableAndClient(t)
+	p := newPool(t, db, table, poolJobs(3), fast("a"))
+	boom := errors.New("boom")
+	err := p.Run(ctx, func(ctx context.Context, job string, fence int64) error {
+		if job == "tenant-01" {
+			return boom
+		}
+		<-ctx.Done()
+		return nil
+	})
+	require.ErrorIs(t, err, boom)
+	assert.ErrorContains(t, err, `job "tenant-01"`)
+	for _, job := range poolJobs(3) {
+		assert.False(t, p.Lease(job).IsLeader(), job)
+		rec, err := p.Lease(job).Holder(ctx)
+		require.NoError(t, err)
+		assert.True(t, rec.ExpiresAt.IsZero(), "%s resigned", job)
+	}
+}
+
+// The pool's item forgets replicas long gone (dead, or whose leave
+// failed), and a malformed member attribute is ignored, not fatal.
+func TestPoolForgetsDeadMembers(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table, db := tableAndClient(t)
+	old := time.Now().Add(-time.Hour).UnixMilli()
+	putRaw(t, db, table, map[string]types.AttributeValue{
+		"pk": &types.AttributeValueMemberS{Value: "pool#reports"},
+		"members": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+			"-":         &types.AttributeValueMemberN{Value: "0"},
+			"gone":      &types.AttributeValueMemberN{Value: strconv.FormatInt(old, 10)},
+			"malformed": &types.AttributeValueMemberS{Value: "not a number"},
+		}},
+	})
+	p := newPool(t, db, table, poolJobs(2), fast("a"))
+	w := newPoolWatch(t)
+	stop := async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn("a")) })
+	eventually(t, "a leads both jobs", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2}, w.leads()) })
+	assert.Equal(t, []string{"a"}, p.Members())
+	members := func() map[string]types.AttributeValue {
+		m, _ := getRaw(t, db, table, "pool#reports")["members"].(*types.AttributeValueMemberM)
+		require.NotNil(t, m)
+		return m.Value
+	}
+	eventually(t, "the gone members removed", func() bool {
+		m := members()
+		_, gone := m["gone"]
+		_, bad := m["malformed"]
+		_, me := m["a"]
+		return !gone && !bad && me
+	})
+	require.NoError(t, stop())
+	_, me := members()["a"]
+	assert.False(t, me, "a left the pool when it stopped")
+}
