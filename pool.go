@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"maps"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"sync"
@@ -188,8 +189,9 @@ func hash64(s string) uint64 {
 //
 // When ctx ends, Run removes this replica from the pool's item, then drains
 // and resigns every job it leads, and returns nil. An error fn returns
-// while it leads (not after its tenure ended) stops the pool on this
-// replica the same way, and is returned, naming its job. A second Run on
+// while it leads (not after its tenure ended), or a panic in fn (as a
+// *PanicError), stops the pool on this replica the same way, and is
+// returned, naming its job. A second Run on
 // the same pool while one is active is an error.
 func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string, fence int64) error) error {
 	if fn == nil {
@@ -273,6 +275,18 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 			go func() {
 				defer close(r.done)
 				defer func() { finished <- job }()
+				defer func() {
+					// A panic in fn (Run resigned, then panicked again) ends
+					// the pool like fn's error: nothing above this
+					// goroutine could recover it.
+					if v := recover(); v != nil {
+						pe, ok := v.(*PanicError)
+						if !ok {
+							pe = &PanicError{Value: v, Stack: debug.Stack()}
+						}
+						r.err = pe
+					}
+				}()
 				r.err = l.Run(jctx, func(ctx context.Context, fence int64) error { return fn(ctx, job, fence) })
 			}()
 		}

@@ -297,3 +297,23 @@ func TestPoolForgetsDeadMembers(t *testing.T) {
 	_, me := members()["a"]
 	assert.False(t, me, "a left the pool when it stopped")
 }
+
+// A panic in fn ends the pool on this replica like an error, returned as a
+// *PanicError naming its job: nothing else could recover it.
+func TestPoolFnPanicIsReturned(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table, db := tableAndClient(t)
+	p := newPool(t, db, table, poolJobs(2), fast("a"))
+	err := p.Run(ctx, func(ctx context.Context, job string, fence int64) error {
+		if job == "tenant-01" {
+			panic("tenant bug")
+		}
+		<-ctx.Done()
+		return nil
+	})
+	var pe *ddblease.PanicError
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, "tenant bug", pe.Value)
+	assert.ErrorContains(t, err, `job "tenant-01"`)
+}
