@@ -63,6 +63,13 @@
 // it together with the run's completion (JobRun.Commit), or key it by
 // JobRun.IdempotencyKey in a sink that refuses a key twice.
 //
+// # Many jobs
+//
+// A Pool runs a set of jobs spread across the replicas that run it: each
+// leads its share, the surplus is handed over (drained, then resigned) when
+// a replica joins, and the jobs of one that leaves or dies go to the
+// others. Each job is a lease of its own, with every guarantee above.
+//
 // # Operating jobs
 //
 // Admin is the operator's handle on a table: it lists jobs and runs, and

@@ -87,22 +87,8 @@ type observation struct {
 // New returns a handle on the lease of job in table. It makes no call; the
 // table must exist (see CreateTable) when the handle is used.
 func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, error) {
-	if err := CheckClient(db); err != nil {
-		return nil, err
-	}
-	if err := checkTable(table); err != nil {
-		return nil, err
-	}
-	if err := checkName("job name", job, MaxJobLength); err != nil {
-		return nil, err
-	}
-	var o Options
-	for _, fn := range optFns {
-		if fn != nil {
-			fn(&o)
-		}
-	}
-	if err := o.setDefaults(); err != nil {
+	o, err := checkNew(db, table, "job name", job, optFns)
+	if err != nil {
 		return nil, err
 	}
 	l := &Lease{
@@ -117,6 +103,27 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 	l.db = observedDB{db: db, now: o.Now, report: func(e Event) { l.notify.emit(l.event(EventCall, e)) },
 		answered: func() { l.reached.Store(true) }}
 	return l, nil
+}
+
+// checkNew checks what New and NewPool are given (the client, the table,
+// the job's or pool's name) and returns the options with their defaults.
+func checkNew(db DynamoDBAPI, table, what, name string, optFns []func(*Options)) (Options, error) {
+	var o Options
+	if err := CheckClient(db); err != nil {
+		return o, err
+	}
+	if err := checkTable(table); err != nil {
+		return o, err
+	}
+	if err := checkName(what, name, MaxJobLength); err != nil {
+		return o, err
+	}
+	for _, fn := range optFns {
+		if fn != nil {
+			fn(&o)
+		}
+	}
+	return o, o.setDefaults()
 }
 
 // writeLock is held across every write to the lease item. Events are

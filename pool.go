@@ -62,26 +62,12 @@ type Pool struct {
 // given; the pool's name and the jobs' names follow the rules of job names.
 // It makes no call.
 func NewPool(db DynamoDBAPI, table, pool string, jobs []string, optFns ...func(*Options)) (*Pool, error) {
-	if err := CheckClient(db); err != nil {
-		return nil, err
-	}
-	if err := checkTable(table); err != nil {
-		return nil, err
-	}
-	if err := checkName("pool name", pool, MaxJobLength); err != nil {
+	o, err := checkNew(db, table, "pool name", pool, optFns)
+	if err != nil {
 		return nil, err
 	}
 	if len(jobs) == 0 {
 		return nil, invalid("pool %q has no jobs", pool)
-	}
-	var o Options
-	for _, fn := range optFns {
-		if fn != nil {
-			fn(&o)
-		}
-	}
-	if err := o.setDefaults(); err != nil {
-		return nil, err
 	}
 	p := &Pool{db: db, table: table, name: pool, opts: o, leases: make(map[string]*Lease, len(jobs)),
 		key: map[string]types.AttributeValue{attrPK: avS("pool#" + pool)},
@@ -405,7 +391,7 @@ func (p *Pool) members(item map[string]types.AttributeValue) map[string]int64 {
 func (p *Pool) liveIn(members map[string]int64, now time.Time) []string {
 	live := []string{}
 	for owner, ms := range members {
-		if ms >= 0 && owner != "" && time.UnixMilli(ms).Add(p.opts.MaxClockSkew).After(now) {
+		if ms >= 0 && time.UnixMilli(ms).Add(p.opts.MaxClockSkew).After(now) {
 			live = append(live, owner)
 		}
 	}

@@ -226,6 +226,23 @@ type drainWatch struct {
 	done, started bool
 	expired       bool // DrainTimeout passed before fn returned
 	mark, timeout *time.Timer
+	running       sync.WaitGroup // the timers' functions under way, which finish waits for
+}
+
+// fire returns a timer's function that runs f unless fn has returned, and
+// that finish waits for.
+func (w *drainWatch) fire(f func()) func() {
+	return func() {
+		w.mu.Lock()
+		if w.done {
+			w.mu.Unlock()
+			return
+		}
+		w.running.Add(1)
+		w.mu.Unlock()
+		defer w.running.Done()
+		f()
+	}
 }
 
 // start begins the drain, once, unless fn has returned or the tenure has
@@ -240,30 +257,30 @@ func (w *drainWatch) start(cause error) {
 	w.started = true
 	w.cancelLeader(cause)
 	l.notify.emit(l.event(EventDraining, Event{Fence: fence}))
-	w.mark = time.AfterFunc(l.opts.RetryInterval, w.k.drain)
-	w.timeout = time.AfterFunc(l.opts.DrainTimeout, func() {
+	w.mark = time.AfterFunc(l.opts.RetryInterval, w.fire(w.k.drain))
+	w.timeout = time.AfterFunc(l.opts.DrainTimeout, w.fire(func() {
 		w.mu.Lock()
-		if w.done {
-			w.mu.Unlock()
-			return
-		}
 		w.expired = true
 		w.mu.Unlock()
 		l.log.Warn("ddblease: leader function still running after DrainTimeout; no longer renewing", "fence", fence)
 		w.k.stop()
-	})
+	}))
 }
 
-// finish is called once fn has returned: no drain starts after it. It
-// reports whether DrainTimeout had passed.
+// finish is called once fn has returned: no drain starts after it, and a
+// timer's function under way has ended when it returns. It reports whether
+// DrainTimeout had passed.
 func (w *drainWatch) finish() (expired bool) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	w.done = true
 	if w.started {
 		w.mark.Stop()
 		w.timeout.Stop()
 	}
+	w.mu.Unlock()
+	w.running.Wait()
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	return w.expired
 }
 

@@ -58,6 +58,17 @@ func newTransport(maxConns int) *http.Transport {
 	return tr
 }
 
+// leaseOptions sets a child's lease options from its flags.
+func (cfg config) leaseOptions(o *ddblease.Options) {
+	o.LeaseDuration = cfg.set.lease
+	o.HeartbeatInterval = cfg.set.hb
+	o.RetryInterval = cfg.set.retry
+	if cfg.owner != "" {
+		o.Owner = cfg.owner
+	}
+	o.Logger = childLogger()
+}
+
 func childLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
@@ -72,15 +83,7 @@ func runContender(cfg config, start time.Time) error {
 	defer wire.wait(10 * time.Second)
 	counter := reqcount.New(wire)
 	db := newClient(cfg.endpoint, counter)
-	l, err := ddblease.New(db, cfg.table, cfg.job, func(o *ddblease.Options) {
-		o.LeaseDuration = cfg.set.lease
-		o.HeartbeatInterval = cfg.set.hb
-		o.RetryInterval = cfg.set.retry
-		if cfg.owner != "" {
-			o.Owner = cfg.owner
-		}
-		o.Logger = childLogger()
-	})
+	l, err := ddblease.New(db, cfg.table, cfg.job, cfg.leaseOptions)
 	if err != nil {
 		return err
 	}

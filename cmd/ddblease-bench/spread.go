@@ -28,13 +28,7 @@ func runPoolReplica(cfg config) error {
 	for i := range jobs {
 		jobs[i] = fmt.Sprintf("%s-%05d", cfg.job, i)
 	}
-	p, err := ddblease.NewPool(db, cfg.table, cfg.job, jobs, func(o *ddblease.Options) {
-		o.LeaseDuration = cfg.set.lease
-		o.HeartbeatInterval = cfg.set.hb
-		o.RetryInterval = cfg.set.retry
-		o.Owner = cfg.owner
-		o.Logger = childLogger()
-	})
+	p, err := ddblease.NewPool(db, cfg.table, cfg.job, jobs, cfg.leaseOptions)
 	if err != nil {
 		return err
 	}
