@@ -200,11 +200,10 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 	finished := make(chan string, len(p.jobs))
 	runCtx, stopAll := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopAll()
-	var failed error
 	// stop leaves the pool, then drains and resigns every job, and returns
 	// their errors (a drain timeout, a resignation that failed) with the
 	// one that stopped the pool, if any.
-	stop := func() error {
+	stop := func(failed error) error {
 		p.leave()
 		for _, r := range runs {
 			r.cancel()
@@ -251,7 +250,7 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 			}
 		}
 		for job := range want {
-			if _, ok := runs[job]; ok || ctx.Err() != nil || failed != nil {
+			if _, ok := runs[job]; ok || ctx.Err() != nil {
 				continue
 			}
 			jctx, cancel := context.WithCancel(runCtx)
@@ -282,7 +281,7 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 			select {
 			case <-ctx.Done():
 				wait.Stop()
-				return stop()
+				return stop(nil)
 			case job := <-finished:
 				r := runs[job]
 				delete(runs, job)
@@ -292,9 +291,8 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 					p.log.Warn("ddblease: a job handed over did not end cleanly", "job", job, "err", r.err)
 				default:
 					// fn failed while it led: the pool stops, as Run does.
-					failed = fmt.Errorf("ddblease: pool %q: job %q: %w", p.name, job, r.err)
 					wait.Stop()
-					return stop()
+					return stop(fmt.Errorf("ddblease: pool %q: job %q: %w", p.name, job, r.err))
 				}
 			case <-wait.C:
 				break waiting
