@@ -68,13 +68,16 @@ func TestFoundSeeds(t *testing.T) {
 		t.Skip("runs in the simulation's own step: go test ./internal/sim -run 'TestFoundSeeds$' -sim.replays=40")
 	}
 	for _, f := range foundSeeds {
-		for i := range *flagReplays {
-			res := runSeed(t, f.seed)
-			if len(res.violations) > 0 {
-				t.Errorf("seed %d (%s), replay %d:\n%s\n  %s", f.seed, f.what, i+1, res.plan, strings.Join(res.violations, "\n  "))
-				break
+		t.Run(fmt.Sprint(f.seed), func(t *testing.T) {
+			t.Parallel() // one seed per core at a time
+			for i := range *flagReplays {
+				res := runSeed(t, f.seed)
+				if len(res.violations) > 0 {
+					t.Errorf("seed %d (%s), replay %d:\n%s\n  %s", f.seed, f.what, i+1, res.plan, strings.Join(res.violations, "\n  "))
+					break
+				}
 			}
-		}
+		})
 	}
 }
 
