@@ -77,11 +77,15 @@ const (
 // so that a newer tenure's catch-up that stops at that run reads them back
 // too.
 //
-// Clock steps. Slots are read off the wall clock (Options.Now). A clock
-// stepped forward fires the slots it passes early (each once: their runs
-// protect them); a clock stepped back behind the last slot handled makes
-// the runner start again from the new time at once, so a slot already run
-// is found taken and not run again, and the next due slot fires on time.
+// Clock steps. Slots are read off the wall clock (Options.Now), whose
+// moves the runner compares with the runtime clock's from the handle's
+// making. A clock stepped forward fires the slots it passes early (each
+// once: their runs protect them). A clock that comes back from such a
+// jump, or that steps back further than CatchUpWindow, makes the runner
+// start again from the new time at once: the slots the jump passed over
+// fire, and a slot already run is found taken and not run again. A clock
+// that otherwise falls behind the last slot handled waits until it passes
+// that slot, so that slots are claimed in order.
 //
 // Failures. fn's error is recorded in the run (status failed) and logged,
 // and the schedule goes on. A slot whose run item is malformed is logged
@@ -116,7 +120,10 @@ func (l *Lease) RunSchedule(ctx context.Context, sched Schedule, fn func(ctx con
 	if _, err := nextSlot(sched, l.opts.Now()); err != nil {
 		return fmt.Errorf("RunSchedule: %w", err)
 	}
-	r := &runner{l: l, sched: sched, fn: fn, o: o}
+	// The wall clock's moves are followed from the handle's making, so
+	// that a jump ahead that began before the first look is known when the
+	// clock comes back from it.
+	r := &runner{l: l, sched: sched, fn: fn, o: o, looked: l.born}
 	return l.campaign(ctx, r.lead)
 }
 
@@ -453,8 +460,13 @@ func (r *runner) execute(ctx context.Context, tn *term, f firing) (done bool, er
 	}
 	// A run whose outcome could not be recorded is not settled: a slot
 	// stays due, so that a newer tenure's catch-up finds the run left
-	// running and marks it abandoned; a request stays pending.
-	return r.runAndFinish(ctx, tn, run), nil
+	// running and marks it abandoned; a request stays pending. A slot's
+	// outcome refused because a newer tenure leads is that tenure's to
+	// sweep; a request stays pending even then, until the tenure that ran
+	// it last records it: a newer tenure's claim may have taken the run
+	// over (Rerun) and that tenure may end before it records the outcome.
+	recorded, superseded := r.runAndFinish(ctx, tn, run)
+	return recorded || superseded && f.what == "slot", nil
 }
 
 // skippedBefore returns, for a slot's claim refused because its run is
@@ -542,11 +554,12 @@ var errGoexit = errors.New("ddblease: the job's function exited without returnin
 
 // finish records the run's outcome, retrying transient errors while the
 // tenure lasts, even when ctx has ended (the firing is draining). It
-// reports whether the outcome is recorded.
-func (r *runner) finish(ctx context.Context, tn *term, run *JobRun, fnErr error) bool {
+// reports whether the outcome is recorded, and whether it was refused
+// because a newer tenure leads.
+func (r *runner) finish(ctx context.Context, tn *term, run *JobRun, fnErr error) (recorded, superseded bool) {
 	l := r.l
 	if run.isFinished() {
-		return true
+		return true, false
 	}
 	// Retried while the tenure leads, even when ctx has ended (the firing
 	// is draining).
@@ -557,14 +570,14 @@ func (r *runner) finish(ctx context.Context, tn *term, run *JobRun, fnErr error)
 		},
 	}.do(context.WithoutCancel(ctx), func(ctx context.Context) error { return run.Finish(ctx, fnErr) })
 	if err == nil {
-		return true
+		return true, false
 	}
 	args := []any{"slot", run.id, "fence", tn.fence, "err", err}
 	if fnErr != nil {
 		args = append(args, "run_err", fnErr)
 	}
 	l.log.Warn("ddblease: could not record the run's outcome", args...)
-	return errors.Is(err, ErrStaleFence) // a newer tenure settled it
+	return false, errors.Is(err, ErrStaleFence)
 }
 
 // sweep reads back the skipped slots, latest first, 100 per request,
@@ -1004,10 +1017,10 @@ func (r *runner) catchUp(ctx context.Context, tn *term, c Control) error {
 }
 
 // runAndFinish runs fn for a claimed run and records its outcome (a panic
-// in fn is recorded and goes on, through r.call). It reports whether the
-// outcome is recorded. A failed run is logged once: by the record of its
+// in fn is recorded and goes on, through r.call). It reports what finish
+// does. A failed run is logged once: by the record of its
 // outcome (EventRunFinished), or by finish when it cannot be recorded.
-func (r *runner) runAndFinish(ctx context.Context, tn *term, run *JobRun) bool {
+func (r *runner) runAndFinish(ctx context.Context, tn *term, run *JobRun) (recorded, superseded bool) {
 	fnErr := r.call(ctx, tn, run)
 	if fnErr != nil && ctx.Err() != nil && (errors.Is(fnErr, context.Canceled) || errors.Is(fnErr, context.DeadlineExceeded)) {
 		fnErr = fmt.Errorf("%w (%v)", fnErr, context.Cause(ctx))

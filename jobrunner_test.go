@@ -138,6 +138,39 @@ func TestScheduleSurvivesClockStepBack(t *testing.T) {
 	assert.NoError(t, <-done)
 }
 
+// A wall clock stepped ahead after the handle was made but before
+// RunSchedule was called (or called again, after a panic) is seen to come
+// back too: the slots the jump passed over fire on the corrected clock,
+// instead of the runner waiting, as for a clock that fell behind, until the
+// clock passes the slots it fired while ahead.
+func TestClockBackFromStepBeforeRunScheduleFiresAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table := srv.NewTable(t)
+	var step atomic.Int64
+	a := newLease(t, srv.Client(nil), table, "job", fast("a"), func(o *ddblease.Options) {
+		o.Now = func() time.Time { return time.Now().Add(time.Duration(step.Load())) }
+	})
+	step.Store(int64(time.Minute)) // NTP steps the clock a minute ahead...
+	fired := make(chan time.Time, 1000)
+	stop := runScheduleAsync(ctx, a, ddblease.Every(100*time.Millisecond), func(ctx context.Context, run *ddblease.JobRun) error {
+		fired <- run.Slot()
+		return nil
+	})
+	for n := 0; n < 3; {
+		if s := receive(t, fired, "a slot on the stepped clock"); s.After(time.Now().Add(30 * time.Second)) {
+			n++
+		}
+	}
+	step.Store(0) // ...and back
+	for n := 0; n < 3; {
+		if s := receive(t, fired, "a slot on the corrected clock"); s.Before(time.Now().Add(time.Second)) {
+			n++
+		}
+	}
+	assert.NoError(t, stop())
+}
+
 // A wall clock stepped back (and staying behind) does not make the leader
 // claim again the slots it already handled: it waits until its clock
 // passes the last one, then goes on in order. A claim of an earlier slot

@@ -64,6 +64,12 @@ type Lease struct {
 	health health // what CheckHealth reports, fed by this handle's events
 
 	ctl controlWatch // operator controls seen by the keeper (control.go)
+
+	// born is when the handle was made, by both clocks: a schedule runner
+	// follows the wall clock's moves from there, so that a RunSchedule
+	// called again (after a panic, say) while the wall clock is stepped
+	// ahead still sees it come back.
+	born sent
 }
 
 // maxDoubt bounds Lease.doubt; an older version in doubt is forgotten,
@@ -97,6 +103,7 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 		key:   map[string]types.AttributeValue{attrPK: avS(leaseKey(job))},
 		opts:  o,
 		log:   lineLogger(o.Logger).With("job", job, "owner", o.Owner),
+		born:  o.sendNow(),
 	}
 	l.notify.fn = l.deliver
 	l.writes.notify = &l.notify

@@ -528,6 +528,88 @@ func TestTriggerRunUnfinishedAfterTenureEndsIsAbandoned(t *testing.T) {
 	assert.EqualValues(t, 1, calls.Load(), "the trigger ran once (NeverRerun)")
 }
 
+// Under Rerun, a newer tenure (b) takes over a triggered run an older one
+// (a) still runs. a's outcome is refused, since b leads: a must leave the
+// request pending, for b may end before it records its own outcome. b does
+// (its finish fails, then its tenure ends), and the next tenure (c) runs
+// the trigger to its end.
+func TestTriggerTakenOverThenLeftRunningEndsFinal(t *testing.T) {
+	t.Parallel()
+	needTransactions(t, "a trigger")
+	ctx := withTimeout(t, 60*time.Second)
+	table := srv.NewTable(t)
+	db := srv.Client(nil)
+	var failFinishB atomic.Bool
+	faults := &bodyFaults{}
+	faults.set(func(op string, body []byte) ddbtest.Action {
+		if failFinishB.Load() && isWrite(op) && bytes.Contains(body, triggerKey) {
+			return ddbtest.ServerError
+		}
+		return ddbtest.Pass
+	})
+	admin := newAdmin(t, db, table)
+	a := newLease(t, db, table, "report", fast("a"))
+	b := newLease(t, srv.Client(faults.wrap), table, "report", fast("b"))
+	c := newLease(t, db, table, "report", fast("c"))
+	startedA, startedB := make(chan int64, 1), make(chan int64, 1)
+	releaseA := make(chan struct{})
+	var mu sync.Mutex
+	var owners []string
+	fn := func(ctx context.Context, run *ddblease.JobRun) error {
+		mu.Lock()
+		owners = append(owners, run.Owner())
+		mu.Unlock()
+		switch run.Owner() {
+		case "a":
+			startedA <- run.Fence()
+			<-releaseA // past the end of its tenure
+		case "b":
+			failFinishB.Store(true)
+			startedB <- run.Fence()
+			<-ctx.Done()
+		}
+		return nil
+	}
+	schedule := func(l *ddblease.Lease) func() error {
+		return async(ctx, func(ctx context.Context) error {
+			return l.RunSchedule(ctx, farSchedule, fn, func(o *ddblease.JobOptions) { o.Rerun = ddblease.Rerun })
+		})
+	}
+	stopA := schedule(a)
+	eventually(t, "a leads", a.IsLeader)
+	stopB := schedule(b)
+	defer func() { assert.NoError(t, stopB()) }()
+
+	tr, err := admin.Trigger(ctx, "report")
+	require.NoError(t, err)
+	fa := receive(t, startedA, "a runs the trigger")
+	_, err = admin.ForceRelease(ctx, "report", fa)
+	require.NoError(t, err)
+	fb := receive(t, startedB, "b runs the trigger again")
+	close(releaseA) // a's outcome is refused: b leads
+	require.NoError(t, stopA())
+
+	stopC := schedule(c)
+	defer func() { assert.NoError(t, stopC()) }()
+	_, err = admin.ForceRelease(ctx, "report", fb)
+	require.NoError(t, err)
+
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	run, err := admin.WaitRun(wctx, tr, 20*time.Millisecond)
+	if assert.NoError(t, err, "WaitRun: the triggered run was left %s; c leads: %v", triggerState(admin, tr), c.IsLeader()) {
+		assert.Equal(t, ddblease.RunSucceeded, run.Status)
+		assert.Equal(t, "c", run.Owner)
+	}
+	mu.Lock()
+	assert.Equal(t, []string{"a", "b", "c"}, owners, "the owners whose fn ran the trigger")
+	mu.Unlock()
+	eventually(t, "the trigger request cleared", func() bool {
+		st, err := admin.Job(ctx, "report")
+		return err == nil && st.Lease.Control.Triggers == 0
+	})
+}
+
 // An operator pauses the job while the claim of a slot is failing and
 // being retried; then the table recovers. The slot is not run: the pause
 // holds for every claim written after it, so the slot is recorded as

@@ -677,8 +677,18 @@ func (c *checker) runs(admin *dynamodb.Client, calls []fnCall) {
 	for _, t := range c.s.h.shutdown {
 		end = min(end, t)
 	}
-	lo := start.Add(p.FaultEnd + p.liveBound() + p.Interval + p.Skew)
-	hi := start.Add(end - p.Interval - 2*p.Skew - 2*p.CallTimeout - p.Work)
+	// Slots are due by the leader's wall clock, which may run ahead of or
+	// behind the simulation's time as a whole (clocks within the bound of
+	// each other, all far from true time): the window starts late by the
+	// clock furthest ahead and ends early by the one furthest behind.
+	loAt := p.FaultEnd + p.liveBound() + p.Interval + p.Skew
+	hiAt := end - p.Interval - 2*p.Skew - 2*p.CallTimeout - p.Work
+	ahead, behind := p.Clocks[0].offsetAt(loAt), p.Clocks[0].offsetAt(hiAt)
+	for _, k := range p.Clocks[1:] {
+		ahead, behind = max(ahead, k.offsetAt(loAt)), min(behind, k.offsetAt(hiAt))
+	}
+	lo := start.Add(loAt + max(ahead, 0))
+	hi := start.Add(hiAt + min(behind, 0))
 	missing, first := 0, time.Time{}
 	for s := sched.Next(lo); !s.After(hi); s = sched.Next(s) {
 		r, ok := bySlot[s.UTC()]

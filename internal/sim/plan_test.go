@@ -56,6 +56,11 @@ type Clock struct {
 	Rate   float64
 }
 
+// offsetAt is how far the clock reads from the simulation's time at el.
+func (c Clock) offsetAt(el time.Duration) time.Duration {
+	return c.Offset + time.Duration(float64(el)*(c.Rate-1))
+}
+
 // Step is a wall-clock step of By for Dur from At (monotonic unchanged).
 type Step struct {
 	Rep     int

@@ -60,6 +60,12 @@ var foundSeeds = []foundSeed{
 	{150, "a wall clock that came back from a jump of an hour ahead: the slots the jump passed over must still fire"},
 	{553, "the same, for a replica that first looked while its clock was ahead"},
 	{210171, "checker: a resumption's catch-up claimed at the millisecond of the slot's claim was counted before it"},
+	{237206, "checker: clocks within the bound of each other but all far behind the simulation's time: slots judged due before the leader's clock reached them"},
+	{225630, "a wall clock that jumped ahead before the replica's first look came back: it waited for the slots it had fired ahead instead of firing the ones the jump passed over (the runner now follows the clock from the handle's making)"},
+	{235946, "the same, for a RunSchedule called again after a panic while the clock was ahead"},
+	{231957, "the same, a replica that first led during a 5 s step"},
+	{237234, "the same, with four replicas and a step of 5 s for 200 ms"},
+	{236474, "a triggered run taken over (Rerun) by a newer tenure that then crashed: the older tenure, its outcome refused, cleared the request, and no one finished the run"},
 }
 
 // TestFoundSeeds replays the seeds in foundSeeds.

@@ -339,8 +339,7 @@ func (r *replicaState) now() time.Time {
 		el = r.pausedFrom(el)
 	}
 	t := r.w.start.Add(el)
-	off := r.clock.Offset + time.Duration(float64(el)*(r.clock.Rate-1))
-	t = t.Add(off)
+	t = t.Add(r.clock.offsetAt(el))
 	r.mu.Lock()
 	steps := r.steps
 	r.mu.Unlock()
