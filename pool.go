@@ -29,8 +29,9 @@ import (
 // grows, a drain on hand-over.
 //
 // The replicas know each other through one item of the pool in the same
-// table (key "pool#" + name), in which each renews its own expiry every
-// HeartbeatInterval (one UpdateItem, whose answer carries the others'). A
+// table (key "pool#" + name), in which each renews its own entry every
+// HeartbeatInterval (one UpdateItem, whose answer carries the others'): its
+// expiry, and the view it acts on (which replicas it sees live). A
 // replica that stops renewing counts as gone once its expiry, a
 // LeaseDuration after its last renewal, is MaxClockSkew old; one that stops
 // running the pool removes itself first, so that the others take its jobs
@@ -38,10 +39,13 @@ import (
 // computes the same assignment: the jobs, in the order of a hash, each go
 // to the live replica ranked highest for it (rendezvous hashing) that has
 // fewer than its share, so that a change of replicas moves few jobs besides
-// the ones it must. A replica campaigns only for the jobs assigned to it:
-// a job waits for a replica that joined, left or died to be seen (up to a
-// HeartbeatInterval, or the dead replica's expiry), then for its lease as
-// any standby does.
+// the ones it must. A replica campaigns only for the jobs assigned to it,
+// and hands a job it leads over only to a replica whose entry says it acts
+// on the same view, and so campaigns for that job (a replica whose view
+// changes writes its entry again at once). A job waits for a replica that
+// joined, left or died to be seen (up to a HeartbeatInterval, or the dead
+// replica's expiry; a join, up to two), then for its lease as any standby
+// does.
 type Pool struct {
 	db      DynamoDBAPI
 	table   string
@@ -55,6 +59,10 @@ type Pool struct {
 
 	mu   sync.Mutex
 	live []string // the live replicas last seen, sorted; nil before the first look
+	// views holds, for each live replica, the view it last wrote it acts
+	// on (viewOf its live replicas): a job is handed over only to a replica
+	// that acts on the same view, so that it campaigns for the job.
+	views map[string]string
 }
 
 // NewPool returns a pool of jobs in table, run by this replica as
@@ -220,7 +228,7 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 	}
 	var seenAt time.Time // when this replica's membership was last renewed
 	for {
-		live, err := p.renew(ctx)
+		live, views, err := p.renew(ctx)
 		now := p.opts.Now()
 		switch {
 		case err == nil:
@@ -236,17 +244,33 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 		}
 		if live != nil {
 			p.mu.Lock()
-			p.live = live
+			p.live, p.views = live, views
 			p.mu.Unlock()
 		}
-		want := map[string]bool{}
-		for _, job := range p.Assigned() {
-			want[job] = true
+		live, views = p.seen()
+		mine, owners := viewOf(live), map[string]string{}
+		for rep, jobs := range Assign(p.jobs, live) {
+			for _, job := range jobs {
+				owners[job] = rep
+			}
 		}
 		for job, r := range runs {
-			if !want[job] && !r.cancelled {
-				r.cancelled = true
-				r.cancel() // a hand-over: the job's Run drains and resigns
+			to := owners[job]
+			if to == p.opts.Owner || r.cancelled {
+				continue
+			}
+			if to != "" && views[to] != mine && p.leases[job].IsLeader() {
+				// Its replica does not act on this view yet, and may not
+				// campaign for the job: keep leading it until it does.
+				continue
+			}
+			r.cancelled = true
+			r.cancel() // a hand-over: the job's Run drains and resigns
+		}
+		want := map[string]bool{}
+		for job, to := range owners {
+			if to == p.opts.Owner {
+				want[job] = true
 			}
 		}
 		for job := range want {
@@ -301,12 +325,68 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 	}
 }
 
-// renew writes this replica's expiry in the pool's item and returns the
-// live replicas the answer lists, sorted. The item's members map is made
-// by the first replica of the pool.
-func (p *Pool) renew(ctx context.Context) ([]string, error) {
-	now := p.opts.Now()
-	exp := avN(now.Add(p.opts.LeaseDuration).UnixMilli())
+// seen returns the live replicas last seen and the view each acts on.
+func (p *Pool) seen() ([]string, map[string]string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.live, p.views
+}
+
+// viewOf names a set of live replicas (sorted): the same set, the same
+// name; "" for none.
+func viewOf(live []string) string {
+	if len(live) == 0 {
+		return ""
+	}
+	h := fnv.New64a()
+	for _, r := range live {
+		_, _ = h.Write([]byte(r))
+		_, _ = h.Write([]byte{0})
+	}
+	return strconv.FormatUint(h.Sum64(), 36)
+}
+
+// maxWrites bounds the writes of one renewal whose answers keep showing
+// another view than the one written.
+const maxWrites = 3
+
+// renew writes this replica's entry in the pool's item (its expiry, and the
+// view it acts on) and returns the live replicas the answer lists, sorted,
+// with the view each acts on. An answer that shows another view than the
+// one written is written again at once, so that the others learn within a
+// round trip which view this replica acts on.
+func (p *Pool) renew(ctx context.Context) ([]string, map[string]string, error) {
+	live, _ := p.seen()
+	view := viewOf(live)
+	var views map[string]string
+	for range maxWrites {
+		members, err := p.write(ctx, view)
+		if err != nil {
+			return nil, nil, err
+		}
+		now := p.opts.Now()
+		p.forgetDead(ctx, members, now)
+		live = p.liveIn(members, now)
+		views = make(map[string]string, len(live))
+		for _, r := range live {
+			views[r] = members[r].view
+		}
+		if viewOf(live) == view {
+			break
+		}
+		view = viewOf(live)
+	}
+	return live, views, nil
+}
+
+// write writes this replica's entry in the pool's item and returns the
+// members its answer lists. The item's members map is made by the first
+// replica of the pool.
+func (p *Pool) write(ctx context.Context, view string) (map[string]member, error) {
+	entry := &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+		memberExpiry: avN(p.opts.Now().Add(p.opts.LeaseDuration).UnixMilli()),
+		memberView:   avS(view),
+	}}
 	update := func(expr, cond string, names map[string]string, values map[string]types.AttributeValue) (*dynamodb.UpdateItemOutput, error) {
 		cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
 		defer cancel()
@@ -323,14 +403,14 @@ func (p *Pool) renew(ctx context.Context) ([]string, error) {
 	var out *dynamodb.UpdateItemOutput
 	var err error
 	for range 2 {
-		out, err = update("SET #mm.#me = :exp", "attribute_exists(#mm)",
-			map[string]string{"#mm": attrPoolMembers, "#me": p.opts.Owner}, map[string]types.AttributeValue{":exp": exp})
+		out, err = update("SET #mm.#me = :e", "attribute_exists(#mm)",
+			map[string]string{"#mm": attrPoolMembers, "#me": p.opts.Owner}, map[string]types.AttributeValue{":e": entry})
 		if _, refused := failedConditions(err)[0]; !refused {
 			break
 		}
 		// The first replica of the pool makes the map, with a placeholder
 		// that keeps it from ever being emptied.
-		init := &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{poolKeep: avN(0), p.opts.Owner: exp}}
+		init := &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{poolKeep: avN(0), p.opts.Owner: entry}}
 		out, err = update("SET #mm = :init", "attribute_not_exists(#mm)",
 			map[string]string{"#mm": attrPoolMembers}, map[string]types.AttributeValue{":init": init})
 		if _, refused := failedConditions(err)[0]; !refused {
@@ -340,24 +420,31 @@ func (p *Pool) renew(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ddblease: pool %q: renew membership: %w", p.name, err)
 	}
-	members := p.members(out.Attributes)
-	p.forgetDead(ctx, members, now)
-	return p.liveIn(members, p.opts.Now()), nil
+	return p.members(out.Attributes), nil
 }
 
-// attrPoolMembers is the pool item's map of members: owner -> expiry
-// (Unix ms), with the placeholder entry poolKeep, so that the map is never
-// emptied (the in-process test server mishandles the removal of a map's
-// last entry, as control.go says of the triggers).
+// attrPoolMembers is the pool item's map of members: owner -> its entry,
+// {exp: expiry (Unix ms), view: the view it acts on}, with the placeholder
+// entry poolKeep, so that the map is never emptied (the in-process test
+// server mishandles the removal of a map's last entry, as control.go says
+// of the triggers).
 const (
 	attrPoolMembers = "members"
 	poolKeep        = "-"
+	memberExpiry    = "exp"
+	memberView      = "view"
 )
 
-// members returns the members map of the pool's item: owner -> expiry.
-// A malformed entry has expiry -1 (it is ignored, then removed).
-func (p *Pool) members(item map[string]types.AttributeValue) map[string]int64 {
-	out := map[string]int64{}
+// member is a member's entry in the pool's item.
+type member struct {
+	exp  int64 // Unix ms; -1 if the entry is malformed
+	view string
+}
+
+// members returns the members map of the pool's item. A malformed entry
+// has expiry -1 (it is ignored, then removed).
+func (p *Pool) members(item map[string]types.AttributeValue) map[string]member {
+	out := map[string]member{}
 	m, ok := item[attrPoolMembers].(*types.AttributeValueMemberM)
 	if !ok {
 		if item[attrPoolMembers] != nil {
@@ -369,27 +456,31 @@ func (p *Pool) members(item map[string]types.AttributeValue) map[string]int64 {
 		if owner == poolKeep {
 			continue
 		}
-		ms := int64(-1)
-		if n, ok := v.(*types.AttributeValueMemberN); ok {
-			if x, err := strconv.ParseInt(n.Value, 10, 64); err == nil && x >= 0 {
-				ms = x
+		e := member{exp: -1}
+		if em, ok := v.(*types.AttributeValueMemberM); ok {
+			n, nok := em.Value[memberExpiry].(*types.AttributeValueMemberN)
+			view, vok := em.Value[memberView].(*types.AttributeValueMemberS)
+			if nok && vok {
+				if x, err := strconv.ParseInt(n.Value, 10, 64); err == nil && x >= 0 {
+					e = member{exp: x, view: view.Value}
+				}
 			}
 		}
-		if ms < 0 || owner == "" {
+		if e.exp < 0 || owner == "" {
 			p.log.Warn("ddblease: the pool's item has a malformed member; ignoring it", "member", owner)
-			ms = -1
+			e.exp = -1
 		}
-		out[owner] = ms
+		out[owner] = e
 	}
 	return out
 }
 
 // liveIn returns the members whose expiry is not yet MaxClockSkew old at
 // now, sorted.
-func (p *Pool) liveIn(members map[string]int64, now time.Time) []string {
+func (p *Pool) liveIn(members map[string]member, now time.Time) []string {
 	live := []string{}
-	for owner, ms := range members {
-		if ms >= 0 && time.UnixMilli(ms).Add(p.opts.MaxClockSkew).After(now) {
+	for owner, m := range members {
+		if m.exp >= 0 && time.UnixMilli(m.exp).Add(p.opts.MaxClockSkew).After(now) {
 			live = append(live, owner)
 		}
 	}
@@ -405,17 +496,20 @@ const maxForget = 10
 // and malformed ones, so that the item does not grow with every deploy.
 // Each removal is conditional on the member being unchanged; a failure is
 // left for a later renewal.
-func (p *Pool) forgetDead(ctx context.Context, members map[string]int64, now time.Time) {
+func (p *Pool) forgetDead(ctx context.Context, members map[string]member, now time.Time) {
 	n := 0
-	for owner, ms := range members {
+	for owner, m := range members {
+		ms := m.exp
 		if owner == p.opts.Owner || owner == "" || n == maxForget ||
 			ms >= 0 && !time.UnixMilli(ms).Add(p.opts.LeaseDuration).Before(now) {
 			continue
 		}
 		n++
-		cond, values := "attribute_exists(#mm.#m)", map[string]types.AttributeValue(nil)
+		cond, names := "attribute_exists(#mm.#m)", map[string]string{"#mm": attrPoolMembers, "#m": owner}
+		values := map[string]types.AttributeValue(nil)
 		if ms >= 0 {
-			cond, values = "#mm.#m = :v", map[string]types.AttributeValue{":v": avN(ms)}
+			cond, values = "#mm.#m.#x = :v", map[string]types.AttributeValue{":v": avN(ms)}
+			names["#x"] = memberExpiry
 		}
 		cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
 		_, err := p.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
@@ -423,7 +517,7 @@ func (p *Pool) forgetDead(ctx context.Context, members map[string]int64, now tim
 			Key:                       p.key,
 			UpdateExpression:          aws.String("REMOVE #mm.#m"),
 			ConditionExpression:       aws.String(cond),
-			ExpressionAttributeNames:  map[string]string{"#mm": attrPoolMembers, "#m": owner},
+			ExpressionAttributeNames:  names,
 			ExpressionAttributeValues: values,
 		})
 		cancel()

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
 	"github.com/ddblease/ddblease/internal/ddbtest"
@@ -156,6 +158,56 @@ func TestPoolSpreadsJobsAcrossReplicas(t *testing.T) {
 	assert.Empty(t, w.leads())
 }
 
+// A replica hands a job over only to a replica that acts on the same view
+// of the pool (its entry in the pool's item says which), so that the job's
+// new replica does campaign for it: a replica that has not yet seen the
+// others as the one handing over sees them might leave the job without a
+// leader. Here b is an entry written by the test, with a view of its own
+// until the test writes a's.
+func TestPoolHandsOverOnlyToAReplicaOnTheSameView(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	p := newPool(t, db, table, poolJobs(4), fast("a"))
+	w := newPoolWatch(t)
+	stop := async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn("a")) })
+	defer func() { assert.NoError(t, stop()) }()
+	eventually(t, "a leads every job", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 4}, w.leads()) })
+	viewOf := func(member string) string {
+		m, _ := getRaw(t, db, table, "pool#reports")["members"].(*types.AttributeValueMemberM)
+		require.NotNil(t, m)
+		e, _ := m.Value[member].(*types.AttributeValueMemberM)
+		require.NotNil(t, e, "the entry of %s", member)
+		v, _ := e.Value["view"].(*types.AttributeValueMemberS)
+		require.NotNil(t, v, "the view of %s", member)
+		return v.Value
+	}
+	alone := viewOf("a")
+	writeB := func(view string) {
+		_, err := db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+			TableName:                aws.String(table),
+			Key:                      map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "pool#reports"}},
+			UpdateExpression:         aws.String("SET #mm.#b = :e"),
+			ExpressionAttributeNames: map[string]string{"#mm": "members", "#b": "b"},
+			ExpressionAttributeValues: map[string]types.AttributeValue{":e": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+				"exp":  &types.AttributeValueMemberN{Value: strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)},
+				"view": &types.AttributeValueMemberS{Value: view},
+			}}},
+		})
+		require.NoError(t, err)
+	}
+	writeB("another view")
+	eventually(t, "a acts on a view with b", func() bool {
+		return slices.Equal(p.Members(), []string{"a", "b"}) && viewOf("a") != alone
+	})
+	for range 8 { // four heartbeats
+		assert.Equal(t, map[string]int{"a": 4}, w.leads(), "a handed jobs over to b, which acts on another view")
+		time.Sleep(250 * time.Millisecond)
+	}
+	writeB(viewOf("a"))
+	eventually(t, "a hands b its share", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2}, w.leads()) })
+}
+
 // A replica that dies (its network black-holed: no renewal of its leases
 // or of its membership lands) loses its jobs to the others once its leases
 // and its membership expire; they never lead a job while its fn still
@@ -271,8 +323,11 @@ func TestPoolForgetsDeadMembers(t *testing.T) {
 	putRaw(t, db, table, map[string]types.AttributeValue{
 		"pk": &types.AttributeValueMemberS{Value: "pool#reports"},
 		"members": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
-			"-":         &types.AttributeValueMemberN{Value: "0"},
-			"gone":      &types.AttributeValueMemberN{Value: strconv.FormatInt(old, 10)},
+			"-": &types.AttributeValueMemberN{Value: "0"},
+			"gone": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+				"exp":  &types.AttributeValueMemberN{Value: strconv.FormatInt(old, 10)},
+				"view": &types.AttributeValueMemberS{Value: ""},
+			}},
 			"malformed": &types.AttributeValueMemberS{Value: "not a number"},
 		}},
 	})
