@@ -89,23 +89,17 @@ func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, fence int6
 }
 
 // campaign is Run, handing fn the term itself.
+//
+// campaign, lead and leading.call stay on the stack of Run's goroutine for
+// as long as fn runs, a whole tenure: they keep their frames small (events
+// and errors are built in the functions they call), so that the stack of a
+// goroutine parked in fn can shrink to the runtime's smaller sizes.
 func (l *Lease) campaign(ctx context.Context, fn func(ctx context.Context, t *term) error) (err error) {
-	if !l.campaigning.CompareAndSwap(false, true) {
-		return invalid("Run %q: another Run or RunSchedule is active on this handle; use one Lease per contender", l.job)
+	if err := l.enter(ctx); err != nil {
+		return err
 	}
-	defer l.campaigning.Store(false)
-	l.runCtx.Store(&ctx)
-	defer l.runCtx.Store(nil)
-	if ctx.Err() != nil {
-		return fmt.Errorf("ddblease: run %q: %w", l.job, ended(ctx))
-	}
-	l.notify.emit(l.event(EventCampaign, Event{}))
 	stopped := false
-	defer func() {
-		if stopped {
-			l.notify.emit(l.event(EventStopped, Event{Err: err}))
-		}
-	}()
+	defer l.leave(&stopped, &err)
 	for {
 		t, failing, err := l.acquire(ctx)
 		if err != nil {
@@ -123,78 +117,143 @@ func (l *Lease) campaign(ctx context.Context, fn func(ctx context.Context, t *te
 	}
 }
 
+// enter begins a campaign of this handle, unless one is active or ctx has
+// ended.
+func (l *Lease) enter(ctx context.Context) error {
+	if !l.campaigning.CompareAndSwap(false, true) {
+		return invalid("Run %q: another Run or RunSchedule is active on this handle; use one Lease per contender", l.job)
+	}
+	l.runCtx.Store(&ctx)
+	if ctx.Err() != nil {
+		l.runCtx.Store(nil)
+		l.campaigning.Store(false)
+		return fmt.Errorf("ddblease: run %q: %w", l.job, ended(ctx))
+	}
+	l.notify.emit(l.event(EventCampaign, Event{}))
+	return nil
+}
+
+// leave ends the campaign that enter began, reporting EventStopped with
+// its error if it stopped (rather than unwinding from a panic in fn).
+func (l *Lease) leave(stopped *bool, err *error) {
+	if *stopped {
+		l.notify.emit(l.event(EventStopped, Event{Err: *err}))
+	}
+	l.runCtx.Store(nil)
+	l.campaigning.Store(false)
+}
+
 // lead runs fn for this tenure. done is false when the tenure ended without
 // a shutdown or an error, and the campaign should go on.
 func (t *term) lead(ctx context.Context, fn func(context.Context, *term) error) (done bool, err error) {
-	l, fence, termCtx := t.l, t.fence, t.ctx
 	if !t.holds() {
 		return ctx.Err() != nil, nil // over before it began
 	}
 	if ctx.Err() != nil {
-		return true, t.resignRetrying(ctx, fmt.Errorf("%w: %q fence %d: shutting down", ErrLost, l.job, fence))
+		return true, t.resignAtShutdown(ctx)
 	}
-	leaderCtx, cancelLeader := context.WithCancelCause(termCtx)
-	defer cancelLeader(nil)
-	w := &drainWatch{t: t, cancelLeader: cancelLeader}
-	k := t.keeper(func() { // control.go: an operator's resign request, drained as a shutdown
-		w.start(fmt.Errorf("%w: fence %d", ErrResignRequested, fence))
-	})
-	w.k = k
-	k.start()
-	stopWatch := context.AfterFunc(ctx, func() {
-		w.start(fmt.Errorf("ddblease: shutting down: %w", context.Cause(ctx)))
-	})
-	var fnErr error
-	var panicked *PanicError
+	ld := t.startLeading(ctx)
+	defer ld.cancelLeader(nil)
+	ld.call(ctx, fn)
+	return ld.end(ctx)
+}
+
+// resignAtShutdown resigns a tenure that Run's ctx ended before fn began.
+func (t *term) resignAtShutdown(ctx context.Context) error {
+	return t.resignRetrying(ctx, fmt.Errorf("%w: %q fence %d: shutting down", ErrLost, t.l.job, t.fence))
+}
+
+// leading is a tenure while its fn runs: the leader context, the drain and
+// the keeper, and how fn ended.
+type leading struct {
+	drainWatch
+	leaderCtx context.Context
+	stopWatch func() bool // stops the watch on Run's ctx
+	fnErr     error
+	panicked  *PanicError
 	// over: the leader context had ended when fn returned, or Run's own
 	// ctx had (the watcher may not have cancelled the leader context yet:
 	// an fn that stops on ctx, captured from the caller, races it), so
 	// that what fn returned is the tenure's end, not fn's own outcome.
 	// returned: fn returned at all (false after a panic or
 	// runtime.Goexit).
-	var over, returned bool
-	var drainErr error
-	func() {
-		defer func() {
-			p := recover()
-			if p != nil {
-				if pe, ok := p.(*PanicError); ok {
-					panicked = pe // from RunSchedule's runner, which recorded the run
-				} else {
-					panicked = &PanicError{Value: p, Stack: debug.Stack()}
-				}
-			}
-			stopWatch()
-			drainExpired := w.finish()
-			k.stop()
-			if drainExpired {
-				drainErr = fmt.Errorf("%w: fence %d ran past %v", ErrDrainTimeout, fence, l.opts.DrainTimeout)
-			}
-			if p == nil && !returned {
-				// runtime.Goexit (t.FailNow, say) unwinds this goroutine
-				// past Run: end the tenure as after a panic, and let the
-				// unwinding go on.
-				t.endAbnormally(ctx, fmt.Errorf("%w: %q fence %d: the leader's function exited without returning (runtime.Goexit)",
-					ErrLost, l.job, fence))
-			}
-		}()
-		fnErr = soundError(fn(leaderCtx, t))
-		over = leaderCtx.Err() != nil || ctx.Err() != nil
-		returned = true
-	}()
+	over, returned bool
+	drainErr       error
+}
 
-	if panicked != nil {
-		t.endAbnormally(ctx, fmt.Errorf("%w: %q fence %d: the leader's function panicked: %v", ErrLost, l.job, fence, panicked.Value))
-		panic(panicked)
+// startLeading makes the leader context and starts the keeper and the
+// watches that drain the tenure.
+func (t *term) startLeading(ctx context.Context) *leading {
+	fence := t.fence
+	ld := &leading{}
+	ld.leaderCtx, ld.cancelLeader = context.WithCancelCause(t.ctx)
+	w := &ld.drainWatch
+	w.t = t
+	w.k = t.keeper(func() { // control.go: an operator's resign request, drained as a shutdown
+		w.start(fmt.Errorf("%w: fence %d", ErrResignRequested, fence))
+	})
+	w.k.start()
+	ld.stopWatch = context.AfterFunc(ctx, func() {
+		w.start(fmt.Errorf("ddblease: shutting down: %w", context.Cause(ctx)))
+	})
+	return ld
+}
+
+// call runs fn on the leader context and records how it ended.
+func (ld *leading) call(ctx context.Context, fn func(context.Context, *term) error) {
+	defer ld.fnEnded(ctx)
+	ld.fnErr = soundError(fn(ld.leaderCtx, ld.t))
+	ld.over = ld.leaderCtx.Err() != nil || ctx.Err() != nil
+	ld.returned = true
+}
+
+// fnEnded runs as fn's call ends, however it ends: it recovers a panic (for
+// end to raise again), stops the watches and the keeper, and ends the
+// tenure of an fn that called runtime.Goexit, whose unwinding goes on.
+func (ld *leading) fnEnded(ctx context.Context) {
+	p := recover()
+	if p != nil {
+		if pe, ok := p.(*PanicError); ok {
+			ld.panicked = pe // from RunSchedule's runner, which recorded the run
+		} else {
+			ld.panicked = &PanicError{Value: p, Stack: debug.Stack()}
+		}
 	}
-	if over && endsWith(fnErr, leaderCtx, ctx) {
+	t := ld.t
+	ld.stopWatch()
+	drainExpired := ld.finish()
+	ld.k.stop()
+	if drainExpired {
+		ld.drainErr = fmt.Errorf("%w: fence %d ran past %v", ErrDrainTimeout, t.fence, t.l.opts.DrainTimeout)
+	}
+	if p == nil && !ld.returned {
+		// runtime.Goexit (t.FailNow, say) unwinds this goroutine past
+		// Run: end the tenure as after a panic, and let the unwinding go
+		// on.
+		t.endAbnormally(ctx, fmt.Errorf("%w: %q fence %d: the leader's function exited without returning (runtime.Goexit)",
+			ErrLost, t.l.job, t.fence))
+	}
+}
+
+// end settles the tenure once fn has returned (or panicked: it panics
+// again): it resigns unless the tenure is over, and tells the campaign
+// whether to go on.
+func (ld *leading) end(ctx context.Context) (done bool, err error) {
+	t := ld.t
+	l, fence := t.l, t.fence
+	if ld.panicked != nil {
+		t.endAbnormally(ctx, fmt.Errorf("%w: %q fence %d: the leader's function panicked: %v", ErrLost, l.job, fence, ld.panicked.Value))
+		panic(ld.panicked)
+	}
+	fnErr := ld.fnErr
+	if ld.over && endsWith(fnErr, ld.leaderCtx, ctx) {
 		fnErr = nil // the leader context's own end, handed back
 	}
 	var resignErr error
-	if termCtx.Err() == nil {
+	if t.ctx.Err() == nil {
 		resignErr = t.resignRetrying(ctx, fmt.Errorf("%w: %q fence %d: resigning", ErrLost, l.job, fence))
 	}
-	if over && ctx.Err() == nil {
+	if ld.over && ctx.Err() == nil {
 		// The tenure ended under fn (lost, Resign called, an operator's
 		// resign request or forced release): whatever fn returned then is
 		// the tenure's end, not a failure that stops the campaign. After an
@@ -202,12 +261,12 @@ func (t *term) lead(ctx context.Context, fn func(context.Context, *term) error) 
 		// replicas for a while (control.go).
 		if fnErr != nil {
 			l.log.Warn("ddblease: the leader's function returned an error after its tenure ended; campaigning again",
-				"fence", fence, "err", fnErr, "cause", context.Cause(leaderCtx))
+				"fence", fence, "err", fnErr, "cause", context.Cause(ld.leaderCtx))
 		}
-		t.yieldToOthers(errors.Join(resignErr, drainErr))
+		t.yieldToOthers(errors.Join(resignErr, ld.drainErr))
 		return false, nil
 	}
-	return true, errors.Join(fnErr, resignErr, drainErr)
+	return true, errors.Join(fnErr, resignErr, ld.drainErr)
 }
 
 // drainWatch drains a tenure when Run's context ends or an operator asks
