@@ -15,32 +15,53 @@ import (
 var ErrResignRequested = errors.New("ddblease: resignation requested")
 
 // controlWatch lets the keeper wake a RunSchedule that waits for its next
-// slot when the operator controls in the lease item change.
+// slot when the operator controls in the lease item change. Its channel is
+// made by RunSchedule (watch), so that a Lease that only runs Run holds
+// none; nor does it hold a copy of controls that are all unset (the usual
+// case): a lease costs little in a process that holds thousands.
 type controlWatch struct {
 	mu   sync.Mutex
-	last Control
 	seen bool
+	last *Control // as last noted; nil when all unset
 	wake chan struct{}
 }
 
-func (w *controlWatch) ch() chan struct{} {
+// watch makes the channel that note wakes, before a runner first reads the
+// controls, so that no change noted after that read is missed.
+func (w *controlWatch) watch() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.wake == nil {
 		w.wake = make(chan struct{}, 1)
 	}
+}
+
+// ch returns the channel note wakes; nil (never ready) before watch.
+func (w *controlWatch) ch() chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	return w.wake
 }
 
 // note records c and wakes a waiting runner if it differs from what was
 // noted before.
 func (w *controlWatch) note(c Control) {
-	ch := w.ch()
 	w.mu.Lock()
-	changed := !w.seen || w.last != c
-	w.last, w.seen = c, true
-	w.mu.Unlock()
+	var prev Control
+	if w.last != nil {
+		prev = *w.last
+	}
+	changed := !w.seen || prev != c
 	if changed {
+		w.last = nil
+		if c != (Control{}) {
+			w.last = &c
+		}
+	}
+	w.seen = true
+	ch := w.wake
+	w.mu.Unlock()
+	if changed && ch != nil {
 		select {
 		case ch <- struct{}{}:
 		default:

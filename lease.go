@@ -21,7 +21,7 @@ type Lease struct {
 	db     DynamoDBAPI // reports every request to the observer
 	table  string
 	job    string
-	key    map[string]types.AttributeValue
+	pk     string // the lease item's key (key)
 	opts   Options
 	log    *slog.Logger
 	notify notifier
@@ -90,6 +90,12 @@ type observation struct {
 	since   time.Time // when rec.version was first seen (monotonic)
 }
 
+// key returns the lease item's key, made for each request rather than held:
+// an idle lease holds no map.
+func (l *Lease) key() map[string]types.AttributeValue {
+	return map[string]types.AttributeValue{attrPK: avS(l.pk)}
+}
+
 // New returns a handle on the lease of job in table. It makes no call; the
 // table must exist (see CreateTable) when the handle is used.
 func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, error) {
@@ -100,9 +106,9 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 	l := &Lease{
 		table: table,
 		job:   job,
-		key:   map[string]types.AttributeValue{attrPK: avS(leaseKey(job))},
+		pk:    leaseKey(job),
 		opts:  o,
-		log:   lineLogger(o.Logger).With("job", job, "owner", o.Owner),
+		log:   lineLogger(o.Logger, "job", job, o.Owner),
 		born:  o.sendNow(),
 	}
 	l.notify.fn = l.deliver
@@ -271,7 +277,7 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 	cond := l.takeoverRule().condition(now, rv, l.mineIn(values), values)
 	in := &dynamodb.UpdateItemInput{
 		TableName: aws.String(l.table),
-		Key:       l.key,
+		Key:       l.key(),
 		UpdateExpression: aws.String("SET #owner = :me, #fence = if_not_exists(#fence, :zero) + :one, " +
 			"#exp = :exp, #rv = :rv, #lms = :lms, #acq = :now, #ren = :now, #drn = :false"),
 		ConditionExpression:                 aws.String(cond),

@@ -16,12 +16,21 @@ import (
 // request sent once as "exceeded maximum number of attempts, 1": a line
 // per record, and words that say what failed, are what an operator's log
 // search needs.
-type lineHandler struct{ h slog.Handler }
+//
+// It also puts the name of what logs (the job, or the pool) and the owner
+// first in each record, as Logger.With would, but as the record is handled:
+// With would have the user's handler clone itself, a few hundred bytes for
+// each of the thousands of leases a process may hold. The library calls
+// neither With nor WithGroup on such a logger.
+type lineHandler struct {
+	h                slog.Handler
+	key, name, owner string // the first attributes of each record (key = name, owner); none if key is ""
+}
 
 // lineLogger returns a logger that writes through lineHandler to log's
-// handler.
-func lineLogger(log *slog.Logger) *slog.Logger {
-	return slog.New(lineHandler{h: log.Handler()})
+// handler, each record beginning with key=name and owner.
+func lineLogger(log *slog.Logger, key, name, owner string) *slog.Logger {
+	return slog.New(lineHandler{h: log.Handler(), key: key, name: name, owner: owner})
 }
 
 func (h lineHandler) Enabled(ctx context.Context, level slog.Level) bool {
@@ -30,6 +39,9 @@ func (h lineHandler) Enabled(ctx context.Context, level slog.Level) bool {
 
 func (h lineHandler) Handle(ctx context.Context, r slog.Record) error {
 	out := slog.NewRecord(r.Time, r.Level, singleLine(r.Message), r.PC)
+	if h.key != "" {
+		out.AddAttrs(lineAttr(slog.String(h.key, h.name)), lineAttr(slog.String("owner", h.owner)))
+	}
 	r.Attrs(func(a slog.Attr) bool {
 		out.AddAttrs(lineAttr(a))
 		return true
@@ -42,10 +54,14 @@ func (h lineHandler) WithAttrs(as []slog.Attr) slog.Handler {
 	for i, a := range as {
 		clean[i] = lineAttr(a)
 	}
-	return lineHandler{h: h.h.WithAttrs(clean)}
+	h.h = h.h.WithAttrs(clean)
+	return h
 }
 
-func (h lineHandler) WithGroup(name string) slog.Handler { return lineHandler{h: h.h.WithGroup(name)} }
+func (h lineHandler) WithGroup(name string) slog.Handler {
+	h.h = h.h.WithGroup(name)
+	return h
+}
 
 // lineAttr returns a with its value resolved and made one line: an error
 // becomes its text (logText), a string its one-line form; groups are

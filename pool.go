@@ -79,7 +79,7 @@ func NewPool(db DynamoDBAPI, table, pool string, jobs []string, optFns ...func(*
 	}
 	p := &Pool{db: db, table: table, name: pool, opts: o, leases: make(map[string]*Lease, len(jobs)),
 		key: map[string]types.AttributeValue{attrPK: avS("pool#" + pool)},
-		log: lineLogger(o.Logger).With("pool", pool, "owner", o.Owner)}
+		log: lineLogger(o.Logger, "pool", pool, o.Owner)}
 	for _, job := range jobs {
 		if _, dup := p.leases[job]; dup {
 			return nil, invalid("pool %q: job %q is listed twice", pool, job)
