@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,6 +39,14 @@ func fast(owner string) func(*ddblease.Options) {
 		o.CallTimeout = 400 * time.Millisecond
 		o.DrainTimeout = 2 * time.Second
 		o.Logger = quiet
+	}
+}
+
+// steppedClock sets a lease's clock to the real one shifted by *step, which
+// a test changes to step the wall clock as NTP would.
+func steppedClock(step *atomic.Int64) func(*ddblease.Options) {
+	return func(o *ddblease.Options) {
+		o.Now = func() time.Time { return time.Now().Add(time.Duration(step.Load())) }
 	}
 }
 

@@ -108,9 +108,7 @@ func TestScheduleSurvivesClockStepBack(t *testing.T) {
 	ctx := withTimeout(t, 30*time.Second)
 	table := srv.NewTable(t)
 	var step atomic.Int64
-	a := newLease(t, srv.Client(nil), table, "job", fast("a"), func(o *ddblease.Options) {
-		o.Now = func() time.Time { return time.Now().Add(time.Duration(step.Load())) }
-	})
+	a := newLease(t, srv.Client(nil), table, "job", fast("a"), steppedClock(&step))
 	fired := make(chan time.Time, 1000)
 	done := make(chan error, 1)
 	rctx, cancel := context.WithCancel(ctx)
@@ -148,9 +146,7 @@ func TestClockBackFromStepBeforeRunScheduleFiresAtOnce(t *testing.T) {
 	ctx := withTimeout(t, 30*time.Second)
 	table := srv.NewTable(t)
 	var step atomic.Int64
-	a := newLease(t, srv.Client(nil), table, "job", fast("a"), func(o *ddblease.Options) {
-		o.Now = func() time.Time { return time.Now().Add(time.Duration(step.Load())) }
-	})
+	a := newLease(t, srv.Client(nil), table, "job", fast("a"), steppedClock(&step))
 	step.Store(int64(time.Minute)) // NTP steps the clock a minute ahead...
 	fired := make(chan time.Time, 1000)
 	stop := runScheduleAsync(ctx, a, ddblease.Every(100*time.Millisecond), func(ctx context.Context, run *ddblease.JobRun) error {
@@ -198,9 +194,7 @@ func TestClockStepBackClaimsNoHandledSlot(t *testing.T) {
 		}
 		return ddbtest.Pass
 	})
-	a := newLease(t, srv.Client(faults.wrap), table, "job", fast("a"), func(o *ddblease.Options) {
-		o.Now = func() time.Time { return time.Now().Add(time.Duration(step.Load())) }
-	})
+	a := newLease(t, srv.Client(faults.wrap), table, "job", fast("a"), steppedClock(&step))
 	slots := make(chan time.Time, 1000)
 	stop := runScheduleAsync(ctx, a, ddblease.Every(200*time.Millisecond), func(ctx context.Context, run *ddblease.JobRun) error {
 		mu.Lock()
@@ -236,9 +230,7 @@ func TestSkipRecordedByClockAheadRunsWhenDue(t *testing.T) {
 	table, db := tableAndClient(t)
 	admin := newAdmin(t, db, table)
 	var step atomic.Int64
-	l := newLease(t, db, table, "job", fast("a"), func(o *ddblease.Options) {
-		o.Now = func() time.Time { return time.Now().Add(time.Duration(step.Load())) }
-	})
+	l := newLease(t, db, table, "job", fast("a"), steppedClock(&step))
 	const period = 500 * time.Millisecond
 	calls := &fnCalls{}
 	stop := runScheduleAsync(ctx, l, ddblease.Every(period), recordingFn(admin, l, calls))
