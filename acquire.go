@@ -49,8 +49,15 @@ func (l *Lease) acquire(ctx context.Context) (t *term, failing bool, err error) 
 			if t, err = l.tryAcquire(ctx); err == nil {
 				return t, false, nil
 			}
-		} else if err = l.poll(ctx); err == nil && l.mayTry() {
-			continue
+		} else {
+			var rec Record
+			var present bool
+			if rec, present, err = l.read(ctx, false); err == nil {
+				l.observe(rec, present) // a standby's poll: an eventually consistent read
+				if l.mayTry() {
+					continue
+				}
+			}
 		}
 		wait := l.pollInterval()
 		switch {
@@ -90,15 +97,6 @@ func (o *Options) mayPassAtStart(err error, since *time.Time) bool {
 		*since = now
 	}
 	return now.Sub(*since) < o.LeaseDuration
-}
-
-// poll reads the lease item, eventually consistent, and records what it saw.
-func (l *Lease) poll(ctx context.Context) error {
-	rec, present, err := l.read(ctx, false)
-	if err == nil {
-		l.observe(rec, present)
-	}
-	return err
 }
 
 // pollInterval is how long a standby waits before it looks again: a

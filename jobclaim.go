@@ -321,7 +321,7 @@ func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 	if !o.NoTransactions && !l.noTxn.Load() {
 		check := &types.ConditionCheck{
 			TableName:                           aws.String(l.table),
-			Key:                                 l.key(),
+			Key:                                 itemKey(l.pk),
 			ConditionExpression:                 aws.String("#owner = :me AND #fence = :fence"),
 			ExpressionAttributeNames:            map[string]string{"#owner": attrOwner, "#fence": attrFence},
 			ExpressionAttributeValues:           map[string]types.AttributeValue{":me": avS(l.opts.Owner), ":fence": avN(t.fence)},
@@ -347,7 +347,7 @@ func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 	if spec.pause != pauseIgnored {
 		// No transaction: the pause (and the fence, which the keeper checks
 		// too) is read just before the write.
-		item, err := getItem(ctx, l.db, l.table, l.key(), l.opts.CallTimeout)
+		item, err := getItem(ctx, l.db, l.table, itemKey(l.pk), l.opts.CallTimeout)
 		if err != nil {
 			return plain, fmt.Errorf("read lease %q: %w", l.job, err)
 		}

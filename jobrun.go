@@ -148,7 +148,7 @@ func (r *JobRun) Commit(ctx context.Context, items []types.TransactWriteItem, op
 	if len(items) == 0 || len(items) > MaxCommitItems {
 		return invalid("Commit: %d items; between 1 and %d are allowed", len(items), MaxCommitItems)
 	}
-	if i := onItem(items, r.l.table, r.l.key()); i >= 0 {
+	if i := onItem(items, r.l.table, itemKey(r.l.pk)); i >= 0 {
 		return invalid("Commit: item %d acts on the job's lease item", i)
 	}
 	if i := onItem(items, r.l.table, r.key); i >= 0 {
@@ -239,7 +239,7 @@ func (r *JobRun) write(ctx context.Context, upd *types.Update, st RunStatus, c *
 		_, err = l.db.UpdateItem(cctx, updateItemInput(upd))
 		cancel()
 	} else {
-		all, watch = append([]types.TransactWriteItem{{ConditionCheck: fenceCheck(l.table, l.key(), r.fence)}}, append(all, c.marked...)...), 1
+		all, watch = append([]types.TransactWriteItem{{ConditionCheck: fenceCheck(l.table, itemKey(l.pk), r.fence)}}, append(all, c.marked...)...), 1
 		err = transactRetrying(ctx, l.db, all, retrier{now: l.opts.Now, deadline: l.opts.Now().Add(l.opts.CallTimeout), timeout: l.opts.CallTimeout})
 		if errors.Is(err, ErrTransactionsUnsupported) {
 			return err

@@ -900,7 +900,7 @@ func (r *runner) lookIfAsked(ctx context.Context, tn *term) error {
 // malformed item: logged). err is set only when the campaign must stop.
 func (r *runner) control(ctx context.Context, tn *term) (paused, known bool, err error) {
 	l := r.l
-	item, err := getItem(ctx, l.db, l.table, l.key(), l.opts.CallTimeout)
+	item, err := getItem(ctx, l.db, l.table, itemKey(l.pk), l.opts.CallTimeout)
 	switch {
 	case ctx.Err() != nil:
 		return false, false, nil
@@ -1041,7 +1041,7 @@ func (r *runner) clearControl(ctx context.Context, update, cond string, names ma
 		full += " AND " + cond
 	}
 	in := &dynamodb.UpdateItemInput{
-		TableName: aws.String(l.table), Key: l.key(), UpdateExpression: aws.String(update),
+		TableName: aws.String(l.table), Key: itemKey(l.pk), UpdateExpression: aws.String(update),
 		ConditionExpression: aws.String(full), ExpressionAttributeNames: names,
 	}
 	if len(values) > 0 {

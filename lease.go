@@ -21,7 +21,7 @@ type Lease struct {
 	db     DynamoDBAPI // reports every request to the observer
 	table  string
 	job    string
-	pk     string // the lease item's key (key)
+	pk     string // the lease item's partition key (itemKey)
 	opts   Options
 	log    *slog.Logger
 	notify notifier
@@ -90,10 +90,11 @@ type observation struct {
 	since   time.Time // when rec.version was first seen (monotonic)
 }
 
-// key returns the lease item's key, made for each request rather than held:
-// an idle lease holds no map.
-func (l *Lease) key() map[string]types.AttributeValue {
-	return map[string]types.AttributeValue{attrPK: avS(l.pk)}
+// itemKey returns the key of the item whose partition key is pk. A Lease
+// makes its item's key for each request rather than holding it: an idle
+// lease holds no map.
+func itemKey(pk string) map[string]types.AttributeValue {
+	return map[string]types.AttributeValue{attrPK: avS(pk)}
 }
 
 // New returns a handle on the lease of job in table. It makes no call; the
@@ -277,7 +278,7 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 	cond := l.takeoverRule().condition(now, rv, l.mineIn(values), values)
 	in := &dynamodb.UpdateItemInput{
 		TableName: aws.String(l.table),
-		Key:       l.key(),
+		Key:       itemKey(l.pk),
 		UpdateExpression: aws.String("SET #owner = :me, #fence = if_not_exists(#fence, :zero) + :one, " +
 			"#exp = :exp, #rv = :rv, #lms = :lms, #acq = :now, #ren = :now, #drn = :false"),
 		ConditionExpression:                 aws.String(cond),

@@ -134,7 +134,7 @@ func (l *Lease) write(ctx context.Context, timeout time.Duration, until time.Tim
 	cctx, cancel := context.WithTimeout(ctx, bounded(timeout, until, l.opts.Now()))
 	out, err := l.db.UpdateItem(cctx, in, singleAttempt)
 	cancel()
-	w := condWrite{db: l.db, actions: []types.TransactWriteItem{action(l.table, l.key())}, watch: 0, once: true,
+	w := condWrite{db: l.db, actions: []types.TransactWriteItem{action(l.table, itemKey(l.pk))}, watch: 0, once: true,
 		timeout: min(timeout, l.opts.CallTimeout), until: until, now: l.opts.Now,
 		mine: func(item map[string]types.AttributeValue) bool {
 			v, ok := item[attrVersion].(*types.AttributeValueMemberS)
@@ -228,7 +228,7 @@ func (l *Lease) read(ctx context.Context, consistent bool) (Record, bool, error)
 	defer cancel()
 	out, err := l.db.GetItem(cctx, &dynamodb.GetItemInput{
 		TableName:      aws.String(l.table),
-		Key:            l.key(),
+		Key:            itemKey(l.pk),
 		ConsistentRead: aws.Bool(consistent),
 	})
 	if err != nil {

@@ -95,11 +95,12 @@ func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, fence int6
 // and errors are built in the functions they call), so that the stack of a
 // goroutine parked in fn can shrink to the runtime's smaller sizes.
 func (l *Lease) campaign(ctx context.Context, fn func(ctx context.Context, t *term) error) (err error) {
-	if err := l.enter(ctx); err != nil {
+	leave, err := l.enter(ctx)
+	if err != nil {
 		return err
 	}
 	stopped := false
-	defer l.leave(&stopped, &err)
+	defer func() { leave(stopped, err) }()
 	for {
 		t, failing, err := l.acquire(ctx)
 		if err != nil {
@@ -118,29 +119,27 @@ func (l *Lease) campaign(ctx context.Context, fn func(ctx context.Context, t *te
 }
 
 // enter begins a campaign of this handle, unless one is active or ctx has
-// ended.
-func (l *Lease) enter(ctx context.Context) error {
+// ended, and returns the function that ends it: it reports EventStopped
+// with the campaign's error if it stopped (rather than unwinding from a
+// panic in fn).
+func (l *Lease) enter(ctx context.Context) (leave func(stopped bool, err error), err error) {
 	if !l.campaigning.CompareAndSwap(false, true) {
-		return invalid("Run %q: another Run or RunSchedule is active on this handle; use one Lease per contender", l.job)
+		return nil, invalid("Run %q: another Run or RunSchedule is active on this handle; use one Lease per contender", l.job)
 	}
 	l.runCtx.Store(&ctx)
-	if ctx.Err() != nil {
+	leave = func(stopped bool, err error) {
+		if stopped {
+			l.notify.emit(l.event(EventStopped, Event{Err: err}))
+		}
 		l.runCtx.Store(nil)
 		l.campaigning.Store(false)
-		return fmt.Errorf("ddblease: run %q: %w", l.job, ended(ctx))
+	}
+	if ctx.Err() != nil {
+		leave(false, nil)
+		return nil, fmt.Errorf("ddblease: run %q: %w", l.job, ended(ctx))
 	}
 	l.notify.emit(l.event(EventCampaign, Event{}))
-	return nil
-}
-
-// leave ends the campaign that enter began, reporting EventStopped with
-// its error if it stopped (rather than unwinding from a panic in fn).
-func (l *Lease) leave(stopped *bool, err *error) {
-	if *stopped {
-		l.notify.emit(l.event(EventStopped, Event{Err: *err}))
-	}
-	l.runCtx.Store(nil)
-	l.campaigning.Store(false)
+	return leave, nil
 }
 
 // lead runs fn for this tenure. done is false when the tenure ended without

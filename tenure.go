@@ -319,7 +319,7 @@ func (t *term) fencedWrite(ctx context.Context, timeout time.Duration, until tim
 	}
 	in := &dynamodb.UpdateItemInput{
 		TableName:                           aws.String(l.table),
-		Key:                                 l.key(),
+		Key:                                 itemKey(l.pk),
 		UpdateExpression:                    aws.String(update),
 		ConditionExpression:                 aws.String(cond),
 		ExpressionAttributeNames:            names,
