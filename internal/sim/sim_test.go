@@ -28,6 +28,7 @@ var (
 	flagKeepOn  = flag.Bool("sim.keepgoing", false, "report violations without failing the test (to survey a code base)")
 	flagLog     = flag.Bool("sim.log", false, "with -sim.seed: print the library's log lines (debug level) as the replay runs")
 	flagReplays = flag.Int("sim.replays", 0, "replays of each seed in foundSeeds (CI: 4); without it TestFoundSeeds skips")
+	flagEvery   = flag.Int("sim.progress", 0, "print a line to stderr after every N seeds (seeds done, failing so far, the failing seeds' numbers); 0: none")
 )
 
 // foundSeeds are seeds that found faults of the library (or of the
@@ -161,6 +162,7 @@ func TestSim(t *testing.T) {
 		countBy  = map[string]int{}
 		seedsBy  = map[string]int{}
 		wallFrom = time.Now()
+		done     int
 	)
 	next.Store(*flagFirst)
 	// A seed that does not end in real time has stopped virtual time: a
@@ -216,6 +218,13 @@ func TestSim(t *testing.T) {
 					}
 					if slices.ContainsFunc(res.notes, func(n string) bool { return strings.Contains(n, knownNote) }) {
 						known = append(known, seed)
+					}
+					if done++; *flagEvery > 0 && done%*flagEvery == 0 {
+						var fs []uint64
+						for _, f := range failed {
+							fs = append(fs, f.seed)
+						}
+						fmt.Fprintf(os.Stderr, "sim: %d of %d seeds done in %v, %d failing %v\n", done, n, time.Since(wallFrom).Round(time.Second), len(failed), fs)
 					}
 					mu.Unlock()
 				}
