@@ -136,6 +136,9 @@ type runner struct {
 	fn    func(context.Context, *JobRun) error
 	o     JobOptions
 	last  time.Time // latest slot handled (fired, found taken or skipped); zero if none
+	// fence is the fence of the tenure that led last, zero before the
+	// first: a tenure whose fence does not follow it had another between.
+	fence int64
 	// givenUp holds the claim tokens of the latest slots given up after
 	// claims with unknown outcomes: a sweep abandons such a claim if it did
 	// land.
@@ -169,6 +172,7 @@ func (r *runner) lead(ctx context.Context, tn *term) error {
 	r.ran = map[string]bool{}
 	r.busySince = time.Time{}
 	r.adopt(ctx, tn)
+	r.fence = tn.fence
 	for ctx.Err() == nil {
 		if err := r.lookIfAsked(ctx, tn); err != nil { // jobrunner.go: triggers, catch-up
 			return err
@@ -790,24 +794,51 @@ func (r *runner) resweep(ctx context.Context, tn *term) {
 // slow schedule's slot (nightly, say) is settled when the next tenure
 // begins after the window, and how a tenure that could not sweep hands its
 // slots on. The job's first tenure (fence 1) has no predecessor.
+//
+// When another replica led between this runner's tenures, the last slot
+// this runner handled is read in the same request: the catch-up begins
+// after it, but the tenure between may have claimed it again (Rerun) and
+// left it running.
 func (r *runner) adopt(ctx context.Context, tn *term) {
 	if tn.fence == 1 {
 		return
 	}
 	slots := r.slotsBefore(r.l.opts.Now().Add(-r.o.CatchUpWindow), 100, r.o.Retention)
-	if len(slots) == 0 {
+	var own time.Time // the last slot handled, when a tenure came between
+	if r.fence != 0 && tn.fence != r.fence+1 && !r.last.IsZero() &&
+		(len(slots) == 0 || r.last.After(slots[len(slots)-1])) {
+		own = r.last
+		if len(slots) == 100 {
+			slots = slots[1:] // one request still
+		}
+	}
+	if len(slots) == 0 && own.IsZero() {
 		return
 	}
-	ids := make([]string, len(slots))
+	ids := make([]string, len(slots), len(slots)+1)
 	for i, s := range slots {
 		ids[i] = fmtSlot(s)
+	}
+	if !own.IsZero() {
+		ids = append(ids, fmtSlot(own))
 	}
 	items, err := r.l.getRuns(ctx, ids)
 	if err != nil {
 		r.unswept = append(r.unswept, slots...)
+		if !own.IsZero() {
+			r.unswept = append(r.unswept, own)
+		}
 		return
 	}
-	for i := len(ids) - 1; i >= 0; i-- {
+	if !own.IsZero() {
+		if item, ok := items[runItemKey(r.l.job, fmtSlot(own))]; ok {
+			r.inherit(item)
+			if _, retry := r.abandonOrphan(ctx, tn, own, item); retry {
+				r.unswept = append(r.unswept, own)
+			}
+		}
+	}
+	for i := len(slots) - 1; i >= 0; i-- {
 		if item, ok := items[runItemKey(r.l.job, ids[i])]; ok {
 			r.inherit(item)
 			if _, retry := r.abandonOrphan(ctx, tn, slots[i], item); retry {

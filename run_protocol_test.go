@@ -733,3 +733,72 @@ func TestSlotDueDuringLongTriggerStillFires(t *testing.T) {
 	defer mu.Unlock()
 	assert.Len(t, slotRuns, 1, "the slot fired once")
 }
+
+// Under Rerun, a leader (a) runs a slot past the end of its tenure; the
+// next leader (b) claims the slot again, and its tenure ends before it can
+// record the outcome. When a leads again, the run b left running is marked
+// abandoned at once, though a's catch-up begins after the slot it handled
+// itself.
+func TestSlotRerunByTenureBetweenIsSweptWhenFirstLeaderReturns(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table := srv.NewTable(t)
+	db := srv.Client(nil)
+	slot := time.Now().Add(1500 * time.Millisecond).Truncate(time.Second)
+	var failB atomic.Bool
+	faults := &bodyFaults{}
+	faults.set(func(op string, body []byte) ddbtest.Action {
+		if failB.Load() && isWrite(op) {
+			return ddbtest.ServerError
+		}
+		return ddbtest.Pass
+	})
+	admin := newAdmin(t, db, table)
+	a := newLease(t, db, table, "tick", fast("a"))
+	b := newLease(t, srv.Client(faults.wrap), table, "tick", fast("b"))
+	startedA, startedB := make(chan int64, 1), make(chan int64, 1)
+	releaseA := make(chan struct{})
+	fn := func(ctx context.Context, run *ddblease.JobRun) error {
+		switch run.Owner() {
+		case "a":
+			if run.Fence() == 1 {
+				startedA <- run.Fence()
+				<-releaseA // past the end of its tenure
+			}
+		case "b":
+			failB.Store(true) // b's outcome, heartbeats and acquisitions fail from now on
+			startedB <- run.Fence()
+			<-ctx.Done()
+		}
+		return nil
+	}
+	sched := listSlots(slot, time.Date(9000, 1, 1, 0, 0, 0, 0, time.UTC))
+	schedule := func(l *ddblease.Lease) func() error {
+		return async(ctx, func(ctx context.Context) error {
+			return l.RunSchedule(ctx, sched, fn, func(o *ddblease.JobOptions) { o.Rerun = ddblease.Rerun })
+		})
+	}
+	stopA := schedule(a)
+	defer func() { assert.NoError(t, stopA()) }()
+	eventually(t, "a leads", a.IsLeader)
+	stopB := schedule(b)
+	defer func() { _ = stopB() }()
+
+	fa := receive(t, startedA, "a runs the slot")
+	_, err := admin.ForceRelease(ctx, "tick", fa)
+	require.NoError(t, err)
+	fb := receive(t, startedB, "b runs the slot again")
+	close(releaseA) // a's outcome is refused: b leads
+
+	eventually(t, "a leads again", func() bool { st := a.State(); return st.Leader && st.Fence > fb })
+	eventually(t, "the run b left running marked abandoned", func() bool {
+		r, ok := runAt(t, admin, "tick", slot)
+		return ok && r.Status == ddblease.RunAbandoned
+	})
+	r, _ := runAt(t, admin, "tick", slot)
+	assert.Equal(t, "b", r.Owner)
+	assert.Equal(t, fb, r.Fence)
+	// Every write of b's has failed since its tenure: its campaign ends
+	// with that failure beside the cancellation.
+	assert.ErrorIs(t, stopB(), context.Canceled)
+}
