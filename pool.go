@@ -33,7 +33,9 @@ import (
 // HeartbeatInterval (one UpdateItem, whose answer carries the others'): its
 // expiry, and the view it acts on (which replicas it sees live). A
 // replica that stops renewing counts as gone once its expiry, a
-// LeaseDuration after its last renewal, is MaxClockSkew old; one that stops
+// LeaseDuration after its last renewal, is MaxClockSkew old, or once the
+// others have read its entry unchanged for a LeaseDuration by their
+// runtime clocks (its wall clock may have been ahead); one that stops
 // running the pool removes itself first, so that the others take its jobs
 // within a HeartbeatInterval of its shutdown. From the live replicas each
 // computes the same assignment: the jobs, in the order of a hash, each go
@@ -63,6 +65,16 @@ type Pool struct {
 	// on (viewOf its live replicas): a job is handed over only to a replica
 	// that acts on the same view, so that it campaigns for the job.
 	views map[string]string
+
+	// watched holds each member's expiry as last read, and when it was
+	// first read so by the runtime clock (renew's alone: no lock).
+	watched map[string]watchedEntry
+}
+
+// watchedEntry is a member's expiry as last read, and since when.
+type watchedEntry struct {
+	exp   int64
+	since time.Time
 }
 
 // NewPool returns a pool of jobs in table, run by this replica as
@@ -365,6 +377,7 @@ func (p *Pool) renew(ctx context.Context) ([]string, map[string]string, error) {
 			return nil, nil, err
 		}
 		now := p.opts.Now()
+		p.watch(members)
 		p.forgetDead(ctx, members, now)
 		live = p.liveIn(members, now)
 		views = make(map[string]string, len(live))
@@ -475,12 +488,44 @@ func (p *Pool) members(item map[string]types.AttributeValue) map[string]member {
 	return out
 }
 
-// liveIn returns the members whose expiry is not yet MaxClockSkew old at
-// now, sorted.
+// watch records, for each member, since when its entry's expiry has been
+// read unchanged, by the runtime clock.
+func (p *Pool) watch(members map[string]member) {
+	if p.watched == nil {
+		p.watched = map[string]watchedEntry{}
+	}
+	real := time.Now()
+	for owner, m := range members {
+		if w, ok := p.watched[owner]; !ok || w.exp != m.exp {
+			p.watched[owner] = watchedEntry{exp: m.exp, since: real}
+		}
+	}
+	for owner := range p.watched {
+		if _, ok := members[owner]; !ok {
+			delete(p.watched, owner)
+		}
+	}
+}
+
+// unchanged returns how long owner's entry has been read unchanged.
+func (p *Pool) unchanged(owner string) time.Duration {
+	w, ok := p.watched[owner]
+	if !ok {
+		return 0
+	}
+	return time.Since(w.since)
+}
+
+// liveIn returns the members still live at now, sorted. A member is gone,
+// as a lease may be taken (takeover.go), once its expiry is MaxClockSkew
+// old, or once its entry has been read unchanged for a LeaseDuration by
+// the runtime clock: a replica whose wall clock was ahead when it last
+// renewed wrote an expiry too far out, and no clocks are compared then.
 func (p *Pool) liveIn(members map[string]member, now time.Time) []string {
 	live := []string{}
 	for owner, m := range members {
-		if m.exp >= 0 && time.UnixMilli(m.exp).Add(p.opts.MaxClockSkew).After(now) {
+		if m.exp >= 0 && time.UnixMilli(m.exp).Add(p.opts.MaxClockSkew).After(now) &&
+			(owner == p.opts.Owner || p.unchanged(owner) < p.opts.LeaseDuration) {
 			live = append(live, owner)
 		}
 	}
@@ -492,8 +537,8 @@ func (p *Pool) liveIn(members map[string]member, now time.Time) []string {
 const maxForget = 10
 
 // forgetDead removes from the pool's item the members whose expiry is
-// older than a LeaseDuration (replicas that died, or whose leave failed)
-// and malformed ones, so that the item does not grow with every deploy.
+// older than a LeaseDuration, or whose entry has been read unchanged for
+// two (replicas that died, or whose leave failed), and malformed ones, so that the item does not grow with every deploy.
 // Each removal is conditional on the member being unchanged; a failure is
 // left for a later renewal.
 func (p *Pool) forgetDead(ctx context.Context, members map[string]member, now time.Time) {
@@ -501,7 +546,8 @@ func (p *Pool) forgetDead(ctx context.Context, members map[string]member, now ti
 	for owner, m := range members {
 		ms := m.exp
 		if owner == p.opts.Owner || owner == "" || n == maxForget ||
-			ms >= 0 && !time.UnixMilli(ms).Add(p.opts.LeaseDuration).Before(now) {
+			ms >= 0 && !time.UnixMilli(ms).Add(p.opts.LeaseDuration).Before(now) &&
+				p.unchanged(owner) < 2*p.opts.LeaseDuration {
 			continue
 		}
 		n++

@@ -200,12 +200,63 @@ func TestPoolHandsOverOnlyToAReplicaOnTheSameView(t *testing.T) {
 	eventually(t, "a acts on a view with b", func() bool {
 		return slices.Equal(p.Members(), []string{"a", "b"}) && viewOf("a") != alone
 	})
-	for range 8 { // four heartbeats
+	for range 8 { // four heartbeats; b renews its entry, as a live replica does
 		assert.Equal(t, map[string]int{"a": 4}, w.leads(), "a handed jobs over to b, which acts on another view")
 		time.Sleep(250 * time.Millisecond)
+		writeB("another view")
 	}
 	writeB(viewOf("a"))
 	eventually(t, "a hands b its share", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2}, w.leads()) })
+}
+
+// A replica whose wall clock was far ahead when it last renewed its entry,
+// then died, wrote an expiry an hour out: the others count it gone once
+// they have read its entry unchanged for a LeaseDuration, take its share
+// back, and remove its entry.
+func TestPoolReplicaGoneWithAnExpiryFarAheadLosesItsShare(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	p := newPool(t, db, table, poolJobs(4), fast("a"))
+	w := newPoolWatch(t)
+	stop := async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn("a")) })
+	defer func() { assert.NoError(t, stop()) }()
+	eventually(t, "a leads every job", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 4}, w.leads()) })
+	members := func() map[string]types.AttributeValue {
+		m, _ := getRaw(t, db, table, "pool#reports")["members"].(*types.AttributeValueMemberM)
+		require.NotNil(t, m)
+		return m.Value
+	}
+	viewOf := func(member string) string {
+		e, _ := members()[member].(*types.AttributeValueMemberM)
+		require.NotNil(t, e, "the entry of %s", member)
+		v, _ := e.Value["view"].(*types.AttributeValueMemberS)
+		require.NotNil(t, v, "the view of %s", member)
+		return v.Value
+	}
+	alone := viewOf("a")
+	writeB := func(view string) {
+		_, err := db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+			TableName:                aws.String(table),
+			Key:                      map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "pool#reports"}},
+			UpdateExpression:         aws.String("SET #mm.#b = :e"),
+			ExpressionAttributeNames: map[string]string{"#mm": "members", "#b": "b"},
+			ExpressionAttributeValues: map[string]types.AttributeValue{":e": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+				"exp":  &types.AttributeValueMemberN{Value: strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)},
+				"view": &types.AttributeValueMemberS{Value: view},
+			}}},
+		})
+		require.NoError(t, err)
+	}
+	writeB("a view")
+	eventually(t, "a acts on a view with b", func() bool {
+		return slices.Equal(p.Members(), []string{"a", "b"}) && viewOf("a") != alone
+	})
+	writeB(viewOf("a")) // b's last renewal
+	eventually(t, "a hands b its share", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2}, w.leads()) })
+	eventually(t, "a counts b gone", func() bool { return slices.Equal(p.Members(), []string{"a"}) })
+	eventually(t, "a leads every job again", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 4}, w.leads()) })
+	eventually(t, "b's entry removed", func() bool { _, ok := members()["b"]; return !ok })
 }
 
 // A replica that dies (its network black-holed: no renewal of its leases
