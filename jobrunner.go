@@ -69,7 +69,9 @@ const (
 // failing with transient errors is given up once the next slot is due: a
 // slot's is swept like a missed slot by the catch-up that follows
 // (abandoned if its claim landed); a trigger's request stays pending and is
-// tried again after that slot. A skipped slot that could not be read back,
+// tried again a RetryInterval later, after that slot. A triggered run an
+// older tenure left running whose marking failed keeps its request pending
+// the same way, until it is marked abandoned. A skipped slot that could not be read back,
 // and a run an older tenure left running that could not be marked
 // abandoned, are tried again after each firing until they are (the latest
 // 1,000 such slots are kept), even once they have left the catch-up window;
@@ -145,7 +147,7 @@ type runner struct {
 	givenUp []string
 	// unswept holds skipped slots a catch-up could not read back, and
 	// slots whose orphaned run a catch-up or a claim could not mark
-	// abandoned (keepOrphan): they are read again after each firing until
+	// abandoned (leftRunning): they are read again after each firing until
 	// they are swept (the latest maxSweep are kept), so that a run an
 	// older tenure left running there is still marked abandoned.
 	unswept []time.Time
@@ -182,7 +184,7 @@ func (r *runner) lead(ctx context.Context, tn *term) error {
 			return err
 		}
 		if slot.IsZero() {
-			continue // jobrunner.go: woken by a change of the operator controls
+			continue // woken by a change of the operator controls, or a look to make again
 		}
 		handled, err := r.execute(ctx, tn, firing{what: "slot", slot: slot, missed: missed, token: randomID(8),
 			spec: claimSpec{pause: pauseSlot, unswept: r.pendingIDs()}})
@@ -246,11 +248,15 @@ func (r *runner) due(ctx context.Context, tn *term) (slot time.Time, missed int,
 		if first.After(now) {
 			// jobrunner.go: an operator request wakes the wait; due then
 			// returns no slot, and lead reads the controls.
+			// A look that left a request pending (a read that failed, a
+			// claim given up, a run left running that could not be
+			// marked) is made again after a RetryInterval, not at the
+			// next slot, which may be a day away.
 			d := min(first.Sub(now), maxSleep)
-			if behind {
+			if behind || r.ctl.look {
 				d = min(d, r.l.opts.RetryInterval)
 			}
-			if woken, err := r.wait(ctx, d); err != nil || woken {
+			if woken, err := r.wait(ctx, d); err != nil || woken || r.ctl.look {
 				return time.Time{}, 0, err == nil, nil
 			}
 			continue
@@ -412,8 +418,17 @@ func (r *runner) execute(ctx context.Context, tn *term, f firing) (done bool, er
 			spec.overSkip = over
 			return r.execute(ctx, tn, firing{what: f.what, slot: f.slot, missed: f.missed, token: f.token, spec: spec})
 		}
+		if leftRunning(err, tn) {
+			if f.spec.trigger != "" {
+				// A triggered run's item is not a slot's, which a resweep
+				// reads: the request stays pending, and its next look
+				// marks the run again.
+				l.log.Info("ddblease: triggered run left running by an earlier leader; its request stays pending", "run", f.spec.trigger)
+				return false, nil
+			}
+			r.unswept = append(r.unswept, f.slot)
+		}
 		l.log.Debug("ddblease: "+f.what+" already handled", "slot", fmtSlot(f.slot), "err", err)
-		r.keepOrphan(err, tn, f.slot)
 		return true, nil
 	case errors.Is(err, errClaimedLate):
 		// fn is not called on a tenure that is over. The run, claimed,
@@ -739,14 +754,11 @@ func (r *runner) pendingIDs() []string {
 	return ids
 }
 
-// keepOrphan keeps slot for the next resweep when err, from its claim,
-// says that the slot holds a run an older tenure left running, which the
-// claim could not mark abandoned.
-func (r *runner) keepOrphan(err error, tn *term, slot time.Time) {
+// leftRunning reports whether err, from a claim, says that the run is one
+// an older tenure left running, which the claim could not mark abandoned.
+func leftRunning(err error, tn *term) bool {
 	var taken *SlotTakenError
-	if errors.As(err, &taken) && !taken.Abandoned && taken.Run.orphanFor(tn.fence) {
-		r.unswept = append(r.unswept, slot)
-	}
+	return errors.As(err, &taken) && !taken.Abandoned && taken.Run.orphanFor(tn.fence)
 }
 
 // resweep reads back the slots a catch-up could not, and marks orphaned
@@ -918,8 +930,9 @@ func (r *runner) lookIfAsked(ctx context.Context, tn *term) error {
 	r.ctl.look = false
 	_, known, err := r.control(ctx, tn)
 	if !known && err == nil && ctx.Err() == nil {
-		// Not read (a transient error): look again after the next
-		// firing, rather than wait for the controls to change again.
+		// Not read (a transient error): look again after a
+		// RetryInterval (due), rather than wait for the controls to
+		// change again.
 		r.ctl.look = true
 	}
 	return err
@@ -1000,8 +1013,9 @@ func (r *runner) token(id string) string {
 // runTrigger runs a triggered run through the one run protocol (execute),
 // then clears its request once the run is settled. A run not settled
 // (its claim given up, its outcome not recorded, the tenure over) leaves
-// the request pending: this tenure looks again after its next firing, and
-// a newer tenure's claim finds the run an older one left.
+// the request pending: this tenure looks again after a RetryInterval
+// (unless fn ran for it: then only a newer tenure's claim, which finds the
+// run it left).
 func (r *runner) runTrigger(ctx context.Context, tn *term, tr pendingTrigger) error {
 	token := r.token(tr.id)
 	done, err := r.execute(ctx, tn, firing{what: "triggered run", slot: tr.slot, token: token,

@@ -802,3 +802,73 @@ func TestSlotRerunByTenureBetweenIsSweptWhenFirstLeaderReturns(t *testing.T) {
 	// with that failure beside the cancellation.
 	assert.ErrorIs(t, stopB(), context.Canceled)
 }
+
+// A triggered run left running by a deposed leader (a) is found by the next
+// leader's claim (b), whose marking of it abandoned fails. The request
+// stays pending, and b's next look, a RetryInterval later (the schedule's
+// next slot is far), marks the run abandoned: trigger --wait returns.
+func TestTriggerLeftRunningWhoseMarkingFailsIsMarkedLater(t *testing.T) {
+	t.Parallel()
+	needTransactions(t, "a trigger")
+	ctx := withTimeout(t, 60*time.Second)
+	table := srv.NewTable(t)
+	db := srv.Client(nil)
+	var failed atomic.Int32
+	faults := &bodyFaults{}
+	faults.set(func(op string, body []byte) ddbtest.Action {
+		if op == "UpdateItem" && bytes.Contains(body, triggerKey) && bytes.Contains(body, []byte(`{"S":"abandoned"}`)) &&
+			failed.Add(1) <= 4 {
+			return ddbtest.ServerError
+		}
+		return ddbtest.Pass
+	})
+	var failA atomic.Bool // a's outcome is not recorded
+	faultsA := &bodyFaults{}
+	faultsA.set(func(op string, body []byte) ddbtest.Action {
+		if failA.Load() && isWrite(op) && bytes.Contains(body, triggerKey) {
+			return ddbtest.ServerError
+		}
+		return ddbtest.Pass
+	})
+	admin := newAdmin(t, db, table)
+	a := newLease(t, srv.Client(faultsA.wrap), table, "report", fast("a"))
+	b := newLease(t, srv.Client(faults.wrap), table, "report", fast("b"))
+	startedA := make(chan int64, 1)
+	fn := func(ctx context.Context, run *ddblease.JobRun) error {
+		if run.Owner() == "a" {
+			failA.Store(true)
+			startedA <- run.Fence()
+			<-ctx.Done()
+		}
+		return nil
+	}
+	schedule := func(l *ddblease.Lease) func() error {
+		return async(ctx, func(ctx context.Context) error { return l.RunSchedule(ctx, farSchedule, fn) })
+	}
+	stopA := schedule(a)
+	eventually(t, "a leads", a.IsLeader)
+	tr, err := admin.Trigger(ctx, "report")
+	require.NoError(t, err)
+	fa := receive(t, startedA, "a runs the trigger")
+	stopB := schedule(b)
+	defer func() { assert.NoError(t, stopB()) }()
+	// a's tenure ends under fn, its outcome is not recorded, and the run is
+	// left running. a leaves the lease to b for a lease duration.
+	_, err = admin.ForceRelease(ctx, "report", fa)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, stopA()) }()
+
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	run, err := admin.WaitRun(wctx, tr, 20*time.Millisecond)
+	if assert.NoError(t, err, "WaitRun: the triggered run was left %s", triggerState(admin, tr)) {
+		assert.Equal(t, ddblease.RunAbandoned, run.Status)
+		assert.Equal(t, "a", run.Owner)
+		assert.True(t, b.IsLeader(), "b marked it")
+	}
+	assert.Greater(t, failed.Load(), int32(0), "b's marking of the run failed at first")
+	eventually(t, "the trigger request cleared", func() bool {
+		st, err := admin.Job(ctx, "report")
+		return err == nil && st.Lease.Control.Triggers == 0
+	})
+}

@@ -69,6 +69,7 @@ var foundSeeds = []foundSeed{
 	{236474, "a triggered run taken over (Rerun) by a newer tenure that then crashed: the older tenure, its outcome refused, cleared the request, and no one finished the run"},
 	{240864, "a slot run again (Rerun) by the tenure between two of one replica's tenures and left running: the replica's catch-up began after the slot it had handled itself and never read it back"},
 	{245631, "a pool member whose wall clock was ahead by 6 s when it last renewed, then crashed: its expiry kept the others from taking its jobs (a member now also counts gone once read unchanged for a lease)"},
+	{254667, "a triggered run an older tenure left running, whose marking failed, counted as handled: the request was cleared and the run stayed running (the request now stays pending, looked at again a RetryInterval later)"},
 }
 
 // TestFoundSeeds replays the seeds in foundSeeds.
