@@ -71,6 +71,7 @@ var foundSeeds = []foundSeed{
 	{245631, "a pool member whose wall clock was ahead by 6 s when it last renewed, then crashed: its expiry kept the others from taking its jobs (a member now also counts gone once read unchanged for a lease)"},
 	{254667, "a triggered run an older tenure left running, whose marking failed, counted as handled: the request was cleared and the run stayed running (the request now stays pending, looked at again a RetryInterval later)"},
 	{255728, "the same as 245631, with a wall step of an hour"},
+	{271220, "checker: a slot fired early during the faults by a wall clock 15 s ahead, its outcome lost to them and the run abandoned, counted as never fired"},
 }
 
 // TestFoundSeeds replays the seeds in foundSeeds.
