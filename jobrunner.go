@@ -261,6 +261,16 @@ func (r *runner) due(ctx context.Context, tn *term) (slot time.Time, missed int,
 			}
 			continue
 		}
+		if !tn.leads() {
+			// The tenure does not lead by both clocks (a wall clock that
+			// stepped past its deadline, until the next renewal lands, or a
+			// tenure about to end): no slot is read back or claimed until
+			// it does again, or ends.
+			if woken, err := r.wait(ctx, r.l.opts.RetryInterval); err != nil || woken {
+				return time.Time{}, 0, err == nil, nil
+			}
+			continue
+		}
 		latest, older, n, err := r.dueSlots(first, now)
 		if err != nil {
 			return time.Time{}, 0, false, err
@@ -767,7 +777,7 @@ func leftRunning(err error, tn *term) bool {
 // left the catch-up window while its reads failed is never fired again,
 // but its run, if left running, must still be marked.
 func (r *runner) resweep(ctx context.Context, tn *term) {
-	if len(r.unswept) == 0 || ctx.Err() != nil {
+	if len(r.unswept) == 0 || ctx.Err() != nil || !tn.leads() {
 		return
 	}
 	slots := r.unswept

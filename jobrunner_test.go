@@ -618,3 +618,42 @@ func leaveOrphan(ctx context.Context, t *testing.T, db ddblease.DynamoDBAPI, tab
 	require.NoError(t, a.Resign(ctx))
 	return a, orphan
 }
+
+// A leader whose wall clock steps an hour ahead stops leading by that clock
+// until its next renewal lands (up to a second here), and the catch-up it
+// then makes skipped more slots than it reads back (1,000 in 10 reads). No
+// slot is read back or claimed until the tenure leads again: the skipped
+// slots are read back once, not at every RetryInterval meanwhile.
+func TestWallClockStepAheadReadsSkippedSlotsBackOnce(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table := srv.NewTable(t)
+	var offset atomic.Int64
+	var reads atomic.Int32
+	faults := &bodyFaults{}
+	faults.set(func(op string, body []byte) ddbtest.Action {
+		if op == "BatchGetItem" {
+			reads.Add(1)
+		}
+		return ddbtest.Pass
+	})
+	l := newLease(t, srv.Client(faults.wrap), table, "tick", fast("a"), func(o *ddblease.Options) {
+		o.LeaseDuration, o.HeartbeatInterval = 4*time.Second, time.Second
+		o.Now = func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	})
+	var fired atomic.Int32
+	stop := runScheduleAsync(ctx, l, ddblease.Every(100*time.Millisecond), func(ctx context.Context, run *ddblease.JobRun) error {
+		fired.Add(1)
+		return nil
+	})
+	defer func() { assert.NoError(t, stop()) }()
+	eventually(t, "a fires slots", func() bool { return fired.Load() > 3 })
+
+	before := reads.Load()
+	offset.Store(int64(time.Hour))
+	n := fired.Load()
+	eventually(t, "a fires slots again", func() bool { return fired.Load() > n+3 })
+	// 10 reads for the catch-up's 1,000 slots, and a few more for the
+	// firings after it; a sweep at every try made 110 to 120.
+	assert.LessOrEqual(t, reads.Load()-before, int32(30), "BatchGetItem requests after the step")
+}

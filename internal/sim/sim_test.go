@@ -72,6 +72,7 @@ var foundSeeds = []foundSeed{
 	{254667, "a triggered run an older tenure left running, whose marking failed, counted as handled: the request was cleared and the run stayed running (the request now stays pending, looked at again a RetryInterval later)"},
 	{255728, "the same as 245631, with a wall step of an hour"},
 	{271220, "checker: a slot fired early during the faults by a wall clock 15 s ahead, its outcome lost to them and the run abandoned, counted as never fired"},
+	{274527, "a wall clock stepped an hour ahead: until the next renewal the tenure did not lead by it, and each try of the firing (every RetryInterval) read 1,000 skipped slots back again, 10 BatchGetItem each"},
 }
 
 // TestFoundSeeds replays the seeds in foundSeeds.
