@@ -875,3 +875,51 @@ func TestTriggerLeftRunningWhoseMarkingFailsIsMarkedLater(t *testing.T) {
 		return err == nil && st.Lease.Control.Triggers == 0
 	})
 }
+
+// A slot's claim lands, its answer lost; the operator pauses the job
+// before the claim's retry. The retry recognises the claim, but the slot is
+// not run: a slot whose claim was being retried as the pause began is
+// skipped, and the run its first attempt wrote is marked abandoned.
+func TestPauseAfterClaimLandedUnseenSkipsSlot(t *testing.T) {
+	t.Parallel()
+	needTransactions(t, "the claim's check of the pause")
+	ctx := withTimeout(t, 60*time.Second)
+	table := srv.NewTable(t)
+	db := srv.Client(nil)
+	admin := newAdmin(t, db, table)
+	slot := time.Now().Add(2 * time.Second).Truncate(time.Second)
+	key := slotKey("tick", slot)
+	var claims atomic.Int32
+	pauseErr := make(chan error, 1)
+	faults := &bodyFaults{}
+	faults.set(func(op string, body []byte) ddbtest.Action {
+		if op == "TransactWriteItems" && bytes.Contains(body, key) {
+			switch claims.Add(1) {
+			case 1:
+				return ddbtest.DropResponse // it lands; its answer is lost
+			case 2:
+				_, err := admin.Pause(ctx, "tick")
+				pauseErr <- err
+			}
+		}
+		return ddbtest.Pass
+	})
+	l := newLease(t, srv.Client(faults.wrap), table, "tick", fast("a"))
+	var ran atomic.Int32
+	stop := runScheduleAsync(ctx, l, listSlots(slot, time.Date(9000, 1, 1, 0, 0, 0, 0, time.UTC)),
+		func(ctx context.Context, run *ddblease.JobRun) error {
+			ran.Add(1)
+			return nil
+		})
+	defer func() { assert.NoError(t, stop()) }()
+	require.NoError(t, receive(t, pauseErr, "the pause, before the claim's retry"))
+	settled := assert.Eventually(t, func() bool {
+		r, ok := runAt(t, admin, "tick", slot)
+		return ok && r.Status == ddblease.RunAbandoned
+	}, 15*time.Second, 20*time.Millisecond, "the slot's run marked abandoned")
+	if !settled {
+		r, ok := runAt(t, admin, "tick", slot)
+		t.Logf("the slot's run (found %v): %s, fence %d, claims %d; claim requests %d", ok, r.Status, r.Fence, r.Claims, claims.Load())
+	}
+	assert.Zero(t, ran.Load(), "fn ran for a slot whose claim was retried across the pause")
+}
