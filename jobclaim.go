@@ -267,20 +267,6 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 		}
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
 	}
-	if w.outcome == applied && w.err != nil && len(actions) == 2 && spec.pause == pauseSlot && !run.finished {
-		// The run item is this claim's, but not by this attempt's answer:
-		// an earlier attempt landed, its answer lost, at an instant not
-		// known. A slot whose claim was being retried as a pause began is
-		// skipped, so the lease is checked as of now (the item returned
-		// with this attempt's failure, or read back) before fn may run.
-		item, err := w.stored(0)
-		if err == nil {
-			err = tm.checkLease(item, spec, slot)
-		}
-		if errors.Is(err, errPaused) || errors.Is(err, ErrLost) {
-			return nil, err
-		}
-	}
 	switch {
 	case w.outcome == applied:
 		return tm.claimed(run) // perhaps an SDK retry of a write that did land
