@@ -173,29 +173,9 @@ func TestPoolHandsOverOnlyToAReplicaOnTheSameView(t *testing.T) {
 	stop := async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn("a")) })
 	defer func() { assert.NoError(t, stop()) }()
 	eventually(t, "a leads every job", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 4}, w.leads()) })
-	viewOf := func(member string) string {
-		m, _ := getRaw(t, db, table, "pool#reports")["members"].(*types.AttributeValueMemberM)
-		require.NotNil(t, m)
-		e, _ := m.Value[member].(*types.AttributeValueMemberM)
-		require.NotNil(t, e, "the entry of %s", member)
-		v, _ := e.Value["view"].(*types.AttributeValueMemberS)
-		require.NotNil(t, v, "the view of %s", member)
-		return v.Value
-	}
+	viewOf := func(member string) string { return poolView(t, db, table, member) }
 	alone := viewOf("a")
-	writeB := func(view string) {
-		_, err := db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-			TableName:                aws.String(table),
-			Key:                      map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "pool#reports"}},
-			UpdateExpression:         aws.String("SET #mm.#b = :e"),
-			ExpressionAttributeNames: map[string]string{"#mm": "members", "#b": "b"},
-			ExpressionAttributeValues: map[string]types.AttributeValue{":e": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
-				"exp":  &types.AttributeValueMemberN{Value: strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)},
-				"view": &types.AttributeValueMemberS{Value: view},
-			}}},
-		})
-		require.NoError(t, err)
-	}
+	writeB := func(view string) { writeFakeMember(ctx, t, db, table, "b", view) }
 	writeB("another view")
 	eventually(t, "a acts on a view with b", func() bool {
 		return slices.Equal(p.Members(), []string{"a", "b"}) && viewOf("a") != alone
@@ -222,32 +202,10 @@ func TestPoolReplicaGoneWithAnExpiryFarAheadLosesItsShare(t *testing.T) {
 	stop := async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn("a")) })
 	defer func() { assert.NoError(t, stop()) }()
 	eventually(t, "a leads every job", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 4}, w.leads()) })
-	members := func() map[string]types.AttributeValue {
-		m, _ := getRaw(t, db, table, "pool#reports")["members"].(*types.AttributeValueMemberM)
-		require.NotNil(t, m)
-		return m.Value
-	}
-	viewOf := func(member string) string {
-		e, _ := members()[member].(*types.AttributeValueMemberM)
-		require.NotNil(t, e, "the entry of %s", member)
-		v, _ := e.Value["view"].(*types.AttributeValueMemberS)
-		require.NotNil(t, v, "the view of %s", member)
-		return v.Value
-	}
+	members := func() map[string]types.AttributeValue { return poolMembers(t, db, table) }
+	viewOf := func(member string) string { return poolView(t, db, table, member) }
 	alone := viewOf("a")
-	writeB := func(view string) {
-		_, err := db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-			TableName:                aws.String(table),
-			Key:                      map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "pool#reports"}},
-			UpdateExpression:         aws.String("SET #mm.#b = :e"),
-			ExpressionAttributeNames: map[string]string{"#mm": "members", "#b": "b"},
-			ExpressionAttributeValues: map[string]types.AttributeValue{":e": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
-				"exp":  &types.AttributeValueMemberN{Value: strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)},
-				"view": &types.AttributeValueMemberS{Value: view},
-			}}},
-		})
-		require.NoError(t, err)
-	}
+	writeB := func(view string) { writeFakeMember(ctx, t, db, table, "b", view) }
 	writeB("a view")
 	eventually(t, "a acts on a view with b", func() bool {
 		return slices.Equal(p.Members(), []string{"a", "b"}) && viewOf("a") != alone
@@ -422,4 +380,39 @@ func TestPoolFnPanicIsReturned(t *testing.T) {
 	require.ErrorAs(t, err, &pe)
 	assert.Equal(t, "tenant bug", pe.Value)
 	assert.ErrorContains(t, err, `job "tenant-01"`)
+}
+
+// poolMembers returns the members map of pool "reports" as stored.
+func poolMembers(t *testing.T, db *dynamodb.Client, table string) map[string]types.AttributeValue {
+	t.Helper()
+	m, _ := getRaw(t, db, table, "pool#reports")["members"].(*types.AttributeValueMemberM)
+	require.NotNil(t, m)
+	return m.Value
+}
+
+// poolView returns the view member's entry in pool "reports" names.
+func poolView(t *testing.T, db *dynamodb.Client, table, member string) string {
+	t.Helper()
+	e, _ := poolMembers(t, db, table)[member].(*types.AttributeValueMemberM)
+	require.NotNil(t, e, "the entry of %s", member)
+	v, _ := e.Value["view"].(*types.AttributeValueMemberS)
+	require.NotNil(t, v, "the view of %s", member)
+	return v.Value
+}
+
+// writeFakeMember writes an entry for member in pool "reports", expiring
+// in an hour, acting on view: a replica that runs no pool.
+func writeFakeMember(ctx context.Context, t *testing.T, db *dynamodb.Client, table, member, view string) {
+	t.Helper()
+	_, err := db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                aws.String(table),
+		Key:                      map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "pool#reports"}},
+		UpdateExpression:         aws.String("SET #mm.#m = :e"),
+		ExpressionAttributeNames: map[string]string{"#mm": "members", "#m": member},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":e": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+			"exp":  &types.AttributeValueMemberN{Value: strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)},
+			"view": &types.AttributeValueMemberS{Value: view},
+		}}},
+	})
+	require.NoError(t, err)
 }
