@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
@@ -54,20 +55,35 @@ func retryConflicts(ctx context.Context, r retrier, attempt func(ctx context.Con
 // retryConflicts does. A server that does not know the operation gets an
 // error wrapping ErrTransactionsUnsupported; a token that the server saw
 // with other parameters (IdempotentParameterMismatch) is not retried.
-func transactRetrying(ctx context.Context, db DynamoDBAPI, items []types.TransactWriteItem, r retrier) error {
+//
+// resent reports that the transaction was sent more than once under its
+// token, by the SDK's retries or by this loop. DynamoDB answers a token it
+// has applied with success, without checking the conditions again, so a
+// success then may be the answer to an earlier attempt, which landed at an
+// instant not known.
+func transactRetrying(ctx context.Context, db DynamoDBAPI, items []types.TransactWriteItem, r retrier) (resent bool, err error) {
 	in := &dynamodb.TransactWriteItemsInput{TransactItems: items, ClientRequestToken: aws.String(randomID(16))}
-	err := retryConflicts(ctx, r, func(ctx context.Context) error {
-		_, err := db.TransactWriteItems(ctx, in)
+	sends := 0
+	err = retryConflicts(ctx, r, func(ctx context.Context) error {
+		sends++
+		out, err := db.TransactWriteItems(ctx, in)
+		if sends > 1 {
+			resent = true
+		} else if out != nil {
+			if ar, ok := retry.GetAttemptResults(out.ResultMetadata); ok && len(ar.Results) > 1 {
+				resent = true
+			}
+		}
 		return err
 	})
 	var api smithy.APIError
 	switch {
 	case errors.As(err, &api) && api.ErrorCode() == "UnknownOperationException":
-		return fmt.Errorf("%w: %w", ErrTransactionsUnsupported, err)
+		return resent, fmt.Errorf("%w: %w", ErrTransactionsUnsupported, err)
 	case mismatch(err):
-		return fmt.Errorf("client request token %s was used before with other parameters: %w", aws.ToString(in.ClientRequestToken), err)
+		return resent, fmt.Errorf("client request token %s was used before with other parameters: %w", aws.ToString(in.ClientRequestToken), err)
 	}
-	return err
+	return resent, err
 }
 
 // failedConditions decodes the error of a conditional write: the actions

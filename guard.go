@@ -316,7 +316,7 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 	all := make([]types.TransactWriteItem, 0, len(items)+1)
 	all = append(all, types.TransactWriteItem{ConditionCheck: fenceCheck(g.table, g.key, fence)})
 	all = append(all, marked...)
-	err = transactRetrying(ctx, g.db, all, g.retry())
+	_, err = transactRetrying(ctx, g.db, all, g.retry())
 	if err == nil {
 		return nil
 	}

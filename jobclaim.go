@@ -244,7 +244,7 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 	}
 	run := &JobRun{l: l, slot: slot, id: id, key: key, fence: t.fence, claim: token, started: now.Round(0), missed: missed,
 		trigger: spec.trigger, finished: spec.status != RunRunning}
-	actions, err := tm.claimWrite(ctx, t, upd, o, spec, slot)
+	actions, resent, err := tm.claimWrite(ctx, t, upd, o, spec, slot)
 	if errors.Is(err, ErrLost) || errors.Is(err, errPaused) {
 		return nil, err
 	}
@@ -266,6 +266,22 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 			return nil, err
 		}
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
+	}
+	if w.outcome == applied && (w.err != nil || resent) && len(actions) == 2 && spec.pause == pauseSlot && !run.finished {
+		// The run item is this claim's, but perhaps not by this attempt's
+		// check: an earlier attempt landed, its answer lost, at an instant
+		// not known (the item showed it, or DynamoDB answered the resent
+		// token without checking again). A slot whose claim was being
+		// retried as a pause began is skipped, so the lease is checked as
+		// of now (the item returned with the failure, or read back) before
+		// fn may run.
+		item, err := w.stored(0)
+		if err == nil {
+			err = tm.checkLease(item, spec, slot)
+		}
+		if errors.Is(err, errPaused) || errors.Is(err, ErrLost) {
+			return nil, err
+		}
 	}
 	switch {
 	case w.outcome == applied:
@@ -316,7 +332,7 @@ func (tm *term) claimed(run *JobRun) (*JobRun, error) {
 // claimWrite writes the claim, in a transaction with a check on the lease
 // item where the server supports them, and returns the write's actions
 // (the run's update last) and its error, for condWrite.
-func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *JobOptions, spec claimSpec, slot time.Time) ([]types.TransactWriteItem, error) {
+func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *JobOptions, spec claimSpec, slot time.Time) ([]types.TransactWriteItem, bool, error) {
 	l := tm.l
 	if !o.NoTransactions && !l.noTxn.Load() {
 		check := &types.ConditionCheck{
@@ -336,9 +352,9 @@ func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 			deadline = t.deadline
 		}
 		actions := []types.TransactWriteItem{{ConditionCheck: check}, {Update: upd}}
-		err := transactRetrying(ctx, l.db, actions, retrier{now: l.opts.Now, deadline: deadline, timeout: l.opts.CallTimeout})
+		resent, err := transactRetrying(ctx, l.db, actions, retrier{now: l.opts.Now, deadline: deadline, timeout: l.opts.CallTimeout})
 		if !errors.Is(err, ErrTransactionsUnsupported) {
-			return actions, err
+			return actions, resent, err
 		}
 		l.log.Info("ddblease: the server does not support transactions; claims will not check the lease item", "err", err)
 		l.noTxn.Store(true)
@@ -349,16 +365,16 @@ func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 		// too) is read just before the write.
 		item, err := getItem(ctx, l.db, l.table, itemKey(l.pk), l.opts.CallTimeout)
 		if err != nil {
-			return plain, fmt.Errorf("read lease %q: %w", l.job, err)
+			return plain, false, fmt.Errorf("read lease %q: %w", l.job, err)
 		}
 		if err := tm.checkLease(item, spec, slot); err != nil {
-			return plain, err
+			return plain, false, err
 		}
 	}
 	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
 	defer cancel()
 	_, err := l.db.UpdateItem(cctx, updateItemInput(upd))
-	return plain, err
+	return plain, false, err
 }
 
 // checkLease judges the lease item as the table holds it, seen by a

@@ -240,7 +240,7 @@ func (r *JobRun) write(ctx context.Context, upd *types.Update, st RunStatus, c *
 		cancel()
 	} else {
 		all, watch = append([]types.TransactWriteItem{{ConditionCheck: fenceCheck(l.table, itemKey(l.pk), r.fence)}}, append(all, c.marked...)...), 1
-		err = transactRetrying(ctx, l.db, all, retrier{now: l.opts.Now, deadline: l.opts.Now().Add(l.opts.CallTimeout), timeout: l.opts.CallTimeout})
+		_, err = transactRetrying(ctx, l.db, all, retrier{now: l.opts.Now, deadline: l.opts.Now().Add(l.opts.CallTimeout), timeout: l.opts.CallTimeout})
 		if errors.Is(err, ErrTransactionsUnsupported) {
 			return err
 		}

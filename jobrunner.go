@@ -392,7 +392,7 @@ func (r *runner) execute(ctx context.Context, tn *term, f firing) (done bool, er
 	var run *JobRun
 	// Transient failures are retried until the next slot is due; the
 	// errors below are each the claim's answer.
-	attempts, stop, err := retrier{backoff: fixed(l.opts.RetryInterval), now: l.opts.Now, deadline: r.giveUpAt(f),
+	_, stop, err := retrier{backoff: fixed(l.opts.RetryInterval), now: l.opts.Now, deadline: r.giveUpAt(f),
 		again: func(err error) bool { return retryable(err) && !decided(err) },
 		onRetry: func(err error) {
 			l.notify.emit(l.event(EventRetry, Event{Op: "claim", Fence: tn.fence, Slot: f.slot, Err: err}))
@@ -408,12 +408,11 @@ func (r *runner) execute(ctx context.Context, tn *term, f firing) (done bool, er
 	case errors.Is(err, errPaused) && f.spec.overSkip != 0:
 		return true, nil // the skip stands: a newer pause began since
 	case errors.As(err, &paused) && f.what == "slot":
-		if attempts > 1 {
-			// An earlier attempt may have landed unseen: its run, if
-			// any, is given up and swept like one claimed too late.
-			r.giveUp(f.token)
-			r.unswept = append(r.unswept, f.slot)
-		}
+		// An earlier attempt may have landed unseen (a retry of ours or
+		// of the SDK's): its run, if any, is given up and swept like one
+		// claimed too late.
+		r.giveUp(f.token)
+		r.unswept = append(r.unswept, f.slot)
 		return r.execute(ctx, tn, firing{what: f.what, slot: f.slot, missed: f.missed, token: randomID(8),
 			spec: claimSpec{status: RunSkippedByPause, skippedIn: paused.pausedAt, unswept: f.spec.unswept}})
 	case errors.Is(err, errPaused):

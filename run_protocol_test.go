@@ -751,14 +751,21 @@ func TestSlotRerunByTenureBetweenIsSweptWhenFirstLeaderReturns(t *testing.T) {
 	var failB atomic.Bool
 	faults := &bodyFaults{}
 	faults.set(func(op string, body []byte) ddbtest.Action {
-		if failB.Load() && isWrite(op) {
+		if failB.Load() {
 			return ddbtest.ServerError
 		}
 		return ddbtest.Pass
 	})
 	admin := newAdmin(t, db, table)
 	a := newLease(t, db, table, "tick", fast("a"))
-	b := newLease(t, srv.Client(faults.wrap), table, "tick", fast("b"))
+	var bCampaigns atomic.Bool // b tries to acquire again, and fails
+	b := newLease(t, srv.Client(faults.wrap), table, "tick", fast("b"), func(o *ddblease.Options) {
+		o.Observer = func(e ddblease.Event) {
+			if e.Kind == ddblease.EventRetry && e.Op == "acquire" {
+				bCampaigns.Store(true)
+			}
+		}
+	})
 	startedA, startedB := make(chan int64, 1), make(chan int64, 1)
 	releaseA := make(chan struct{})
 	fn := func(ctx context.Context, run *ddblease.JobRun) error {
@@ -769,7 +776,7 @@ func TestSlotRerunByTenureBetweenIsSweptWhenFirstLeaderReturns(t *testing.T) {
 				<-releaseA // past the end of its tenure
 			}
 		case "b":
-			failB.Store(true) // b's outcome, heartbeats and acquisitions fail from now on
+			failB.Store(true) // b's outcome, heartbeats, acquisitions and looks fail from now on
 			startedB <- run.Fence()
 			<-ctx.Done()
 		}
@@ -801,8 +808,9 @@ func TestSlotRerunByTenureBetweenIsSweptWhenFirstLeaderReturns(t *testing.T) {
 	r, _ := runAt(t, admin, "tick", slot)
 	assert.Equal(t, "b", r.Owner)
 	assert.Equal(t, fb, r.Fence)
-	// Every write of b's has failed since its tenure: its campaign ends
-	// with that failure beside the cancellation.
+	// Every request of b's has failed since its tenure: once it campaigns
+	// again, its campaign ends with that failure beside the cancellation.
+	eventually(t, "b campaigns again", bCampaigns.Load)
 	assert.ErrorIs(t, stopB(), context.Canceled)
 }
 
@@ -874,4 +882,52 @@ func TestTriggerLeftRunningWhoseMarkingFailsIsMarkedLater(t *testing.T) {
 		st, err := admin.Job(ctx, "report")
 		return err == nil && st.Lease.Control.Triggers == 0
 	})
+}
+
+// A slot's claim lands, its answer lost; the operator pauses the job
+// before the claim's retry. The retry recognises the claim, but the slot is
+// not run: a slot whose claim was being retried as the pause began is
+// skipped, and the run its first attempt wrote is marked abandoned.
+func TestPauseAfterClaimLandedUnseenSkipsSlot(t *testing.T) {
+	t.Parallel()
+	needTransactions(t, "the claim's check of the pause")
+	ctx := withTimeout(t, 60*time.Second)
+	table := srv.NewTable(t)
+	db := srv.Client(nil)
+	admin := newAdmin(t, db, table)
+	slot := time.Now().Add(2 * time.Second).Truncate(time.Second)
+	key := slotKey("tick", slot)
+	var claims atomic.Int32
+	pauseErr := make(chan error, 1)
+	faults := &bodyFaults{}
+	faults.set(func(op string, body []byte) ddbtest.Action {
+		if op == "TransactWriteItems" && bytes.Contains(body, key) {
+			switch claims.Add(1) {
+			case 1:
+				return ddbtest.DropResponse // it lands; its answer is lost
+			case 2:
+				_, err := admin.Pause(ctx, "tick")
+				pauseErr <- err
+			}
+		}
+		return ddbtest.Pass
+	})
+	l := newLease(t, srv.Client(faults.wrap), table, "tick", fast("a"))
+	var ran atomic.Int32
+	stop := runScheduleAsync(ctx, l, listSlots(slot, time.Date(9000, 1, 1, 0, 0, 0, 0, time.UTC)),
+		func(ctx context.Context, run *ddblease.JobRun) error {
+			ran.Add(1)
+			return nil
+		})
+	defer func() { assert.NoError(t, stop()) }()
+	require.NoError(t, receive(t, pauseErr, "the pause, before the claim's retry"))
+	settled := assert.Eventually(t, func() bool {
+		r, ok := runAt(t, admin, "tick", slot)
+		return ok && r.Status == ddblease.RunAbandoned
+	}, 15*time.Second, 20*time.Millisecond, "the slot's run marked abandoned")
+	if !settled {
+		r, ok := runAt(t, admin, "tick", slot)
+		t.Logf("the slot's run (found %v): %s, fence %d, claims %d; claim requests %d", ok, r.Status, r.Fence, r.Claims, claims.Load())
+	}
+	assert.Zero(t, ran.Load(), "fn ran for a slot whose claim was retried across the pause")
 }

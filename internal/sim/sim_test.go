@@ -73,6 +73,7 @@ var foundSeeds = []foundSeed{
 	{255728, "the same as 245631, with a wall step of an hour"},
 	{271220, "checker: a slot fired early during the faults by a wall clock 15 s ahead, its outcome lost to them and the run abandoned, counted as never fired"},
 	{274527, "a wall clock stepped an hour ahead: until the next renewal the tenure did not lead by it, and each try of the firing (every RetryInterval) read 1,000 skipped slots back again, 10 BatchGetItem each"},
+	{280137, "a slot's claim that landed before the Pause, its answer lost, was recognised by a retry after it (read back) and fn ran 1.1 s after the Pause returned"},
 }
 
 // TestFoundSeeds replays the seeds in foundSeeds.
