@@ -115,10 +115,10 @@ func (l *Lease) pollInterval() time.Duration {
 	}
 	d = jitter(d)
 	if r.obs.present {
-		d = min(d, r.wait(l.opts.Now()))
+		d = min(d, r.wait(l.opts.sendNow()))
 	}
 	l.mu.Lock()
-	y := l.yieldUntil.Sub(l.opts.Now())
+	y := time.Until(l.yieldUntil)
 	l.mu.Unlock()
 	if y > 0 {
 		// Leaving a free lease to the standbys: look again after a
@@ -129,7 +129,6 @@ func (l *Lease) pollInterval() time.Duration {
 }
 
 func (l *Lease) observe(rec Record, present bool) {
-	now := l.opts.Now()
 	defer l.notify.flush()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -138,7 +137,7 @@ func (l *Lease) observe(rec Record, present bool) {
 		return
 	}
 	if !l.obs.present || l.obs.rec.version != rec.version {
-		l.obs.since = now
+		l.obs.since = time.Now()
 	}
 	l.obs.valid, l.obs.present, l.obs.rec = true, true, rec
 	if rec.Owner != l.opts.Owner && !rec.ExpiresAt.IsZero() && (rec.Owner != l.seen.owner || rec.Fence != l.seen.fence) {
@@ -151,10 +150,10 @@ func (l *Lease) observe(rec Record, present bool) {
 // observation allows it (see takeover), and this handle is not leaving a
 // free lease to the others (yieldUntil).
 func (l *Lease) mayTry() bool {
-	if !l.takeoverRule().mayTry(l.opts.Now()) {
+	if !l.takeoverRule().mayTry(l.opts.sendNow()) {
 		return false
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return !l.yieldUntil.After(l.opts.Now())
+	return !l.yieldUntil.After(time.Now())
 }

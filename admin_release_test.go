@@ -329,3 +329,38 @@ func TestForceReleaseSlowHolderClock(t *testing.T) {
 	n := receive(t, sampled, "the sampler")
 	assert.False(t, overlap.Load(), "b led while a still believed it led (%d samples)", n)
 }
+
+// A holder released by force leaves the lease to the others for a
+// LeaseDuration, measured by the runtime's clock: a wall clock that was
+// stepped ahead when the release came, and steps back during the yield,
+// does not stretch it. The clock here carries no monotonic reading, as a
+// wall clock stepped by NTP is seen by the table's expiries.
+func TestForceReleaseYieldIsNotStretchedByAWallStep(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table := srv.NewTable(t)
+	db := srv.Client(nil)
+	admin := newAdmin(t, db, table)
+	var step atomic.Int64
+	a := newLease(t, db, table, "billing", fast("a"), func(o *ddblease.Options) {
+		o.Now = func() time.Time { return time.Now().Round(0).Add(time.Duration(step.Load())) }
+	})
+	pa := newLeaderProbe(a)
+	stopA := runAsync(ctx, a, pa.fn)
+	defer func() { assert.NoError(t, stopA()) }()
+	f1 := receive(t, pa.started, "a leads")
+	// The wall clock steps 30 s ahead: by it, the tenure's deadline has
+	// passed, and a takes its own lease again with the next fence.
+	step.Store(int64(30 * time.Second))
+	f2 := receive(t, pa.started, "a leads again after the step")
+	require.Greater(t, f2, f1)
+	_, err := admin.ForceRelease(ctx, "billing", f2)
+	require.NoError(t, err)
+	eventually(t, "a deposed", func() bool { return !pa.leads() })
+	time.Sleep(200 * time.Millisecond) // a yields from now on
+	step.Store(0)
+	// The yield is fast's LeaseDuration, 2 s; stretched by the step, it
+	// would be 32 s, past receive's 15 s.
+	f3 := receive(t, pa.started, "a leads once its yield is over")
+	assert.Greater(t, f3, f2)
+}

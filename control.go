@@ -111,7 +111,7 @@ func (t *term) yieldToOthers(err error) {
 	c, present := l.obs.rec.Control, l.obs.present
 	asked := present && (c.ResignFence == fence || c.ReleasedFence == fence)
 	if asked {
-		l.yieldUntil = l.opts.Now().Add(l.opts.LeaseDuration)
+		l.yieldUntil = time.Now().Add(l.opts.LeaseDuration)
 	}
 	l.mu.Unlock()
 	if asked {

@@ -46,7 +46,9 @@ type Lease struct {
 	doubt     []string
 	// yieldUntil: after this handle gave the lease up while its campaign
 	// goes on (Resign during Run), Acquire leaves a free lease to the
-	// standbys until then.
+	// standbys until then, by the runtime's monotonic clock: a yield is a
+	// duration, which a step of the wall clock (Options.Now) must not
+	// stretch.
 	yieldUntil time.Time
 	seen       seenHolder
 
@@ -87,7 +89,7 @@ type observation struct {
 	valid   bool
 	present bool
 	rec     Record
-	since   time.Time // when rec.version was first seen (monotonic)
+	since   time.Time // when rec.version was first seen, by the runtime's clock
 }
 
 // itemKey returns the key of the item whose partition key is pk. A Lease
@@ -275,7 +277,7 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 		":false": avBool(false),
 		":rv":    avS(rv),
 	}
-	cond := l.takeoverRule().condition(now, rv, l.mineIn(values), values)
+	cond := l.takeoverRule().condition(snt, rv, l.mineIn(values), values)
 	in := &dynamodb.UpdateItemInput{
 		TableName: aws.String(l.table),
 		Key:       itemKey(l.pk),

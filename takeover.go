@@ -13,12 +13,15 @@ import (
 //     clock (the writer's clock may be that much behind);
 //   - the contender has watched one renewal version unchanged for a whole
 //     lease (the longer of its own LeaseDuration and the duration written)
-//     on its monotonic clock: no clocks compared at all;
+//     on the runtime's monotonic clock: no clocks compared at all, and no
+//     step of the wall clock (Options.Now) moves it;
 //   - it is this handle's own item, carrying a version this handle wrote.
 //
 // The same value yields the DynamoDB condition that decides (condition),
 // the client-side "may I try now" (mayTry), and how long a standby waits
-// before the lease becomes takeable by time alone (wait).
+// before the lease becomes takeable by time alone (wait). Each takes the
+// instant as sent: by Options.Now, which expiries are compared with, and
+// by the runtime's clock, which the watch runs on.
 type takeover struct {
 	obs   observation
 	owner string        // this handle's owner id
@@ -38,37 +41,37 @@ func (l *Lease) takeoverRule() takeover {
 func (r takeover) expiredAt() time.Time { return r.obs.rec.ExpiresAt.Add(r.skew) }
 
 // watchedAt is when the observed renewal version will have been watched
-// unchanged for a whole lease.
+// unchanged for a whole lease, by the runtime's clock.
 func (r takeover) watchedAt() time.Time {
 	return r.obs.since.Add(max(r.lease, r.obs.rec.Duration))
 }
 
 // watched returns the renewal version watched unchanged for a whole lease.
-func (r takeover) watched(now time.Time) (string, bool) {
+func (r takeover) watched(now sent) (string, bool) {
 	if !r.obs.present {
 		return "", false
 	}
-	return r.obs.rec.version, !now.Before(r.watchedAt())
+	return r.obs.rec.version, !now.real.Before(r.watchedAt())
 }
 
 // mayTry reports whether an acquisition attempt may succeed now: nothing
 // observed yet, no item, this handle's own item, or takeable by expiry or
 // by watching.
-func (r takeover) mayTry(now time.Time) bool {
+func (r takeover) mayTry(now sent) bool {
 	if !r.obs.valid || !r.obs.present || r.obs.rec.Owner == r.owner {
 		return true
 	}
 	_, watched := r.watched(now)
-	return watched || now.After(r.expiredAt())
+	return watched || now.at.After(r.expiredAt())
 }
 
 // wait returns how long until the observed lease becomes takeable by time
 // alone (0 if it is, or if there is nothing to wait for).
-func (r takeover) wait(now time.Time) time.Duration {
+func (r takeover) wait(now sent) time.Duration {
 	if !r.obs.present {
 		return 0
 	}
-	return max(min(r.expiredAt().Sub(now), r.watchedAt().Sub(now))+time.Millisecond, 0)
+	return max(min(r.expiredAt().Sub(now.at), r.watchedAt().Sub(now.real))+time.Millisecond, 0)
 }
 
 // condition returns the DynamoDB condition under which an acquisition
@@ -79,9 +82,9 @@ func (r takeover) wait(now time.Time) time.Duration {
 // that a retry of a write that landed does not take a second fence. The
 // item must also be well formed: a fence that is missing or not a number
 // would restart fences.
-func (r takeover) condition(now time.Time, rv, mine string, values map[string]types.AttributeValue) string {
+func (r takeover) condition(now sent, rv, mine string, values map[string]types.AttributeValue) string {
 	takeable := "#exp < :cutoff"
-	values[":cutoff"] = avN(now.Add(-r.skew).UnixMilli())
+	values[":cutoff"] = avN(now.at.Add(-r.skew).UnixMilli())
 	if mine != "" {
 		takeable += " OR (#owner = :me AND " + mine + ")"
 	}

@@ -26,6 +26,7 @@ func TestTakeoverRule(t *testing.T) {
 		watched  bool
 		clauses  []string
 		excluded []string
+		wall     time.Duration // the wall clock (Options.Now) ahead of the runtime's by this
 	}{
 		{name: "nothing observed yet", obs: observation{}, mayTry: true},
 		{name: "no item", obs: observation{valid: true}, mayTry: true},
@@ -44,17 +45,24 @@ func TestTakeoverRule(t *testing.T) {
 			wait: time.Second + time.Millisecond},
 		{name: "watched for a whole lease", obs: held("b", now.Add(time.Hour), now.Add(-lease), lease),
 			mayTry: true, watched: true, clauses: []string{"#rv = :seen"}, wait: time.Millisecond}, // the wait's slack
+		{name: "watched for a whole lease by the runtime's clock, the wall clock stepped back an hour",
+			obs: held("b", now.Add(time.Hour), now.Add(-lease), lease), wall: -time.Hour,
+			mayTry: true, watched: true, clauses: []string{"#rv = :seen"}, wait: time.Millisecond},
+		{name: "the wall clock stepped an hour ahead as the watch began",
+			obs: held("b", now.Add(2*time.Hour), now, lease), wall: time.Hour,
+			wait: lease + time.Millisecond, excluded: []string{":seen"}},
 		{name: "the writer's lease is longer than ours", obs: held("b", now.Add(time.Hour), now.Add(-lease), 2*lease),
 			wait: lease + time.Millisecond},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := takeover{obs: c.obs, owner: "me", skew: skew, lease: lease}
-			assert.Equal(t, c.mayTry, r.mayTry(now), "mayTry")
-			assert.Equal(t, c.wait, r.wait(now), "wait")
-			_, watched := r.watched(now)
+			at := sent{at: now.Add(c.wall), real: now}
+			assert.Equal(t, c.mayTry, r.mayTry(at), "mayTry")
+			assert.Equal(t, c.wait, r.wait(at), "wait")
+			_, watched := r.watched(at)
 			assert.Equal(t, c.watched, watched, "watched")
 			values := map[string]types.AttributeValue{}
-			cond := r.condition(now, "new", "#rv IN (:mine0)", values)
+			cond := r.condition(at, "new", "#rv IN (:mine0)", values)
 			for _, want := range append([]string{"attribute_not_exists(#pk)", "#exp < :cutoff", "#rv <> :rv",
 				"(#owner = :me AND #rv IN (:mine0))", "attribute_type(#fence, :tn)"}, c.clauses...) {
 				assert.Contains(t, cond, want)
@@ -62,7 +70,7 @@ func TestTakeoverRule(t *testing.T) {
 			for _, not := range c.excluded {
 				assert.NotContains(t, cond, not)
 			}
-			assert.Equal(t, avN(now.Add(-skew).UnixMilli()), values[":cutoff"], "cutoff = now - skew")
+			assert.Equal(t, avN(at.at.Add(-skew).UnixMilli()), values[":cutoff"], "cutoff = now - skew, by the wall clock")
 			assert.Equal(t, strings.Count(cond, "("), strings.Count(cond, ")"))
 		})
 	}

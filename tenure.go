@@ -510,7 +510,7 @@ func (l *Lease) Resign(ctx context.Context) error {
 		// Run leads: to it, this is a loss; it campaigns again after a
 		// pause that leaves the lease to the standbys.
 		reason = LossResignedElsewhere
-		l.yieldUntil = l.opts.Now().Add(2 * l.opts.RetryInterval)
+		l.yieldUntil = time.Now().Add(2 * l.opts.RetryInterval)
 	}
 	l.mu.Unlock()
 	cause := fmt.Errorf("%w: %q fence %d: resigned by a call to Resign", ErrLost, l.job, t.fence)

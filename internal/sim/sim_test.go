@@ -74,6 +74,8 @@ var foundSeeds = []foundSeed{
 	{271220, "checker: a slot fired early during the faults by a wall clock 15 s ahead, its outcome lost to them and the run abandoned, counted as never fired"},
 	{274527, "a wall clock stepped an hour ahead: until the next renewal the tenure did not lead by it, and each try of the firing (every RetryInterval) read 1,000 skipped slots back again, 10 BatchGetItem each"},
 	{280137, "a slot's claim that landed before the Pause, its answer lost, was recognised by a retry after it (read back) and fn ran 1.1 s after the Pause returned"},
+	{287504, "a wall clock 5 s ahead when the operator released the lease stretched the holder's yield and its watch of the released item, both measured by Options.Now: no replica led until 8 s, 5 s after the faults ended"},
+	{288928, "a checker defect: slots that came due by a wall clock stepped 15 s ahead during the faults were claimed early, given up to the faults and abandoned without fn; the checker counted them as never fired"},
 }
 
 // TestFoundSeeds replays the seeds in foundSeeds.
