@@ -885,9 +885,11 @@ func TestTriggerLeftRunningWhoseMarkingFailsIsMarkedLater(t *testing.T) {
 }
 
 // A slot's claim lands, its answer lost; the operator pauses the job
-// before the claim's retry. The retry recognises the claim, but the slot is
-// not run: a slot whose claim was being retried as the pause began is
-// skipped, and the run its first attempt wrote is marked abandoned.
+// before the claim's retry. The retry finds the claim applied (DynamoDB
+// answers the resent token with success; the in-process server refuses it
+// on the pause), but the slot is not run: a slot whose claim was being
+// retried as the pause began is skipped, and the run its first attempt
+// wrote is marked abandoned.
 func TestPauseAfterClaimLandedUnseenSkipsSlot(t *testing.T) {
 	t.Parallel()
 	needTransactions(t, "the claim's check of the pause")
