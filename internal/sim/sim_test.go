@@ -27,7 +27,7 @@ var (
 	flagList    = flag.Bool("sim.list", false, "print one line per failing seed: its violation kinds and scenario tags")
 	flagKeepOn  = flag.Bool("sim.keepgoing", false, "report violations without failing the test (to survey a code base)")
 	flagLog     = flag.Bool("sim.log", false, "with -sim.seed: print the library's log lines (debug level) as the replay runs")
-	flagReplays = flag.Int("sim.replays", 0, "replays of each seed in foundSeeds (CI: 3); without it TestFoundSeeds skips")
+	flagReplays = flag.Int("sim.replays", 0, "replays of each seed in foundSeeds (CI: 2); without it TestFoundSeeds skips")
 	flagEvery   = flag.Int("sim.progress", 0, "print a line to stderr after every N seeds (seeds done, failing so far, the failing seeds' numbers); 0: none")
 )
 
