@@ -64,6 +64,7 @@ type config struct {
 	ramp                     time.Duration
 	cpuprofile               string
 	memprofile               string
+	stopprofile              string
 	scaleHeap                bool
 
 	// spread
@@ -109,6 +110,7 @@ func main() {
 	fs.IntVar(&c.warmup, "warmup", 1, "internal: heartbeat rounds before the scale measurement")
 	fs.IntVar(&c.conns, "conns", 64, "internal: HTTP connections of the scale process")
 	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "internal: CPU profile of the scale process's measurement window")
+	fs.StringVar(&c.stopprofile, "stopprofile", "", "internal: CPU profile of the scale process's shutdown (SIGTERM to all resigned)")
 	fs.StringVar(&c.memprofile, "memprofile", "", "internal: heap profile of the scale process, taken as its measurement begins")
 	fs.DurationVar(&c.ramp, "ramp", 0, "internal: time over which the scale process starts its leases (default: one heartbeat interval)")
 

@@ -218,7 +218,7 @@ func (r *runner) table() string {
 
 	if len(res.Scale) > 0 {
 		w("Scale: one process holding N leases (one job each, each its own Lease and Run; retry 1 s), one SDK client with 64 connections; measured over %d heartbeat rounds after one round of warm-up:\n\n", r.cfg.scaleRounds)
-		w("| leases | server | lease / heartbeat | led | RSS (base) | Go heap in use (base) | goroutines (stacks) | CPU per heartbeat round | renewals seen / expected | renewal gap p50 / p99 / max | gaps > interval + 1 s | leadership lost | UpdateItem p50 / p99 / max | server CPU (cores) | shutdown | per lease: RSS, goroutines, writes at shutdown |\n")
+		w("| leases | server | lease / heartbeat | led | RSS (base) | Go heap in use (base) | goroutines (stacks) | CPU per heartbeat round | renewals seen / expected | renewal gap p50 / p99 / max | gaps > interval + 1 s | leadership lost | UpdateItem p50 / p99 / max | server CPU (cores) | shutdown: wall, CPU (the same N resignations sent raw, at once) | per lease: RSS, goroutines, writes at shutdown |\n")
 		w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, m := range res.Scale {
 			mb := func(k string) string { v, _ := strconv.ParseFloat(m[k], 64); return fmt.Sprintf("%.0f MB", v/1e6) }
@@ -226,10 +226,15 @@ func (r *runner) table() string {
 			n := max(num("n"), 1)
 			perLease := fmt.Sprintf("%.1f KB, %.2f, %.2f", (num("rss")-num("rss_base"))/n/1e3, (num("goroutines")-num("goroutines_base"))/n,
 				num("shutdown_writes")/n)
-			w("| %s | %s | %s | %s | %s (%s) | %s (%s) | %s (%s) | %s s | %s / %s | %s / %s / %s ms | %s | %s | %s / %s / %s ms | %s | %s s | %s |\n",
+			stop := fmt.Sprintf("%s s, %s s (%s s, %s s", m["shutdown_s"], m["shutdown_cpu_s"], m["raw_resign_s"], m["raw_resign_cpu_s"])
+			if e := m["raw_resign_errors"]; e != "" && e != "0" {
+				stop += ", " + e + " failed"
+			}
+			stop += ")"
+			w("| %s | %s | %s | %s | %s (%s) | %s (%s) | %s (%s) | %s s | %s / %s | %s / %s / %s ms | %s | %s | %s / %s / %s ms | %s | %s | %s |\n",
 				m["n"], m["server"], m["settings"], m["led"], mb("rss"), mb("rss_base"), mb("heap"), mb("heap_base"), m["goroutines"], mb("stack"), m["cpu_per_round_s"],
 				m["renewals"], m["renewals_expected"], m["gap_p50_ms"], m["gap_p99_ms"], m["gap_max_ms"],
-				m["late_1s"], m["lost_total"], m["upd_p50_ms"], m["upd_p99_ms"], m["upd_max_ms"], m["server_cpu_share"], m["shutdown_s"], perLease)
+				m["late_1s"], m["lost_total"], m["upd_p50_ms"], m["upd_p99_ms"], m["upd_max_ms"], m["server_cpu_share"], stop, perLease)
 		}
 		w("\n")
 	}

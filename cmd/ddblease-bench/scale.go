@@ -9,10 +9,13 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
 	"github.com/ddblease/ddblease/internal/reqcount"
 )
@@ -86,6 +89,7 @@ func runScale(cfg config) error {
 	counter := reqcount.New(wire)
 	counter.Observe = lat.observe
 	db := newClient(cfg.endpoint, counter)
+	kinds := &writeKinds{DynamoDBAPI: db}
 
 	if cfg.memprofile != "" {
 		runtime.MemProfileRate = 1
@@ -96,7 +100,7 @@ func runScale(cfg config) error {
 
 	leases := make([]*ddblease.Lease, cfg.n)
 	for i := range leases {
-		l, err := ddblease.New(db, cfg.table, fmt.Sprintf("%s-%05d", cfg.job, i), func(o *ddblease.Options) {
+		l, err := ddblease.New(kinds, cfg.table, fmt.Sprintf("%s-%05d", cfg.job, i), func(o *ddblease.Options) {
 			o.LeaseDuration = cfg.set.lease
 			o.HeartbeatInterval = cfg.set.hb
 			o.RetryInterval = cfg.set.retry
@@ -208,12 +212,46 @@ func runScale(cfg config) error {
 	lostInWindow := lost.Load() - lost0
 	leadingAtEnd := leading.Load()
 
-	stopAt := time.Now()
+	var stopProf *os.File
+	if cfg.stopprofile != "" {
+		if f, err := os.Create(cfg.stopprofile); err == nil {
+			if err := pprof.StartCPUProfile(f); err == nil {
+				stopProf = f
+			} else {
+				f.Close()
+			}
+		}
+	}
+	writeHeap := func(suffix string) {
+		if cfg.stopprofile != "" {
+			if f, err := os.Create(strings.TrimSuffix(cfg.stopprofile, ".pprof") + suffix); err == nil {
+				_ = pprof.Lookup("allocs").WriteTo(f, 0)
+				f.Close()
+			}
+		}
+	}
+	writeHeap(".allocs0.pprof")
+	stopMem := memStats()
+	stopAt, stopCPU := time.Now(), cpuTime()
 	cntStop := counter.Snapshot()
+	kinds0 := kinds.snapshot()
 	cancel()
 	wg.Wait()
-	shutdown := time.Since(stopAt)
+	shutdown, shutdownCPU := time.Since(stopAt), cpuTime()-stopCPU
+	stopMem1 := memStats()
+	writeHeap(".allocs1.pprof")
 	stopWrites := counter.Snapshot().Sub(cntStop)["UpdateItem"]
+	stopKinds := kinds.snapshot().sub(kinds0)
+	if stopProf != nil {
+		pprof.StopCPUProfile()
+		stopProf.Close()
+	}
+	rawMem := memStats()
+	raw, rawCPU, rawErrs, err := rawResignations(db, cfg)
+	rawMem1 := memStats()
+	if err != nil {
+		return err
+	}
 
 	late := func(limit time.Duration) int {
 		n := 0
@@ -264,10 +302,110 @@ func runScale(cfg config) error {
 		fmt.Sprintf("run_errors=%d", runErrs.Load()),
 		fmt.Sprintf("shutdown_s=%.2f", shutdown.Seconds()),
 		fmt.Sprintf("shutdown_writes=%d", stopWrites),
+		fmt.Sprintf("shutdown_resignations=%d", stopKinds.resign),
+		fmt.Sprintf("shutdown_drain_marks=%d", stopKinds.drain),
+		fmt.Sprintf("shutdown_renewals=%d", stopKinds.renew),
+		fmt.Sprintf("shutdown_cpu_s=%.2f", shutdownCPU.Seconds()),
+		fmt.Sprintf("shutdown_alloc_mb=%.0f", float64(stopMem1.TotalAlloc-stopMem.TotalAlloc)/1e6),
+		fmt.Sprintf("shutdown_gc=%d", stopMem1.NumGC-stopMem.NumGC),
+		fmt.Sprintf("raw_resign_s=%.2f", raw.Seconds()),
+		fmt.Sprintf("raw_resign_cpu_s=%.2f", rawCPU.Seconds()),
+		fmt.Sprintf("raw_resign_alloc_mb=%.0f", float64(rawMem1.TotalAlloc-rawMem.TotalAlloc)/1e6),
+		fmt.Sprintf("raw_resign_gc=%d", rawMem1.NumGC-rawMem.NumGC),
+		fmt.Sprintf("raw_resign_errors=%d", rawErrs),
 		fmt.Sprintf("goroutines_after=%d", runtime.NumGoroutine()),
 	}
 	emit("SCALE", time.Now(), kv...)
 	return nil
+}
+
+// writeKinds counts the library's UpdateItem requests by what they are:
+// a resignation (it sets the expiry to zero), a drain mark (a renewal that
+// marks the item draining) or a plain renewal.
+type writeKinds struct {
+	ddblease.DynamoDBAPI
+	resign, drain, renew atomic.Int64
+}
+
+type kindCounts struct{ resign, drain, renew int64 }
+
+func (w *writeKinds) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	v := in.ExpressionAttributeValues
+	switch drn, _ := v[":drn"].(*types.AttributeValueMemberBOOL); {
+	case v[":zero"] != nil:
+		w.resign.Add(1)
+	case drn != nil && drn.Value:
+		w.drain.Add(1)
+	default:
+		w.renew.Add(1)
+	}
+	return w.DynamoDBAPI.UpdateItem(ctx, in, optFns...)
+}
+
+func (w *writeKinds) snapshot() kindCounts {
+	return kindCounts{w.resign.Load(), w.drain.Load(), w.renew.Load()}
+}
+
+func (c kindCounts) sub(b kindCounts) kindCounts {
+	return kindCounts{c.resign - b.resign, c.drain - b.drain, c.renew - b.renew}
+}
+
+// rawResignations sends cfg.n copies of the library's own resignation
+// request at once, through the same client, each to an item of its own that
+// an equally copied acquisition made (so that its condition holds), and
+// returns how long they took and the CPU time this process spent meanwhile:
+// the floor under the shutdown of cfg.n leases.
+func rawResignations(db *dynamodb.Client, cfg config) (wall, cpu time.Duration, failed int64, err error) {
+	ctx := context.Background()
+	rec := &reqcount.Recorder{DynamoDBAPI: db}
+	capture, err := ddblease.New(rec, cfg.table, cfg.job+"-capture", func(o *ddblease.Options) { o.Owner = "raw" })
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	if _, err := capture.TryAcquire(ctx); err != nil {
+		return 0, 0, 0, fmt.Errorf("raw resignations: acquire: %w", err)
+	}
+	acquireIn := rec.LastUpdate()
+	if err := capture.Resign(ctx); err != nil {
+		return 0, 0, 0, fmt.Errorf("raw resignations: resign: %w", err)
+	}
+	resignIn := rec.LastUpdate()
+	burst := func(in *dynamodb.UpdateItemInput, timeout time.Duration) (wall, cpu time.Duration, failed int64) {
+		var errs atomic.Int64
+		var wg sync.WaitGroup
+		t0, cpu0 := time.Now(), cpuTime()
+		for i := range cfg.n {
+			wg.Go(func() {
+				ctx := ctx
+				if timeout > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, timeout)
+					defer cancel()
+				}
+				if _, err := db.UpdateItem(ctx, reqcount.OnKey(in, fmt.Sprintf("%s-raw-%05d", cfg.job, i))); err != nil {
+					errs.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		return time.Since(t0), cpuTime() - cpu0, errs.Load()
+	}
+	if _, _, errs := burst(acquireIn, 0); errs > 0 {
+		return 0, 0, 0, fmt.Errorf("raw resignations: %d of %d acquisitions failed", errs, cfg.n)
+	}
+	if cfg.stopprofile != "" {
+		if f, err := os.Create(strings.TrimSuffix(cfg.stopprofile, ".stop.pprof") + ".raw.pprof"); err == nil {
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err == nil {
+				defer pprof.StopCPUProfile() // before the Close above
+			}
+		}
+	}
+	// Each bounded as the library bounds its calls (CallTimeout, by
+	// default half the heartbeat interval), which also takes the
+	// transport's path for calls that can be cancelled.
+	wall, cpu, failed = burst(resignIn, cfg.set.hb/2)
+	return wall, cpu, failed, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -659,7 +659,7 @@ func (r *runner) scaleOne(sp scaleSpec) {
 	cfg.endpoint = endpoint
 	prof := filepath.Join(r.cfg.out, fmt.Sprintf("scale-%d-%s-%s.pprof", n, sp.server, s.hb))
 	args := []string{"-n", strconv.Itoa(n), "-rounds", strconv.Itoa(r.cfg.scaleRounds), "-warmup", strconv.Itoa(warm),
-		"-ramp", ramp.String(), "-cpuprofile", prof}
+		"-ramp", ramp.String(), "-cpuprofile", prof, "-stopprofile", strings.TrimSuffix(prof, ".pprof") + ".stop.pprof"}
 	if r.cfg.scaleHeap {
 		args = append(args, "-memprofile", strings.TrimSuffix(prof, ".pprof")+".heap.pprof")
 	}
