@@ -184,13 +184,7 @@ func runScale(cfg config) error {
 	lat.on = true
 	lat.mu.Unlock()
 	cnt0 := counter.Snapshot()
-	if cfg.cpuprofile != "" {
-		if f, err := os.Create(cfg.cpuprofile); err == nil {
-			if err := pprof.StartCPUProfile(f); err == nil {
-				defer f.Close()
-			}
-		}
-	}
+	windowProfile := cpuProfile(cfg.cpuprofile)
 	cpu0, wall0 := cpuTime(), time.Now()
 	winEnd := wall0.Add(cfg.set.hb * time.Duration(cfg.rounds))
 	for time.Now().Before(winEnd) {
@@ -198,9 +192,7 @@ func runScale(cfg config) error {
 		sample(true)
 	}
 	cpu1, wall1 := cpuTime(), time.Now()
-	if cfg.cpuprofile != "" {
-		pprof.StopCPUProfile()
-	}
+	windowProfile()
 	cnt := counter.Snapshot().Sub(cnt0)
 	lat.mu.Lock()
 	lat.on = false
@@ -212,25 +204,7 @@ func runScale(cfg config) error {
 	lostInWindow := lost.Load() - lost0
 	leadingAtEnd := leading.Load()
 
-	var stopProf *os.File
-	if cfg.stopprofile != "" {
-		if f, err := os.Create(cfg.stopprofile); err == nil {
-			if err := pprof.StartCPUProfile(f); err == nil {
-				stopProf = f
-			} else {
-				f.Close()
-			}
-		}
-	}
-	writeHeap := func(suffix string) {
-		if cfg.stopprofile != "" {
-			if f, err := os.Create(strings.TrimSuffix(cfg.stopprofile, ".pprof") + suffix); err == nil {
-				_ = pprof.Lookup("allocs").WriteTo(f, 0)
-				f.Close()
-			}
-		}
-	}
-	writeHeap(".allocs0.pprof")
+	stopProfile := cpuProfile(cfg.stopprofile)
 	stopMem := memStats()
 	stopAt, stopCPU := time.Now(), cpuTime()
 	cntStop := counter.Snapshot()
@@ -239,13 +213,9 @@ func runScale(cfg config) error {
 	wg.Wait()
 	shutdown, shutdownCPU := time.Since(stopAt), cpuTime()-stopCPU
 	stopMem1 := memStats()
-	writeHeap(".allocs1.pprof")
 	stopWrites := counter.Snapshot().Sub(cntStop)["UpdateItem"]
 	stopKinds := kinds.snapshot().sub(kinds0)
-	if stopProf != nil {
-		pprof.StopCPUProfile()
-		stopProf.Close()
-	}
+	stopProfile()
 	rawMem := memStats()
 	raw, rawCPU, rawErrs, err := rawResignations(db, cfg)
 	rawMem1 := memStats()
@@ -376,12 +346,8 @@ func rawResignations(db *dynamodb.Client, cfg config) (wall, cpu time.Duration, 
 		t0, cpu0 := time.Now(), cpuTime()
 		for i := range cfg.n {
 			wg.Go(func() {
-				ctx := ctx
-				if timeout > 0 {
-					var cancel context.CancelFunc
-					ctx, cancel = context.WithTimeout(ctx, timeout)
-					defer cancel()
-				}
+				ctx, cancel := context.WithTimeout(ctx, timeout)
+				defer cancel()
 				if _, err := db.UpdateItem(ctx, reqcount.OnKey(in, fmt.Sprintf("%s-raw-%05d", cfg.job, i))); err != nil {
 					errs.Add(1)
 				}
@@ -390,22 +356,37 @@ func rawResignations(db *dynamodb.Client, cfg config) (wall, cpu time.Duration, 
 		wg.Wait()
 		return time.Since(t0), cpuTime() - cpu0, errs.Load()
 	}
-	if _, _, errs := burst(acquireIn, 0); errs > 0 {
+	if _, _, errs := burst(acquireIn, time.Minute); errs > 0 {
 		return 0, 0, 0, fmt.Errorf("raw resignations: %d of %d acquisitions failed", errs, cfg.n)
 	}
 	if cfg.stopprofile != "" {
-		if f, err := os.Create(strings.TrimSuffix(cfg.stopprofile, ".stop.pprof") + ".raw.pprof"); err == nil {
-			defer f.Close()
-			if err := pprof.StartCPUProfile(f); err == nil {
-				defer pprof.StopCPUProfile() // before the Close above
-			}
-		}
+		defer cpuProfile(strings.TrimSuffix(cfg.stopprofile, ".stop.pprof") + ".raw.pprof")()
 	}
 	// Each bounded as the library bounds its calls (CallTimeout, by
 	// default half the heartbeat interval), which also takes the
 	// transport's path for calls that can be cancelled.
 	wall, cpu, failed = burst(resignIn, cfg.set.hb/2)
 	return wall, cpu, failed, nil
+}
+
+// cpuProfile starts a CPU profile written to path (none when path is
+// empty) and returns the function that stops it.
+func cpuProfile(path string) (stop func()) {
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
