@@ -135,3 +135,63 @@ func TestShutdownHandsOverWithOneWrite(t *testing.T) {
 		})
 	}
 }
+
+// A renewal that falls due while fn is being stopped, before a drain mark
+// is asked for, is put off: fn is about to return, and the resignation
+// that follows hands the lease over by one write. At shutdown thousands of
+// leases would otherwise each renew while their resignations queue.
+func TestShutdownPutsOffARenewalDueAsFnReturns(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 20*time.Second)
+	table, db := tableAndClient(t)
+	const hb = time.Second
+	var mu sync.Mutex
+	var writes []ddblease.Event
+	counting := false
+	renewed := make(chan time.Time, 16)
+	a := newLease(t, db, table, "job", fast("a"), func(o *ddblease.Options) {
+		o.LeaseDuration, o.HeartbeatInterval = 6*time.Second, hb
+		o.RetryInterval, o.DrainTimeout = 800*time.Millisecond, 5*time.Second
+		o.Observer = func(e ddblease.Event) {
+			if e.Kind == ddblease.EventRenewed {
+				select {
+				case renewed <- time.Now():
+				default:
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if counting && e.Kind == ddblease.EventCall && e.Op == "UpdateItem" {
+				writes = append(writes, e)
+			}
+		}
+	})
+	var sawDraining atomic.Bool
+	stop := runAsync(ctx, a, func(lctx context.Context, _ int64) error {
+		<-lctx.Done()
+		// Returns after the next renewal falls due, well before the
+		// drain mark (a RetryInterval after the drain began).
+		for end := time.Now().Add(400 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			if rec, err := a.Holder(ctx); err == nil && rec.Draining {
+				sawDraining.Store(true)
+			}
+		}
+		return nil
+	})
+	// Stop 150 ms before the renewal after the first one falls due.
+	last := receive(t, renewed, "a renewal")
+	time.Sleep(time.Until(last.Add(hb - 150*time.Millisecond)))
+	mu.Lock()
+	counting = true
+	mu.Unlock()
+	require.NoError(t, stop())
+	mu.Lock()
+	counting = false
+	got := len(writes)
+	mu.Unlock()
+	assert.Equal(t, 1, got, "writes to the lease item from shutdown to Run's return (the resignation alone)")
+	assert.False(t, sawDraining.Load(), "the lease marked draining while fn ran")
+	rec, err := a.Holder(ctx)
+	require.NoError(t, err)
+	assert.True(t, rec.ExpiresAt.IsZero(), "resigned")
+}

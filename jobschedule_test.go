@@ -57,11 +57,6 @@ func TestEvery(t *testing.T) {
 // nothing else there is touched.
 func TestCatchUpRule(t *testing.T) {
 	t.Parallel()
-	now := time.Now().UTC()
-	at := func(d time.Duration) time.Time { return now.Add(d).Truncate(time.Second) }
-	s1, s2, s3, s4, s5, s6, s7 := at(-20*time.Minute), at(-10*time.Minute), at(-8*time.Minute), at(-6*time.Minute),
-		at(-4*time.Minute), at(-2*time.Minute), at(-time.Minute)
-	sched := listSlots(s1, s2, s3, s4, s5, s6, s7)
 	for _, c := range []struct {
 		name   string
 		window time.Duration
@@ -73,6 +68,13 @@ func TestCatchUpRule(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
+			// The slots are placed from when the subtest runs, not from
+			// when it was queued: a parallel subtest may wait a while.
+			now := time.Now().UTC()
+			at := func(d time.Duration) time.Time { return now.Add(d).Truncate(time.Second) }
+			s1, s2, s3, s4, s5, s6, s7 := at(-20*time.Minute), at(-10*time.Minute), at(-8*time.Minute), at(-6*time.Minute),
+				at(-4*time.Minute), at(-2*time.Minute), at(-time.Minute)
+			sched := listSlots(s1, s2, s3, s4, s5, s6, s7)
 			ctx := withTimeout(t, 20*time.Second)
 			table, db := tableAndClient(t)
 			// An earlier tenure ran s3 and died running s5.

@@ -308,7 +308,7 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 						r.err = pe
 					}
 				}()
-				r.err = l.Run(jctx, func(ctx context.Context, fence int64) error { return fn(ctx, job, fence) })
+				r.err = runJob(jctx, l, job, fn)
 			}()
 		}
 		wait := time.NewTimer(jitter(p.opts.HeartbeatInterval))
@@ -335,6 +335,17 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 			}
 		}
 	}
+}
+
+// runJob runs the lease of job until jctx ends. A job started as the pool
+// stopped or handed it over, whose Run found jctx already ended, attempted
+// nothing: that is no error.
+func runJob(jctx context.Context, l *Lease, job string, fn func(context.Context, string, int64) error) error {
+	err := l.Run(jctx, func(ctx context.Context, fence int64) error { return fn(ctx, job, fence) })
+	if errors.As(err, new(endedBeforeRun)) {
+		return nil
+	}
+	return err
 }
 
 // seen returns the live replicas last seen and the view each acts on.

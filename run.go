@@ -31,12 +31,15 @@ import (
 // while its leader context is live is fn's failure, and ends Run.
 //
 // When ctx ends (a SIGTERM through signal.NotifyContext, say), Run cancels
-// the leader context (its cause wraps ctx's cause), keeps renewing the
-// lease while fn returns, and resigns the moment it has. If fn still runs
-// a RetryInterval later, Run marks the lease as draining, so that standbys
-// poll fast: a standby takes over within its fast poll of the
-// resignation. A function that returns sooner is handed over by the
-// resignation alone, one write: a standby takes over at its next poll. If fn is still running DrainTimeout after ctx ended, Run stops
+// the leader context (its cause wraps ctx's cause), keeps the lease while
+// fn returns, and resigns the moment it has. If fn still runs a
+// RetryInterval later, Run marks the lease as draining, so that standbys
+// poll fast (a standby takes over within its fast poll of the
+// resignation), and renews it as usual. A function that returns sooner is
+// handed over by the resignation alone, one write: a standby takes over at
+// its next poll; a renewal that falls due meanwhile is put off while more
+// than a heartbeat interval is left to the lease's deadline. If fn is
+// still running DrainTimeout after ctx ended, Run stops
 // renewing, so the lease lapses at its expiry and a standby may take over
 // while fn still runs (its side effects stay fenced); Run still waits for
 // fn, and then returns an error wrapping ErrDrainTimeout.
@@ -136,11 +139,18 @@ func (l *Lease) enter(ctx context.Context) (leave func(stopped bool, err error),
 	}
 	if ctx.Err() != nil {
 		leave(false, nil)
-		return nil, fmt.Errorf("ddblease: run %q: %w", l.job, ended(ctx))
+		return nil, fmt.Errorf("ddblease: run %q: %w", l.job, endedBeforeRun{ended(ctx)})
 	}
 	l.notify.emit(l.event(EventCampaign, Event{}))
 	return leave, nil
 }
+
+// endedBeforeRun is the error of a campaign whose ctx had ended before it
+// began: nothing was attempted.
+type endedBeforeRun struct{ err error }
+
+func (e endedBeforeRun) Error() string { return e.err.Error() }
+func (e endedBeforeRun) Unwrap() error { return e.err }
 
 // lead runs fn for this tenure. done is false when the tenure ended without
 // a shutdown or an error, and the campaign should go on.
@@ -191,6 +201,7 @@ func (t *term) startLeading(ctx context.Context) *leading {
 	w.k = t.keeper(func() { // control.go: an operator's resign request, drained as a shutdown
 		w.start(fmt.Errorf("%w: fence %d", ErrResignRequested, fence))
 	})
+	w.k.stopping = func() bool { return ctx.Err() != nil || ld.leaderCtx.Err() != nil }
 	w.k.start()
 	ld.stopWatch = context.AfterFunc(ctx, func() {
 		w.start(fmt.Errorf("ddblease: shutting down: %w", context.Cause(ctx)))

@@ -359,12 +359,16 @@ type keeper struct {
 	// asks this tenure to resign (control.go).
 	onResign   func()
 	resignOnce sync.Once
+	// stopping reports that fn is being stopped (Run's ctx or the leader
+	// context has ended): a renewal due then is put off (putOffLocked).
+	stopping func() bool
 
 	mu       sync.Mutex
 	timer    *time.Timer
 	next     time.Time // when the next renewal is due, by Options.Now
 	stopped  bool
 	drained  bool
+	putOff   bool           // a renewal was put off while fn was being stopped
 	urgent   int            // drain requests: a renewal that began before one is followed by another at once
 	inFlight sync.WaitGroup // the renewal running, if any
 }
@@ -437,6 +441,10 @@ func (k *keeper) fire() {
 		k.mu.Unlock()
 		return
 	}
+	if k.putOffLocked() {
+		k.mu.Unlock()
+		return
+	}
 	urgent := k.urgent
 	k.inFlight.Add(1)
 	k.mu.Unlock()
@@ -469,6 +477,31 @@ func (k *keeper) fire() {
 		k.next = time.Time{}
 	}
 	k.armLocked()
+}
+
+// putOffLocked puts off, once, a renewal that falls due while fn is being
+// stopped and no drain mark was asked for: fn is about to return, and the
+// resignation that follows makes the renewal moot (at shutdown, thousands
+// of leases would otherwise renew while their resignations queue). It is
+// put off until one heartbeat interval is left to the deadline, so that
+// the renewal still has the time a regular one has to get through; the
+// drain mark, written if fn still runs a RetryInterval after the drain
+// began, renews at once. It reports whether it put the renewal off.
+// Called with k.mu held.
+func (k *keeper) putOffLocked() bool {
+	if k.putOff || k.drained || k.stopping == nil || !k.stopping() {
+		return false
+	}
+	o := k.t.l.opts
+	s := k.t.snapshot()
+	wait := min(s.deadline.Sub(o.Now()), time.Until(s.realDeadline)) - o.HeartbeatInterval
+	if wait <= 0 {
+		return false
+	}
+	k.putOff = true
+	k.next = o.Now().Add(wait)
+	k.armLocked()
+	return true
 }
 
 // movedOnError reports that the lease item names another owner or fence.
