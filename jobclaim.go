@@ -282,6 +282,12 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 		if errors.Is(err, errPaused) || errors.Is(err, ErrLost) {
 			return nil, err
 		}
+		if err != nil {
+			// Whether the job is paused is not known: fn does not run on
+			// that. The claim is tried again (it finds its own run), or
+			// given up with the firing, and its run marked abandoned.
+			return nil, fmt.Errorf("ddblease: claim %q slot %s: the claim landed, but the lease item could not be read to check for a pause: %w", l.job, id, err)
+		}
 	}
 	switch {
 	case w.outcome == applied:

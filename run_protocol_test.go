@@ -10,6 +10,7 @@ package ddblease_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -931,5 +932,72 @@ func TestPauseAfterClaimLandedUnseenSkipsSlot(t *testing.T) {
 		r, ok := runAt(t, admin, "tick", slot)
 		t.Logf("the slot's run (found %v): %s, fence %d, claims %d; claim requests %d", ok, r.Status, r.Fence, r.Claims, claims.Load())
 	}
+	assert.Zero(t, ran.Load(), "fn ran for a slot whose claim was retried across the pause")
+}
+
+// As above, but every answer to the claim's first transaction is lost,
+// and so is the read of the lease item that would tell whether the job
+// was paused: the slot is not run on that unknown. The claim is sent again,
+// finds the pause, and the slot is skipped.
+func TestPauseUnreadAfterClaimLandedUnseenSkipsSlot(t *testing.T) {
+	t.Parallel()
+	needTransactions(t, "the claim's check of the pause")
+	ctx := withTimeout(t, 60*time.Second)
+	table := srv.NewTable(t)
+	db := srv.Client(nil)
+	admin := newAdmin(t, db, table)
+	slot := time.Now().Add(2 * time.Second).Truncate(time.Second)
+	key, leaseKey := slotKey("tick", slot), []byte(`"lease#tick"`)
+	var mu sync.Mutex
+	var first string        // the claim's first transaction token
+	var sentAgain bool      // a claim with another token was sent
+	var attempts, reads int // of the first token; of the lease item's read-backs failed
+	pauseErr := make(chan error, 1)
+	faults := &bodyFaults{}
+	faults.set(func(op string, body []byte) ddbtest.Action {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case op == "TransactWriteItems" && bytes.Contains(body, key):
+			var in struct{ ClientRequestToken string }
+			_ = json.Unmarshal(body, &in)
+			if first == "" {
+				first = in.ClientRequestToken
+			}
+			if in.ClientRequestToken != first {
+				sentAgain = true
+				return ddbtest.Pass
+			}
+			if attempts++; attempts == 2 {
+				_, err := admin.Pause(ctx, "tick")
+				pauseErr <- err
+			}
+			return ddbtest.DropResponse // it lands, or is refused; its answer is lost
+		case op == "GetItem" && bytes.Contains(body, leaseKey) && attempts >= 2 && !sentAgain:
+			reads++
+			return ddbtest.ServerError // the lease item's read-back, every attempt
+		}
+		return ddbtest.Pass
+	})
+	l := newLease(t, srv.Client(faults.wrap), table, "tick", fast("a"))
+	var ran atomic.Int32
+	stop := runScheduleAsync(ctx, l, listSlots(slot, time.Date(9000, 1, 1, 0, 0, 0, 0, time.UTC)),
+		func(ctx context.Context, run *ddblease.JobRun) error {
+			ran.Add(1)
+			return nil
+		})
+	defer func() { assert.NoError(t, stop()) }()
+	require.NoError(t, receive(t, pauseErr, "the pause, before the claim's retry"))
+	settled := assert.Eventually(t, func() bool {
+		r, ok := runAt(t, admin, "tick", slot)
+		return ok && r.Status == ddblease.RunAbandoned
+	}, 15*time.Second, 20*time.Millisecond, "the slot's run marked abandoned")
+	mu.Lock()
+	defer mu.Unlock()
+	if !settled {
+		r, ok := runAt(t, admin, "tick", slot)
+		t.Logf("the slot's run (found %v): %s, fence %d, claims %d; attempts of the first claim %d", ok, r.Status, r.Fence, r.Claims, attempts)
+	}
+	assert.Positive(t, reads, "the lease item's read-back failed")
 	assert.Zero(t, ran.Load(), "fn ran for a slot whose claim was retried across the pause")
 }
