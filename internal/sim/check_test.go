@@ -979,7 +979,8 @@ func (c *checker) triggers(admin *dynamodb.Client, calls []fnCall, samples []sam
 // pauses judges the slots against the operator's Pause and Resume, by
 // virtual time: from the first Pause that returned without error to the
 // first Resume call made after it, no slot of that window (with a margin
-// of MaxClockSkew each side; clocks within the bound) gets fn called
+// of MaxClockSkew each side; clocks within the bound of each other and of
+// virtual time) gets fn called
 // before the Resume, nor after it unless the Resume asked for the
 // catch-up; no slot gets fn called, whatever its instant, once the pause
 // has been in the table longer than a control read and a claim take
@@ -1009,7 +1010,7 @@ func (c *checker) pauses(calls []fnCall) {
 	for _, f := range p.Faults {
 		delay = max(delay, f.Delay)
 	}
-	timed := !p.wild() && !p.stepped()
+	timed := !p.wild() && !p.stepped() && !p.offTrue()
 	lo, hi := start.Add(paused+p.Skew), start.Add(resumed-p.Skew)
 	late := paused + 2*p.CallTimeout + p.Skew + delay
 	var after []fnCall

@@ -186,9 +186,10 @@
 //     each leads jobs/replicas rounded down or up. The quiet period of a
 //     pool seed is long enough for several heartbeats of it.
 //
-// With clocks within the bound and no wall step beyond it, judged by the
-// slots' instants against the operator's calls in virtual time, with a
-// margin of MaxClockSkew each side:
+// With clocks within the bound, each of them within MaxClockSkew of
+// virtual time too, and no wall step beyond it, judged by the slots'
+// instants against the operator's calls in virtual time, with a margin of
+// MaxClockSkew each side:
 //
 //   - pause-respect: no slot due after the first Pause that returned and
 //     before the Resume call that followed gets fn called before that

@@ -41,6 +41,7 @@ type foundSeed struct {
 }
 
 var foundSeeds = []foundSeed{
+	{321397, "checker: a slot fired before the pause by replicas whose clocks were within the bound of each other but 1.1 s ahead of virtual time, judged as fired in the pause"},
 	{141013, "a claim found a run an older tenure left running and could not mark it abandoned: the slot counted as handled"},
 	{149650, "a claim answered after the tenure's deadline by the runtime clock: the ended tenure claimed the next slot, found its own run and moved past both (1 replay in 150 took that path before the fix)"},
 	{149795, "checker: a leaderless moment after a panic, once a leader had followed the faults, reported as no leader at all"},
