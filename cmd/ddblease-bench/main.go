@@ -181,7 +181,7 @@ func quickDefaults(c *config, fs *flag.FlagSet) {
 	def("cold-forge", func() { c.coldForge = true })
 	def("cost-window", func() { c.costWindow = 12 * time.Second })
 	def("overhead", func() { c.overhead = 100 })
-	def("scale", func() { c.scale = "1000" })
+	def("scale", func() { c.scale = "300/dynalite/6s/2s" }) // rounds of 2 s, not (b)'s 10 s
 	def("scale-rounds", func() { c.scaleRounds = 1 })
 	def("spread-jobs", func() { c.spreadJobs = 100 })
 	def("spread-replicas", func() { c.spreadReplicas = 3 })

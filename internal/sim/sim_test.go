@@ -17,7 +17,7 @@ import (
 
 var (
 	flagSeed    = flag.Uint64("sim.seed", 0, "replay this seed alone, verbosely")
-	flagSeeds   = flag.Int("sim.seeds", 0, "number of seeds to run (CI: 150); without it or -sim.seed or -sim.long the test skips")
+	flagSeeds   = flag.Int("sim.seeds", 0, "number of seeds to run (CI: 90); without it or -sim.seed or -sim.long the test skips")
 	flagFirst   = flag.Uint64("sim.first", 1, "first seed")
 	flagLong    = flag.Bool("sim.long", false, "long mode: 100,000 seeds unless -sim.seeds says more")
 	flagWorkers = flag.Int("sim.workers", 0, "seeds run at once (default GOMAXPROCS)")
