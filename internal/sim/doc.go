@@ -203,7 +203,7 @@
 // # Running it
 //
 //	go test ./internal/sim -run 'TestSim$' -sim.seeds=200   # a quick look
-//	go test ./internal/sim -run 'TestSim$|TestFoundSeeds$' -sim.seeds=90 -sim.replays=2 -timeout 20m  # CI
+//	go test ./internal/sim -run 'TestSim$|TestFoundSeeds$' -sim.seeds=60 -sim.replays=1 -timeout 20m  # CI
 //	go test ./internal/sim -run 'TestSim$' -sim.long -timeout 24h  # 100,000 seeds
 //	go test ./internal/sim -run 'TestSim$' -sim.seed=1234 -v  # replay one seed
 //

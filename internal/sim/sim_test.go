@@ -17,7 +17,7 @@ import (
 
 var (
 	flagSeed    = flag.Uint64("sim.seed", 0, "replay this seed alone, verbosely")
-	flagSeeds   = flag.Int("sim.seeds", 0, "number of seeds to run (CI: 90); without it or -sim.seed or -sim.long the test skips")
+	flagSeeds   = flag.Int("sim.seeds", 0, "number of seeds to run (CI: 60); without it or -sim.seed or -sim.long the test skips")
 	flagFirst   = flag.Uint64("sim.first", 1, "first seed")
 	flagLong    = flag.Bool("sim.long", false, "long mode: 100,000 seeds unless -sim.seeds says more")
 	flagWorkers = flag.Int("sim.workers", 0, "seeds run at once (default GOMAXPROCS)")
@@ -27,7 +27,7 @@ var (
 	flagList    = flag.Bool("sim.list", false, "print one line per failing seed: its violation kinds and scenario tags")
 	flagKeepOn  = flag.Bool("sim.keepgoing", false, "report violations without failing the test (to survey a code base)")
 	flagLog     = flag.Bool("sim.log", false, "with -sim.seed: print the library's log lines (debug level) as the replay runs")
-	flagReplays = flag.Int("sim.replays", 0, "replays of each seed in foundSeeds (CI: 2); without it TestFoundSeeds skips")
+	flagReplays = flag.Int("sim.replays", 0, "replays of each seed in foundSeeds (CI: 1); without it TestFoundSeeds skips")
 	flagEvery   = flag.Int("sim.progress", 0, "print a line to stderr after every N seeds (seeds done, failing so far, the failing seeds' numbers); 0: none")
 )
 
