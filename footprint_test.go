@@ -93,18 +93,10 @@ func TestShutdownHandsOverWithOneWrite(t *testing.T) {
 			t.Parallel()
 			ctx := withTimeout(t, 20*time.Second)
 			table, db := tableAndClient(t)
-			var mu sync.Mutex
-			var writes []ddblease.Event
-			counting := false
+			var writes leaseWrites
 			a := newLease(t, db, table, "job", fast("a"), func(o *ddblease.Options) {
 				o.LeaseDuration, o.HeartbeatInterval = 20*time.Second, 6*time.Second
-				o.Observer = func(e ddblease.Event) {
-					mu.Lock()
-					defer mu.Unlock()
-					if counting && e.Kind == ddblease.EventCall && e.Op == "UpdateItem" {
-						writes = append(writes, e)
-					}
-				}
+				o.Observer = writes.observe
 			})
 			started := make(chan struct{})
 			var sawDraining atomic.Bool
@@ -119,15 +111,9 @@ func TestShutdownHandsOverWithOneWrite(t *testing.T) {
 				return nil
 			})
 			receive(t, started, "leadership")
-			mu.Lock()
-			counting = true
-			mu.Unlock()
+			writes.start()
 			require.NoError(t, stop())
-			mu.Lock()
-			counting = false
-			got := len(writes)
-			mu.Unlock()
-			assert.Equal(t, c.writes, got, "writes to the lease item from shutdown to Run's return")
+			assert.Equal(t, c.writes, writes.stop(), "writes to the lease item from shutdown to Run's return")
 			assert.Equal(t, c.marked, sawDraining.Load(), "the lease marked draining while fn ran")
 			rec, err := a.Holder(ctx)
 			require.NoError(t, err)
@@ -145,9 +131,7 @@ func TestShutdownPutsOffARenewalDueAsFnReturns(t *testing.T) {
 	ctx := withTimeout(t, 20*time.Second)
 	table, db := tableAndClient(t)
 	const hb = time.Second
-	var mu sync.Mutex
-	var writes []ddblease.Event
-	counting := false
+	var writes leaseWrites
 	renewed := make(chan time.Time, 16)
 	a := newLease(t, db, table, "job", fast("a"), func(o *ddblease.Options) {
 		o.LeaseDuration, o.HeartbeatInterval = 6*time.Second, hb
@@ -159,11 +143,7 @@ func TestShutdownPutsOffARenewalDueAsFnReturns(t *testing.T) {
 				default:
 				}
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			if counting && e.Kind == ddblease.EventCall && e.Op == "UpdateItem" {
-				writes = append(writes, e)
-			}
+			writes.observe(e)
 		}
 	})
 	var sawDraining atomic.Bool
@@ -181,17 +161,41 @@ func TestShutdownPutsOffARenewalDueAsFnReturns(t *testing.T) {
 	// Stop 150 ms before the renewal after the first one falls due.
 	last := receive(t, renewed, "a renewal")
 	time.Sleep(time.Until(last.Add(hb - 150*time.Millisecond)))
-	mu.Lock()
-	counting = true
-	mu.Unlock()
+	writes.start()
 	require.NoError(t, stop())
-	mu.Lock()
-	counting = false
-	got := len(writes)
-	mu.Unlock()
-	assert.Equal(t, 1, got, "writes to the lease item from shutdown to Run's return (the resignation alone)")
+	assert.Equal(t, 1, writes.stop(), "writes to the lease item from shutdown to Run's return (the resignation alone)")
 	assert.False(t, sawDraining.Load(), "the lease marked draining while fn ran")
 	rec, err := a.Holder(ctx)
 	require.NoError(t, err)
 	assert.True(t, rec.ExpiresAt.IsZero(), "resigned")
+}
+
+// leaseWrites counts a lease's writes (UpdateItem calls) between start and
+// stop; observe is its Options.Observer.
+type leaseWrites struct {
+	mu sync.Mutex
+	on bool
+	n  int
+}
+
+func (w *leaseWrites) observe(e ddblease.Event) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.on && e.Kind == ddblease.EventCall && e.Op == "UpdateItem" {
+		w.n++
+	}
+}
+
+func (w *leaseWrites) start() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.on = true
+}
+
+// stop ends the count and returns it.
+func (w *leaseWrites) stop() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.on = false
+	return w.n
 }

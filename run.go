@@ -200,8 +200,7 @@ func (t *term) startLeading(ctx context.Context) *leading {
 	w.t = t
 	w.k = t.keeper(func() { // control.go: an operator's resign request, drained as a shutdown
 		w.start(fmt.Errorf("%w: fence %d", ErrResignRequested, fence))
-	})
-	w.k.stopping = func() bool { return ctx.Err() != nil || ld.leaderCtx.Err() != nil }
+	}, func() bool { return ctx.Err() != nil || ld.leaderCtx.Err() != nil })
 	w.k.start()
 	ld.stopWatch = context.AfterFunc(ctx, func() {
 		w.start(fmt.Errorf("ddblease: shutting down: %w", context.Cause(ctx)))

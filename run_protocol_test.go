@@ -916,23 +916,9 @@ func TestPauseAfterClaimLandedUnseenSkipsSlot(t *testing.T) {
 		return ddbtest.Pass
 	})
 	l := newLease(t, srv.Client(faults.wrap), table, "tick", fast("a"))
-	var ran atomic.Int32
-	stop := runScheduleAsync(ctx, l, listSlots(slot, time.Date(9000, 1, 1, 0, 0, 0, 0, time.UTC)),
-		func(ctx context.Context, run *ddblease.JobRun) error {
-			ran.Add(1)
-			return nil
-		})
-	defer func() { assert.NoError(t, stop()) }()
-	require.NoError(t, receive(t, pauseErr, "the pause, before the claim's retry"))
-	settled := assert.Eventually(t, func() bool {
-		r, ok := runAt(t, admin, "tick", slot)
-		return ok && r.Status == ddblease.RunAbandoned
-	}, 15*time.Second, 20*time.Millisecond, "the slot's run marked abandoned")
-	if !settled {
-		r, ok := runAt(t, admin, "tick", slot)
-		t.Logf("the slot's run (found %v): %s, fence %d, claims %d; claim requests %d", ok, r.Status, r.Fence, r.Claims, claims.Load())
-	}
-	assert.Zero(t, ran.Load(), "fn ran for a slot whose claim was retried across the pause")
+	assertPausedSlotNotRun(ctx, t, l, admin, slot, pauseErr, func() string {
+		return fmt.Sprintf("claim requests %d", claims.Load())
+	})
 }
 
 // As above, but every answer to the claim's first transaction is lost,
@@ -980,6 +966,23 @@ func TestPauseUnreadAfterClaimLandedUnseenSkipsSlot(t *testing.T) {
 		return ddbtest.Pass
 	})
 	l := newLease(t, srv.Client(faults.wrap), table, "tick", fast("a"))
+	assertPausedSlotNotRun(ctx, t, l, admin, slot, pauseErr, func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprintf("attempts of the first claim %d", attempts)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Positive(t, reads, "the lease item's read-back failed")
+}
+
+// assertPausedSlotNotRun runs l's schedule of job "tick": slot, then none
+// until the year 9000; waits for the pause its faults make (pauseErr), and asserts
+// that the slot's run is marked abandoned and that fn never ran it. detail
+// describes the faults, for a failure.
+func assertPausedSlotNotRun(ctx context.Context, t *testing.T, l *ddblease.Lease, admin *ddblease.Admin, slot time.Time,
+	pauseErr <-chan error, detail func() string) {
+	t.Helper()
 	var ran atomic.Int32
 	stop := runScheduleAsync(ctx, l, listSlots(slot, time.Date(9000, 1, 1, 0, 0, 0, 0, time.UTC)),
 		func(ctx context.Context, run *ddblease.JobRun) error {
@@ -992,12 +995,9 @@ func TestPauseUnreadAfterClaimLandedUnseenSkipsSlot(t *testing.T) {
 		r, ok := runAt(t, admin, "tick", slot)
 		return ok && r.Status == ddblease.RunAbandoned
 	}, 15*time.Second, 20*time.Millisecond, "the slot's run marked abandoned")
-	mu.Lock()
-	defer mu.Unlock()
 	if !settled {
 		r, ok := runAt(t, admin, "tick", slot)
-		t.Logf("the slot's run (found %v): %s, fence %d, claims %d; attempts of the first claim %d", ok, r.Status, r.Fence, r.Claims, attempts)
+		t.Logf("the slot's run (found %v): %s, fence %d, claims %d; %s", ok, r.Status, r.Fence, r.Claims, detail())
 	}
-	assert.Positive(t, reads, "the lease item's read-back failed")
 	assert.Zero(t, ran.Load(), "fn ran for a slot whose claim was retried across the pause")
 }

@@ -374,9 +374,9 @@ type keeper struct {
 }
 
 // keeper returns a keeper of the term; start sets it going.
-func (t *term) keeper(onResign func()) *keeper {
+func (t *term) keeper(onResign func(), stopping func() bool) *keeper {
 	l := t.l
-	return &keeper{t: t, onResign: onResign,
+	return &keeper{t: t, onResign: onResign, stopping: stopping,
 		bo:   &backoff{base: l.opts.RetryInterval, max: l.opts.HeartbeatInterval / 2},
 		next: t.snapshot().sentAt.Add(l.opts.HeartbeatInterval)}
 }
@@ -489,7 +489,7 @@ func (k *keeper) fire() {
 // began, renews at once. It reports whether it put the renewal off.
 // Called with k.mu held.
 func (k *keeper) putOffLocked() bool {
-	if k.putOff || k.drained || k.stopping == nil || !k.stopping() {
+	if k.putOff || k.drained || !k.stopping() {
 		return false
 	}
 	o := k.t.l.opts
