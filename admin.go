@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -24,15 +22,6 @@ var (
 	ErrNotHeld = errors.New("ddblease: lease not held")
 )
 
-// AdminAPI is the part of the DynamoDB client that Admin uses: DynamoDBAPI
-// and Scan, which only the listings need. *dynamodb.Client satisfies it.
-type AdminAPI interface {
-	DynamoDBAPI
-	Scan(ctx context.Context, params *dynamodb.ScanInput, optFns ...func(*dynamodb.Options)) (*dynamodb.ScanOutput, error)
-}
-
-var _ AdminAPI = (*dynamodb.Client)(nil)
-
 // DefaultAdminCallTimeout is the default of AdminOptions.CallTimeout.
 const DefaultAdminCallTimeout = 10 * time.Second
 
@@ -48,6 +37,11 @@ type AdminOptions struct {
 	// Now returns the current time, recorded with each request. Default
 	// time.Now.
 	Now func() time.Time
+
+	// Layout names the table's key attributes and the prefix of the
+	// library's keys: the replicas' Options.Layout. Default: the zero
+	// Layout.
+	Layout Layout
 }
 
 // Admin makes the operator's calls on the jobs of a lease table: read
@@ -56,13 +50,13 @@ type AdminOptions struct {
 // and take effect through the lease item, which the replicas read. An
 // Admin is safe for concurrent use.
 type Admin struct {
-	db    AdminAPI
+	db    DynamoDBAPI
 	table string
 	o     AdminOptions
 }
 
 // NewAdmin returns an Admin for table. It makes no call.
-func NewAdmin(db AdminAPI, table string, optFns ...func(*AdminOptions)) (*Admin, error) {
+func NewAdmin(db DynamoDBAPI, table string, optFns ...func(*AdminOptions)) (*Admin, error) {
 	if err := CheckClient(db); err != nil {
 		return nil, err
 	}
@@ -90,6 +84,10 @@ func NewAdmin(db AdminAPI, table string, optFns ...func(*AdminOptions)) (*Admin,
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	var err error
+	if o.Layout, err = o.Layout.withDefaults("AdminOptions"); err != nil {
+		return nil, err
+	}
 	return &Admin{db: db, table: table, o: o}, nil
 }
 
@@ -116,14 +114,14 @@ func (a *Admin) update(ctx context.Context, job, update, cond string, names map[
 	if err := checkName("job name", job, MaxJobLength); err != nil {
 		return Record{}, false, err
 	}
-	names["#pk"], names["#fence"], names["#owner"], names["#rv"], names["#exp"] = attrPK, attrFence, attrOwner, attrVersion, attrExpires
+	names["#pk"], names["#fence"], names["#owner"], names["#rv"], names["#exp"] = a.o.Layout.PartitionKey, attrFence, attrOwner, attrVersion, attrExpires
 	values[":tn"], values[":ts"] = avS("N"), avS("S")
 	full := "attribute_exists(#pk) AND attribute_type(#fence, :tn) AND attribute_type(#owner, :ts) " +
 		"AND attribute_type(#rv, :ts) AND attribute_type(#exp, :tn)"
 	if cond != "" {
 		full += " AND (" + cond + ")"
 	}
-	key := map[string]types.AttributeValue{attrPK: avS(leaseKey(job))}
+	key := a.o.Layout.leaseKey(job)
 	cctx, cancel := context.WithTimeout(ctx, a.o.CallTimeout)
 	out, err := a.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
 		TableName:                           aws.String(a.table),
@@ -139,14 +137,14 @@ func (a *Admin) update(ctx context.Context, job, update, cond string, names map[
 	w := condWrite{db: a.db, actions: []types.TransactWriteItem{action(a.table, key)}, watch: -1, timeout: a.o.CallTimeout}.resolve(ctx, attributes(out), err)
 	switch w.outcome {
 	case applied:
-		rec, err := decodeLease(w.item)
+		rec, err := decodeLease(a.o.Layout, w.item)
 		return rec, false, err
 	case refused:
 		item, err := w.stored(0)
 		st, err := a.status(ctx, job, item, err)
 		return st.Lease, true, err
 	}
-	return Record{}, false, fmt.Errorf("ddblease: update lease %q: %w", job, explainTableError(ctx, a.db, a.table, err))
+	return Record{}, false, fmt.Errorf("ddblease: update lease %q: %w", job, explainTableError(ctx, a.db, a.table, a.o.Layout, err))
 }
 
 // ReleaseOptions configures a forced release (Admin.ForceRelease).
@@ -363,109 +361,23 @@ func (a *Admin) Job(ctx context.Context, job string) (JobStatus, error) {
 	if err := checkName("job name", job, MaxJobLength); err != nil {
 		return JobStatus{}, err
 	}
-	item, err := getItem(ctx, a.db, a.table, map[string]types.AttributeValue{attrPK: avS(leaseKey(job))}, a.o.CallTimeout)
+	item, err := getItem(ctx, a.db, a.table, a.o.Layout.leaseKey(job), a.o.CallTimeout)
 	return a.status(ctx, job, item, err)
 }
 
 // status is job's status from its lease item, read with err.
 func (a *Admin) status(ctx context.Context, job string, item map[string]types.AttributeValue, err error) (JobStatus, error) {
 	if err != nil {
-		return JobStatus{}, fmt.Errorf("ddblease: read lease %q: %w", job, explainTableError(ctx, a.db, a.table, err))
+		return JobStatus{}, fmt.Errorf("ddblease: read lease %q: %w", job, explainTableError(ctx, a.db, a.table, a.o.Layout, err))
 	}
 	if len(item) == 0 {
 		return JobStatus{}, fmt.Errorf("%w: %q has no lease item in table %q", ErrUnknownJob, job, a.table)
 	}
-	rec, err := decodeLease(item)
+	rec, err := decodeLease(a.o.Layout, item)
 	if err != nil {
 		return JobStatus{}, err
 	}
 	return JobStatus{Job: job, Lease: rec}, nil
-}
-
-// Jobs returns every job of the table, by name. It scans the whole table
-// (strongly consistent, filtered to lease items), so its cost grows with
-// the number of run items kept: it is meant for an operator's tool, not
-// for a loop. Items it cannot decode are left out and reported in an error
-// wrapping ErrMalformedItem, returned with the others.
-func (a *Admin) Jobs(ctx context.Context) ([]JobStatus, error) {
-	items, err := a.scan(ctx, "lease#")
-	if err != nil {
-		return nil, err
-	}
-	var jobs []JobStatus
-	var errs []error
-	for _, item := range items {
-		pk, _ := str(item, attrPK)
-		rec, err := decodeLease(item)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		jobs = append(jobs, JobStatus{Job: strings.TrimPrefix(pk, "lease#"), Lease: rec})
-	}
-	slices.SortFunc(jobs, func(x, y JobStatus) int { return strings.Compare(x.Job, y.Job) })
-	return jobs, errors.Join(errs...)
-}
-
-// Runs returns every run of job kept in the table whose slot is not before
-// since (all of them when since is zero), in slot order: schedule slots,
-// triggered runs and slots skipped by a pause alike. Unlike ListRuns it
-// needs no schedule, and it scans the whole table (strongly consistent):
-// its cost grows with the table. Items it cannot decode are left out and
-// reported in an error wrapping ErrMalformedItem.
-func (a *Admin) Runs(ctx context.Context, job string, since time.Time) ([]RunRecord, error) {
-	if err := checkName("job name", job, MaxJobLength); err != nil {
-		return nil, err
-	}
-	items, err := a.scan(ctx, runItemKey(job, ""))
-	if err != nil {
-		return nil, err
-	}
-	var runs []RunRecord
-	var errs []error
-	for _, item := range items {
-		rec, err := decodeRun(item)
-		switch {
-		case err != nil:
-			errs = append(errs, err)
-		case rec.Job != job: // a job whose name extends this one's with '#'
-		case since.IsZero() || !rec.Slot.Before(since):
-			runs = append(runs, rec)
-		}
-	}
-	slices.SortStableFunc(runs, func(x, y RunRecord) int {
-		if c := x.Slot.Compare(y.Slot); c != 0 {
-			return c
-		}
-		return strings.Compare(x.Trigger, y.Trigger)
-	})
-	return runs, errors.Join(errs...)
-}
-
-// scan returns the items whose key starts with prefix.
-func (a *Admin) scan(ctx context.Context, prefix string) ([]map[string]types.AttributeValue, error) {
-	var items []map[string]types.AttributeValue
-	var start map[string]types.AttributeValue
-	for {
-		cctx, cancel := context.WithTimeout(ctx, a.o.CallTimeout)
-		out, err := a.db.Scan(cctx, &dynamodb.ScanInput{
-			TableName:                 aws.String(a.table),
-			FilterExpression:          aws.String("begins_with(#pk, :prefix)"),
-			ExpressionAttributeNames:  map[string]string{"#pk": attrPK},
-			ExpressionAttributeValues: map[string]types.AttributeValue{":prefix": avS(prefix)},
-			ConsistentRead:            aws.Bool(true),
-			ExclusiveStartKey:         start,
-		})
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("ddblease: scan: %w", explainTableError(ctx, a.db, a.table, err))
-		}
-		items = append(items, out.Items...)
-		if len(out.LastEvaluatedKey) == 0 {
-			return items, nil
-		}
-		start = out.LastEvaluatedKey
-	}
 }
 
 // Trigger is a request to run a job once, outside its schedule.
@@ -475,9 +387,8 @@ type Trigger struct {
 	At  time.Time // when it was requested: the run's slot, in UTC, to the millisecond
 }
 
-// RunID is the run's slot id: the slot, then "#trigger-" and the id. The
-// run item's key is jobrun#<job>#<RunID>; JobRun.IdempotencyKey is
-// <job>#<RunID>.
+// RunID is the run's id: the slot, then "#trigger-" and the id.
+// JobRun.IdempotencyKey is <job>#<RunID>.
 func (t Trigger) RunID() string { return triggerRunID(t.At, t.ID) }
 
 // Trigger asks the leader of job to run it once now, as an extra run with
@@ -529,14 +440,14 @@ func (a *Admin) TriggerRun(ctx context.Context, t Trigger) (rec RunRecord, ok bo
 	if !validTriggerID(t.ID) {
 		return RunRecord{}, false, invalid("trigger id %q is not 16 hex digits", t.ID)
 	}
-	item, err := getItem(ctx, a.db, a.table, map[string]types.AttributeValue{attrPK: avS(runItemKey(t.Job, t.RunID()))}, a.o.CallTimeout)
+	item, err := getItem(ctx, a.db, a.table, a.o.Layout.runKey(t.Job, runSK(t.At, t.ID)), a.o.CallTimeout)
 	if err != nil {
-		return RunRecord{}, false, fmt.Errorf("ddblease: read run %q %s: %w", t.Job, t.RunID(), explainTableError(ctx, a.db, a.table, err))
+		return RunRecord{}, false, fmt.Errorf("ddblease: read run %q %s: %w", t.Job, t.RunID(), explainTableError(ctx, a.db, a.table, a.o.Layout, err))
 	}
 	if len(item) == 0 {
 		return RunRecord{}, false, nil
 	}
-	rec, err = decodeRun(item)
+	rec, err = decodeRun(a.o.Layout, item)
 	return rec, err == nil, err
 }
 

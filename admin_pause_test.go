@@ -39,7 +39,7 @@ func (s *slotLog) all() []ddblease.RunRecord {
 
 func runsWith(t *testing.T, admin *ddblease.Admin, job string, st ddblease.RunStatus, after time.Time) []ddblease.RunRecord {
 	t.Helper()
-	runs, err := admin.Runs(context.Background(), job, after)
+	runs, err := admin.Runs(context.Background(), job, ddblease.RunRange{From: after})
 	require.NoError(t, err)
 	var out []ddblease.RunRecord
 	for _, r := range runs {

@@ -146,7 +146,7 @@ func TestForceReleaseKeepsOneLeader(t *testing.T) {
 	assert.ErrorIs(t, g.Check(ctx, f1), ddblease.ErrStaleFence, "Check refuses the released fence")
 	if srv.Caps(t).Transactions {
 		err := g.TransactWrite(ctx, f1, []types.TransactWriteItem{{Put: &types.Put{
-			TableName: &table, Item: item("pk", "invoice-1"),
+			TableName: &table, Item: sink("invoice-1"),
 		}}})
 		assert.ErrorIs(t, err, ddblease.ErrStaleFence, "TransactWrite refuses the released fence")
 	}

@@ -187,19 +187,34 @@ func TestJobsAndRuns(t *testing.T) {
 	assert.Equal(t, "o-a", jobs[0].Lease.Owner)
 	assert.Equal(t, int64(1), jobs[0].Lease.Fence)
 
-	runs, err := admin.Runs(ctx, "a", time.Time{})
+	runs, err := admin.Runs(ctx, "a", ddblease.RunRange{})
 	require.NoError(t, err)
 	require.Len(t, runs, 2)
 	assert.Equal(t, "a", runs[0].Job)
 	assert.True(t, runs[0].Slot.Equal(slot))
 	assert.Equal(t, ddblease.RunFailed, runs[1].Status)
-	runs, err = admin.Runs(ctx, "a", slot.Add(time.Minute))
+	runs, err = admin.Runs(ctx, "a", ddblease.RunRange{From: slot.Add(time.Minute)})
 	require.NoError(t, err)
 	require.Len(t, runs, 1)
+	runs, err = admin.Runs(ctx, "a", ddblease.RunRange{To: slot})
+	require.NoError(t, err)
+	require.Len(t, runs, 1, "To is included")
+	assert.True(t, runs[0].Slot.Equal(slot))
+	runs, err = admin.Runs(ctx, "a", ddblease.RunRange{Newest: true, Limit: 1})
+	require.NoError(t, err)
+	require.Len(t, runs, 1)
+	assert.Equal(t, ddblease.RunFailed, runs[0].Status, "the latest run")
+	runs, err = admin.Runs(ctx, "a", ddblease.RunRange{From: slot.Add(2 * time.Hour)})
+	require.NoError(t, err)
+	assert.Empty(t, runs)
+	_, err = admin.Runs(ctx, "a", ddblease.RunRange{From: slot, To: slot.Add(-time.Second)})
+	assert.ErrorIs(t, err, ddblease.ErrInvalid)
 
-	// A malformed lease item is reported, the others listed.
-	putRaw(t, db, table, map[string]types.AttributeValue{"pk": sAttr("lease#bad"), "owner": sAttr("x"),
-		"fence": nAttr("1"), "expiresAt": nAttr("0"), "rv": sAttr("v"), "paused": sAttr("yes")})
+	// A malformed lease item of a listed job is reported, the others
+	// listed.
+	putRaw(t, db, table, item("pk", "directory", "sk", "job#bad"))
+	putRaw(t, db, table, withKey("lease#bad", map[string]types.AttributeValue{"owner": sAttr("x"),
+		"fence": nAttr("1"), "expiresAt": nAttr("0"), "rv": sAttr("v"), "paused": sAttr("yes")}))
 	jobs, err = admin.Jobs(ctx)
 	assert.ErrorIs(t, err, ddblease.ErrMalformedItem)
 	assert.Len(t, jobs, 3)
@@ -215,7 +230,7 @@ func TestAdminMissingTable(t *testing.T) {
 	for name, call := range map[string]func() error{
 		"Job":           func() error { _, err := a.Job(ctx, "billing"); return err },
 		"Jobs":          func() error { _, err := a.Jobs(ctx); return err },
-		"Runs":          func() error { _, err := a.Runs(ctx, "billing", time.Time{}); return err },
+		"Runs":          func() error { _, err := a.Runs(ctx, "billing", ddblease.RunRange{}); return err },
 		"ForceRelease":  func() error { _, err := a.ForceRelease(ctx, "billing", 3); return err },
 		"RequestResign": func() error { _, err := a.RequestResign(ctx, "billing", 0); return err },
 		"Pause":         func() error { _, err := a.Pause(ctx, "billing"); return err },

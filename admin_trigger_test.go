@@ -76,7 +76,7 @@ func TestTrigger(t *testing.T) {
 	})
 	assert.Len(t, log.all(), 4, "each trigger ran once")
 
-	all, err := admin.Runs(ctx, "report", time.Time{})
+	all, err := admin.Runs(ctx, "report", ddblease.RunRange{})
 	require.NoError(t, err)
 	require.Len(t, all, 4)
 	assert.Equal(t, tr.ID, all[0].Trigger)

@@ -14,15 +14,24 @@ import (
 // The records' dynamodbav tags name the attributes the expressions write
 // (the attr constants): a tag that drifted from its constant would leave a
 // field never decoded.
+// defaultLayout is the default Layout, resolved.
+var defaultLayout = func() Layout {
+	y, err := Layout{}.withDefaults("Options")
+	if err != nil {
+		panic(err)
+	}
+	return y
+}()
+
 func TestRecordTags(t *testing.T) {
 	for _, c := range []struct {
 		record any
 		want   []string
 	}{
-		{leaseItem{}, []string{attrPK, attrOwner, attrFence, attrExpires, attrVersion, attrLeaseMs, attrAcquiredAt, attrRenewedAt, attrDraining,
+		{leaseItem{}, []string{attrListed, attrOwner, attrFence, attrExpires, attrVersion, attrLeaseMs, attrAcquiredAt, attrRenewedAt, attrDraining,
 			attrPaused, attrPausedBy, attrPausedAt, attrResumedBy, attrResumedAt, attrCatchUp, attrCatchUpWanted, attrCatchUpDone,
 			attrResignFence, attrResignBy, attrResignAt, attrReleasedFence, attrReleasedBy, attrReleasedAt}},
-		{runItem{}, []string{attrPK, attrJob, attrSlot, attrTrigger, attrFence, attrOwner, attrClaim, attrStatus, attrStartedAt,
+		{runItem{}, []string{attrJob, attrSlot, attrTrigger, attrFence, attrOwner, attrClaim, attrStatus, attrStartedAt,
 			attrFinishedAt, attrError, attrClaims, attrMissed, attrAbandonedBy, RunTTLAttribute, attrUnswept, attrSkippedIn}},
 	} {
 		got := slices.Sorted(maps.Keys(tagNames(reflect.TypeOf(c.record)).exact))
@@ -38,11 +47,11 @@ func TestRecordTags(t *testing.T) {
 // alone would).
 func TestDecodeIgnoresOtherCase(t *testing.T) {
 	item := map[string]types.AttributeValue{
-		attrPK: avS("lease#job"), attrOwner: avS("a"), attrFence: avN(3), attrExpires: avN(0), attrVersion: avS("v"),
+		DefaultPartitionKey: avS("job#job"), DefaultSortKey: avS("lease"), attrOwner: avS("a"), attrFence: avN(3), attrExpires: avN(0), attrVersion: avS("v"),
 		"FENCE": avN(9), "Owner": avN(1), "DRAINING": avS("x"),
 	}
 	for range 20 { // map order varies: every order must decode alike
-		r, err := decodeLease(item)
+		r, err := decodeLease(defaultLayout, item)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,7 +66,7 @@ func TestDecodeIgnoresOtherCase(t *testing.T) {
 func TestDecodeNamesTheProblem(t *testing.T) {
 	base := func() map[string]types.AttributeValue {
 		return map[string]types.AttributeValue{
-			attrPK: avS("lease#job"), attrOwner: avS("a"), attrFence: avN(3), attrExpires: avN(0), attrVersion: avS("v"),
+			DefaultPartitionKey: avS("job#job"), DefaultSortKey: avS("lease"), attrOwner: avS("a"), attrFence: avN(3), attrExpires: avN(0), attrVersion: avS("v"),
 		}
 	}
 	for _, c := range []struct {
@@ -76,8 +85,8 @@ func TestDecodeNamesTheProblem(t *testing.T) {
 	} {
 		item := base()
 		c.edit(item)
-		_, err := decodeLease(item)
-		if !errors.Is(err, ErrMalformedItem) || !strings.Contains(err.Error(), `lease item "lease#job"`) || !strings.Contains(err.Error(), c.want) {
+		_, err := decodeLease(defaultLayout, item)
+		if !errors.Is(err, ErrMalformedItem) || !strings.Contains(err.Error(), `lease item "job#job/lease"`) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: got %v, want ErrMalformedItem naming the item and %q", c.name, err, c.want)
 		}
 	}

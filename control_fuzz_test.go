@@ -11,7 +11,7 @@ import (
 // validLease is a well-formed lease item without operator attributes.
 func validLease() map[string]types.AttributeValue {
 	return map[string]types.AttributeValue{
-		attrPK: avS("lease#job"), attrOwner: avS("a"), attrFence: avN(3), attrExpires: avN(1764470000000),
+		DefaultPartitionKey: avS("job#job"), DefaultSortKey: avS("lease"), attrOwner: avS("a"), attrFence: avN(3), attrExpires: avN(1764470000000),
 		attrVersion: avS("v"),
 	}
 }
@@ -26,7 +26,7 @@ func TestDecodeControl(t *testing.T) {
 	item[attrTriggers] = &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
 		triggerKeep: avN(0), "00000000000000bb": avN(1764470000002), "00000000000000aa": avN(1764470000001),
 	}}
-	r, err := decodeLease(item)
+	r, err := decodeLease(defaultLayout, item)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func TestDecodeControl(t *testing.T) {
 		t.Fatalf("triggers %+v, %v: want the oldest first", trs, err)
 	}
 	item[attrCatchUpDone] = avS("t1")
-	if r, err := decodeLease(item); err != nil || r.Control.CatchUpPending {
+	if r, err := decodeLease(defaultLayout, item); err != nil || r.Control.CatchUpPending {
 		t.Fatalf("a handled catch-up is not pending: %+v %v", r.Control, err)
 	}
 
@@ -60,7 +60,7 @@ func TestDecodeControl(t *testing.T) {
 	} {
 		item := validLease()
 		bad(item)
-		if _, err := decodeLease(item); !errors.Is(err, ErrMalformedItem) {
+		if _, err := decodeLease(defaultLayout, item); !errors.Is(err, ErrMalformedItem) {
 			t.Errorf("%s: got %v, want ErrMalformedItem", name, err)
 		}
 	}
@@ -93,7 +93,7 @@ func FuzzDecodeControl(f *testing.F) {
 		} else if v, ok := attr(kid, id); ok {
 			item[attrTriggers] = v
 		}
-		r, err := decodeLease(item)
+		r, err := decodeLease(defaultLayout, item)
 		if err != nil {
 			return
 		}

@@ -253,7 +253,7 @@ func callOutcome(op string, err error) CallOutcome {
 		return CallThrottled
 	}
 	switch op {
-	case "GetItem", "BatchGetItem", "DescribeTable", "Query", "Scan":
+	case "GetItem", "BatchGetItem", "DescribeTable", "Query":
 		return CallError
 	}
 	if mayHaveApplied(err) {
@@ -265,7 +265,7 @@ func callOutcome(op string, err error) CallOutcome {
 // explainTableError adds the table's name to errors the SDK reports
 // without it: a missing table, and a key schema that is not ours (checked
 // with one DescribeTable).
-func explainTableError(ctx context.Context, db DynamoDBAPI, table string, err error) error {
+func explainTableError(ctx context.Context, db DynamoDBAPI, table string, y Layout, err error) error {
 	var api smithy.APIError
 	if !errors.As(err, &api) {
 		return err
@@ -280,7 +280,7 @@ func explainTableError(ctx context.Context, db DynamoDBAPI, table string, err er
 		if derr != nil {
 			return fmt.Errorf("table %q: %w", table, err)
 		}
-		if serr := checkSchema(table, out.Table); serr != nil {
+		if serr := checkSchema(table, out.Table, y); serr != nil {
 			return fmt.Errorf("%w (the server said: %w)", serr, err)
 		}
 		return fmt.Errorf("table %q: %w", table, err)

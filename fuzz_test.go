@@ -1,6 +1,7 @@
 package ddblease
 
 import (
+	"maps"
 	"testing"
 	"time"
 
@@ -51,12 +52,12 @@ func FuzzDecodeLease(f *testing.F) {
 	f.Add(byte(1), "a", byte(2), "9223372036854775808", byte(2), "-1", byte(1), "", byte(2), "-5", byte(1))
 	f.Fuzz(func(t *testing.T, ko byte, owner string, kf byte, fence string, ke byte, exp string,
 		kv byte, rv string, kl byte, leaseMs string, kd byte) {
-		item := map[string]types.AttributeValue{attrPK: &types.AttributeValueMemberS{Value: "lease#job"}}
+		item := defaultLayout.leaseKey("job")
 		setAttrs(item, []fuzzAttr{
 			{attrOwner, ko, owner}, {attrFence, kf, fence}, {attrExpires, ke, exp},
 			{attrVersion, kv, rv}, {attrLeaseMs, kl, leaseMs}, {attrDraining, kd, rv},
 		}...)
-		r, err := decodeLease(item)
+		r, err := decodeLease(defaultLayout, item)
 		if err != nil {
 			return
 		}
@@ -107,17 +108,21 @@ func FuzzDecodeRun(f *testing.F) {
 	f.Add("job", byte(1), "2026-11-30T02:00:00Z", byte(2), "3", byte(1), "skipped-by-pause", byte(2), "1764470000000", byte(2), "1", byte(0), "")
 	f.Fuzz(func(t *testing.T, job string, ks byte, slot string, kf byte, fence string, kst byte, status string,
 		kt byte, started string, kc byte, claims string, ke byte, errText string) {
-		item := map[string]types.AttributeValue{
-			attrPK:    &types.AttributeValueMemberS{Value: runItemKey(job, slot)},
+		sk, err := runSKOf(slot)
+		if err != nil {
+			sk = skRunPrefix + slot
+		}
+		item := defaultLayout.runKey(job, sk)
+		maps.Copy(item, map[string]types.AttributeValue{
 			attrJob:   &types.AttributeValueMemberS{Value: job},
 			attrOwner: &types.AttributeValueMemberS{Value: "o"},
 			attrClaim: &types.AttributeValueMemberS{Value: "c"},
-		}
+		})
 		setAttrs(item, []fuzzAttr{
 			{attrSlot, ks, slot}, {attrFence, kf, fence}, {attrStatus, kst, status}, {attrStartedAt, kt, started},
 			{attrClaims, kc, claims}, {attrError, ke, errText}, {attrMissed, kc, claims}, {RunTTLAttribute, kt, started},
 		}...)
-		r, err := decodeRun(item)
+		r, err := decodeRun(defaultLayout, item)
 		if err != nil {
 			return
 		}

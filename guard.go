@@ -106,6 +106,11 @@ type GuardOptions struct {
 	// slow observer delays the guarded call. A panic in it is not
 	// recovered. Default nil.
 	Observer func(Event)
+
+	// Layout names the lease table's key attributes and the prefix of the
+	// library's keys: the replicas' Options.Layout. Default: the zero
+	// Layout.
+	Layout Layout
 }
 
 // Guard refuses side effects of stale leaders of one job. It is the sink
@@ -172,7 +177,10 @@ func NewGuard(db DynamoDBAPI, table, job string, optFns ...func(*GuardOptions)) 
 		return nil, err
 	}
 	o.FenceAttribute, o.TokenAttribute = m.fence, m.token
-	g := &Guard{db: db, table: table, job: job, key: map[string]types.AttributeValue{attrPK: avS(leaseKey(job))},
+	if o.Layout, err = o.Layout.withDefaults("GuardOptions"); err != nil {
+		return nil, err
+	}
+	g := &Guard{db: db, table: table, job: job, key: o.Layout.leaseKey(job),
 		opts: o, mark: m, obs: notifier{fn: o.Observer}}
 	if o.Observer != nil {
 		g.db = observedDB{db: db, now: time.Now, report: func(e Event) {
@@ -218,7 +226,7 @@ func (g *Guard) check(ctx context.Context, op string, fence int64) error {
 	if err != nil {
 		return fmt.Errorf("ddblease: guard %q: read lease: %w", g.job, err)
 	}
-	cur, err := fenceOf(item)
+	cur, err := fenceOf(g.opts.Layout, item)
 	if err != nil {
 		return fmt.Errorf("ddblease: guard %q: %w", g.job, err)
 	}
@@ -305,7 +313,7 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 	if i := onItem(items, g.table, g.key); i >= 0 {
 		return invalid("TransactWrite: item %d acts on the job's lease item", i)
 	}
-	if i := libraryItem(items, g.table); i >= 0 {
+	if i := libraryItem(items, g.table, g.opts.Layout); i >= 0 {
 		return invalid("TransactWrite: item %d acts on a lease or job-run item, which the library keeps", i)
 	}
 	tok := randomID(16)
@@ -323,7 +331,7 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 	w := condWrite{db: g.db, actions: all, keys: &g.keys, watch: -1, timeout: g.opts.CallTimeout}.resolve(ctx, nil, err)
 	if _, ok := w.fails[0]; ok {
 		item, rerr := w.stored(0)
-		cur, cerr := fenceOf(item)
+		cur, cerr := fenceOf(g.opts.Layout, item)
 		return errors.Join(g.stale("TransactWrite", &StaleFenceError{Job: g.job, Fence: fence, Current: cur, err: err}), rerr, cerr)
 	}
 	applied, mark, merr := g.mark.markRefusal(&w, 1, items, fence, tok)
@@ -703,9 +711,9 @@ func target(it types.TransactWriteItem) (*string, map[string]types.AttributeValu
 // libraryItem returns the index of the first of items that acts on an
 // item the library keeps in the lease table (the lease or job-run item of
 // any job), or -1: the guard's mark would write over their fence.
-func libraryItem(items []types.TransactWriteItem, table string) int {
+func libraryItem(items []types.TransactWriteItem, table string, y Layout) int {
 	for i, it := range items {
-		if t, k := target(it); it.ConditionCheck == nil && keptItem(t, k, table) {
+		if t, k := target(it); it.ConditionCheck == nil && keptItem(t, k, table, y) {
 			return i
 		}
 	}
@@ -714,12 +722,14 @@ func libraryItem(items []types.TransactWriteItem, table string) int {
 
 // keptItem reports whether the item of key k in table t is a lease or
 // job-run item of the lease table.
-func keptItem(t *string, k map[string]types.AttributeValue, table string) bool {
+func keptItem(t *string, k map[string]types.AttributeValue, table string, y Layout) bool {
 	if aws.ToString(t) != table {
 		return false
 	}
-	pk, ok := k[attrPK].(*types.AttributeValueMemberS)
-	return ok && (strings.HasPrefix(pk.Value, leaseKey("")) || strings.HasPrefix(pk.Value, strings.TrimSuffix(runItemKey("", ""), "#")))
+	pk, pok := k[y.PartitionKey].(*types.AttributeValueMemberS)
+	sk, sok := k[y.SortKey].(*types.AttributeValueMemberS)
+	return pok && sok && strings.HasPrefix(pk.Value, y.jobPartition("")) &&
+		(sk.Value == skLease || strings.HasPrefix(sk.Value, skRunPrefix))
 }
 
 // reservedIn reports whether s holds a placeholder reserved for the guard:
@@ -787,7 +797,7 @@ func (g *Guard) Put(ctx context.Context, fence int64, in *dynamodb.PutItemInput)
 	if in == nil || aws.ToString(in.TableName) == "" || len(in.Item) == 0 {
 		return nil, invalid("Put: the input needs a table name and an item")
 	}
-	if keptItem(in.TableName, in.Item, g.table) {
+	if keptItem(in.TableName, in.Item, g.table, g.opts.Layout) {
 		return nil, invalid("Put: the item is a lease or job-run item, which the library keeps")
 	}
 	tok := randomID(16)
@@ -838,7 +848,7 @@ func (g *Guard) Update(ctx context.Context, fence int64, in *dynamodb.UpdateItem
 	if in == nil || aws.ToString(in.TableName) == "" || len(in.Key) == 0 {
 		return nil, invalid("Update: the input needs a table name and a key")
 	}
-	if keptItem(in.TableName, in.Key, g.table) {
+	if keptItem(in.TableName, in.Key, g.table, g.opts.Layout) {
 		return nil, invalid("Update: the item is a lease or job-run item, which the library keeps")
 	}
 	tok := randomID(16)

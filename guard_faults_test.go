@@ -41,7 +41,7 @@ func TestGuardWriteLandedAnswerLost(t *testing.T) {
 		n := requests(func() {
 			out, err = g.Put(ctx, 1, &dynamodb.PutItemInput{
 				TableName:           aws.String(table),
-				Item:                item("pk", "invoice#2026-11", "amount", "42"),
+				Item:                sink("invoice#2026-11", "amount", "42"),
 				ConditionExpression: aws.String("attribute_not_exists(pk)"),
 			})
 		})
@@ -58,7 +58,7 @@ func TestGuardWriteLandedAnswerLost(t *testing.T) {
 		assert.IsType(t, &types.AttributeValueMemberS{}, stored[ddblease.DefaultGuardTokenAttribute], "the write token is stored")
 		// The same Put again is the caller's condition failing: not stale.
 		_, err = g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table),
-			Item: item("pk", "invoice#2026-11"), ConditionExpression: aws.String("attribute_not_exists(pk)")})
+			Item: sink("invoice#2026-11"), ConditionExpression: aws.String("attribute_not_exists(pk)")})
 		var ccf *types.ConditionalCheckFailedException
 		require.ErrorAs(t, err, &ccf)
 		assert.NotErrorIs(t, err, ddblease.ErrStaleFence)
@@ -67,7 +67,7 @@ func TestGuardWriteLandedAnswerLost(t *testing.T) {
 	t.Run("unconditional Put", func(t *testing.T) {
 		faults.Set(firstN("PutItem", 1, ddbtest.DropResponse))
 		defer faults.Set(nil)
-		_, err := g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#plain", "v", "a")})
+		_, err := g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("sink#plain", "v", "a")})
 		require.NoError(t, err)
 		assert.Equal(t, sAttr("a"), getRaw(t, raw, table, "sink#plain")["v"])
 	})
@@ -77,7 +77,7 @@ func TestGuardWriteLandedAnswerLost(t *testing.T) {
 		defer faults.Set(nil)
 		var n map[string]int
 		n = requests(func() {
-			_, err = g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#lost", "v", "b"),
+			_, err = g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("sink#lost", "v", "b"),
 				ConditionExpression: aws.String("attribute_not_exists(pk)")})
 		})
 		require.NoError(t, err, "the read-back finds the write's token")
@@ -89,7 +89,7 @@ func TestGuardWriteLandedAnswerLost(t *testing.T) {
 	t.Run("nothing applied", func(t *testing.T) {
 		faults.Set(every("PutItem", ddbtest.Reset))
 		defer faults.Set(nil)
-		_, err := g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#never")})
+		_, err := g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("sink#never")})
 		require.Error(t, err)
 		assert.NotErrorIs(t, err, ddblease.ErrStaleFence)
 		assert.Contains(t, err.Error(), "not applied as far as a consistent read shows")
@@ -99,7 +99,7 @@ func TestGuardWriteLandedAnswerLost(t *testing.T) {
 	t.Run("refused outright: no read-back", func(t *testing.T) {
 		var err error
 		n := requests(func() {
-			_, err = g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table + "-missing"), Item: item("pk", "x")})
+			_, err = g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table + "-missing"), Item: sink("x")})
 		})
 		require.Error(t, err)
 		assert.Equal(t, map[string]int{"PutItem": 1}, n)
@@ -108,7 +108,7 @@ func TestGuardWriteLandedAnswerLost(t *testing.T) {
 	t.Run("conflicts with transactions are retried", func(t *testing.T) {
 		faults.Set(firstN("PutItem", 2, ddbtest.Conflict))
 		n := requests(func() {
-			_, err = g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#conflict", "v", "c")})
+			_, err = g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("sink#conflict", "v", "c")})
 		})
 		require.NoError(t, err)
 		assert.Equal(t, map[string]int{"PutItem": 3}, n)
@@ -126,7 +126,7 @@ func TestGuardWriteLandedAnswerLost(t *testing.T) {
 		require.NoError(t, err)
 		faults.Set(every("PutItem", ddbtest.Conflict))
 		defer faults.Set(nil)
-		_, err = gShort.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#conflict2")})
+		_, err = gShort.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("sink#conflict2")})
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "kept conflicting with other writes")
 		var tce *types.TransactionConflictException
@@ -152,21 +152,21 @@ func TestGuardWriteLandedAnswerLost(t *testing.T) {
 	})
 
 	t.Run("a stale fence is still refused", func(t *testing.T) {
-		_, err := g.Put(ctx, 3, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#plain")})
+		_, err := g.Put(ctx, 3, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("sink#plain")})
 		require.NoError(t, err)
 		faults.Set(firstN("PutItem", 1, ddbtest.DropResponse))
 		defer faults.Set(nil)
-		_, err = g.Put(ctx, 2, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#plain")})
+		_, err = g.Put(ctx, 2, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("sink#plain")})
 		staleFence(t, err, 2, 3)
 	})
 
 	t.Run("the token attribute is configurable and reserved", func(t *testing.T) {
 		g2, err := ddblease.NewGuard(db, table, "billing", func(o *ddblease.GuardOptions) { o.TokenAttribute = "tok" })
 		require.NoError(t, err)
-		_, err = g2.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#tok")})
+		_, err = g2.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("sink#tok")})
 		require.NoError(t, err)
 		assert.Contains(t, getRaw(t, raw, table, "sink#tok"), "tok")
-		_, err = g2.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#tok", "tok", "mine")})
+		_, err = g2.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("sink#tok", "tok", "mine")})
 		require.ErrorIs(t, err, ddblease.ErrInvalid)
 		assert.Contains(t, err.Error(), `"tok"`)
 		_, err = ddblease.NewGuard(db, table, "billing", func(o *ddblease.GuardOptions) { o.TokenAttribute = "fence" })
@@ -183,7 +183,7 @@ func TestGuardConditionCannotEscape(t *testing.T) {
 	raw := srv.Client(nil)
 	g, err := ddblease.NewGuard(db, table, "billing")
 	require.NoError(t, err)
-	_, err = g.Put(ctx, 5, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#esc", "by", "five")})
+	_, err = g.Put(ctx, 5, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("sink#esc", "by", "five")})
 	require.NoError(t, err)
 	_, err = g.Update(ctx, 5, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: key("sink#esc2"),
 		UpdateExpression: aws.String("SET #by = :by"), ExpressionAttributeNames: map[string]string{"#by": "by"},
@@ -191,7 +191,7 @@ func TestGuardConditionCannotEscape(t *testing.T) {
 	require.NoError(t, err)
 
 	put := func(cond string, names map[string]string) error {
-		_, err := g.Put(ctx, 3, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#esc", "by", "three"),
+		_, err := g.Put(ctx, 3, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("sink#esc", "by", "three"),
 			ConditionExpression: aws.String(cond), ExpressionAttributeNames: names})
 		return err
 	}
@@ -262,7 +262,7 @@ func TestGuardConditionCannotEscape(t *testing.T) {
 	// A guarded transaction cannot act on the lease item it checks.
 	before := total(faults.Counts())
 	err = g.TransactWrite(ctx, 5, []types.TransactWriteItem{
-		{Put: &types.Put{TableName: aws.String(table), Item: item("pk", "sink#tx")}},
+		{Put: &types.Put{TableName: aws.String(table), Item: sink("sink#tx")}},
 		{Update: &types.Update{TableName: aws.String(table), Key: key("lease#billing"), UpdateExpression: aws.String("SET fence = :f"),
 			ExpressionAttributeValues: map[string]types.AttributeValue{":f": nAttr("99")}}},
 	})
@@ -286,7 +286,7 @@ func TestGuardConditionCannotEscape(t *testing.T) {
 		if strings.Contains(cond, "#by") {
 			names["#by"] = "by"
 		}
-		in := &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#esc", "by", "x"),
+		in := &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("sink#esc", "by", "x"),
 			ConditionExpression: aws.String(cond)}
 		if len(names) > 0 {
 			in.ExpressionAttributeNames = names

@@ -57,7 +57,7 @@ func newMixedSink(t *testing.T, ctx context.Context, db *dynamodb.Client, table 
 // writeForms returns every form of writing an item.
 func writeForms() []writeForm {
 	put := func(s *mixedSink, pk, v string) *types.Put {
-		return &types.Put{TableName: aws.String(s.table), Item: item("pk", pk, "v", v)}
+		return &types.Put{TableName: aws.String(s.table), Item: sink(pk, "v", v)}
 	}
 	update := func(s *mixedSink, pk, v string) *types.Update {
 		return &types.Update{TableName: aws.String(s.table), Key: key(pk), UpdateExpression: aws.String("SET v = :v"),
@@ -65,7 +65,7 @@ func writeForms() []writeForm {
 	}
 	return []writeForm{
 		{"Put", func(ctx context.Context, s *mixedSink, fence int64, pk, v string) error {
-			_, err := s.g.Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(s.table), Item: item("pk", pk, "v", v)})
+			_, err := s.g.Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(s.table), Item: sink(pk, "v", v)})
 			return err
 		}},
 		{"Update", func(ctx context.Context, s *mixedSink, fence int64, pk, v string) error {
@@ -140,10 +140,10 @@ func TestGuardTransactionKeepsHigherMark(t *testing.T) {
 	gb, err := ddblease.NewGuard(db, table, "billing")
 	require.NoError(t, err)
 
-	_, err = gl.Put(ctx, 2, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "shared#1", "v", "ledger")})
+	_, err = gl.Put(ctx, 2, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("shared#1", "v", "ledger")})
 	require.NoError(t, err)
 	for name, it := range map[string]types.TransactWriteItem{
-		"Put":    {Put: &types.Put{TableName: aws.String(table), Item: item("pk", "shared#1", "v", "billing")}},
+		"Put":    {Put: &types.Put{TableName: aws.String(table), Item: sink("shared#1", "v", "billing")}},
 		"Update": {Update: &types.Update{TableName: aws.String(table), Key: key("shared#1"), UpdateExpression: aws.String("SET v = :v"), ExpressionAttributeValues: map[string]types.AttributeValue{":v": sAttr("billing")}}},
 		"Delete": {Delete: &types.Delete{TableName: aws.String(table), Key: key("shared#1")}},
 	} {
@@ -167,7 +167,7 @@ func TestGuardTransactionKeepsHigherMark(t *testing.T) {
 
 	// The caller's own condition failing is not a stale fence.
 	err = gb.TransactWrite(ctx, 1, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table),
-		Item: item("pk", "fresh#1"), ConditionExpression: aws.String("attribute_exists(pk)")}}})
+		Item: sink("fresh#1"), ConditionExpression: aws.String("attribute_exists(pk)")}}})
 	var tce *types.TransactionCanceledException
 	require.ErrorAs(t, err, &tce)
 	assert.NotErrorIs(t, err, ddblease.ErrStaleFence)
@@ -203,16 +203,16 @@ func TestGuardMarkAttributeNames(t *testing.T) {
 		items []types.TransactWriteItem
 	}{
 		"same names": {func(o *ddblease.CommitOptions) { o.FenceAttribute, o.TokenAttribute = "x", "x" },
-			[]types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table), Item: item("pk", "p#1")}}}},
+			[]types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table), Item: sink("p#1")}}}},
 		"token attribute in the item": {names,
-			[]types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table), Item: item("pk", "p#1", "hwTok", "x")}}}},
+			[]types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table), Item: sink("p#1", "hwTok", "x")}}}},
 		"update of the mark": {names,
 			[]types.TransactWriteItem{{Update: &types.Update{TableName: aws.String(table), Key: key("p#1"), UpdateExpression: aws.String("REMOVE #h"),
 				ExpressionAttributeNames: map[string]string{"#h": "hw"}}}}},
 		"reserved placeholder": {names,
 			[]types.TransactWriteItem{{Delete: &types.Delete{TableName: aws.String(table), Key: key("p#1"), ConditionExpression: aws.String("#ddbleaseFence > :v")}}}},
 		"unbalanced condition": {names,
-			[]types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table), Item: item("pk", "p#1"), ConditionExpression: aws.String("a) OR (b")}}}},
+			[]types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table), Item: sink("p#1"), ConditionExpression: aws.String("a) OR (b")}}}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			require.ErrorIs(t, run2.Commit(ctx, c.items, c.opts), ddblease.ErrInvalid)
@@ -223,13 +223,13 @@ func TestGuardMarkAttributeNames(t *testing.T) {
 	}
 	assert.Equal(t, before, total(faults.Counts()), "no request for bad input")
 
-	require.NoError(t, run2.Commit(ctx, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table), Item: item("pk", "payout#1", "v", "newer")}}}, names))
+	require.NoError(t, run2.Commit(ctx, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table), Item: sink("payout#1", "v", "newer")}}}, names))
 	stored := getRaw(t, db, table, "payout#1")
 	assert.Equal(t, nAttr("2"), stored["hw"])
 	assert.NotContains(t, stored, "fence")
-	_, err = g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "payout#1", "v", "stale")})
+	_, err = g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("payout#1", "v", "stale")})
 	staleFence(t, err, 1, 2)
-	staleFence(t, run1.Commit(ctx, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table), Item: item("pk", "payout#1", "v", "stale")}}}, names), 1, 2)
+	staleFence(t, run1.Commit(ctx, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table), Item: sink("payout#1", "v", "stale")}}}, names), 1, 2)
 	assert.Equal(t, sAttr("newer"), getRaw(t, db, table, "payout#1")["v"])
 }
 
@@ -278,7 +278,7 @@ func TestGuardRefusesLibraryItems(t *testing.T) {
 	before := total(faults.Counts())
 	for _, pk := range []string{"lease#ledger", "jobrun#ledger#2026-11-30T02:00:00Z", "jobrun#billing#2026-11-30T03:00:00Z"} {
 		t.Run(pk, func(t *testing.T) {
-			_, err := g.Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", pk)})
+			_, err := g.Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(table), Item: key(pk)})
 			require.ErrorIs(t, err, ddblease.ErrInvalid)
 			_, err = g.Update(ctx, fence, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: key(pk), UpdateExpression: aws.String("SET v = :v"),
 				ExpressionAttributeValues: map[string]types.AttributeValue{":v": sAttr("x")}})
@@ -351,10 +351,10 @@ func TestGuardTransactionReadsRefusedItems(t *testing.T) {
 	require.NoError(t, err)
 	gb, err := ddblease.NewGuard(db, table, "billing")
 	require.NoError(t, err)
-	_, err = gl.Put(ctx, 2, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "shared#1", "v", "ledger")})
+	_, err = gl.Put(ctx, 2, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("shared#1", "v", "ledger")})
 	require.NoError(t, err)
 
-	put := []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table), Item: item("pk", "shared#1", "v", "billing")}}}
+	put := []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table), Item: sink("shared#1", "v", "billing")}}}
 	before := faults.Counts()
 	staleFence(t, gb.TransactWrite(ctx, fence, put), 1, 2)
 	n := diff(before, faults.Counts())
@@ -363,7 +363,7 @@ func TestGuardTransactionReadsRefusedItems(t *testing.T) {
 	staleFence(t, run.Commit(ctx, put), 1, 2)
 	assert.Equal(t, sAttr("ledger"), getRaw(t, db, table, "shared#1")["v"])
 
-	cond := []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table), Item: item("pk", "fresh#1"),
+	cond := []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table), Item: sink("fresh#1"),
 		ConditionExpression: aws.String("attribute_exists(pk)")}}}
 	var tce *types.TransactionCanceledException
 	err = gb.TransactWrite(ctx, fence, cond)

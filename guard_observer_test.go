@@ -75,12 +75,12 @@ func TestGuardObserver(t *testing.T) {
 	require.Len(t, stale, 1)
 	assert.Equal(t, ddblease.Event{Kind: ddblease.EventStaleFence, Job: "billing", Time: stale[0].Time, Fence: 1, Current: 2, Op: "Check"}, stale[0])
 
-	_, err = g.Put(ctx, 2, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#obs")})
+	_, err = g.Put(ctx, 2, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("sink#obs")})
 	require.NoError(t, err)
 	cs, _ = calls(take())
 	assert.Equal(t, []call{{"PutItem", ddblease.CallOK}}, cs)
 
-	_, err = g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#obs")})
+	_, err = g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("sink#obs")})
 	staleFence(t, err, 1, 2)
 	cs, stale = calls(take())
 	want := []call{{"PutItem", ddblease.CallConditionFailed}}
@@ -102,7 +102,7 @@ func TestGuardObserver(t *testing.T) {
 
 	if caps.Transactions {
 		staleFence(t, g.TransactWrite(ctx, 1, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table),
-			Item: item("pk", "sink#obs#tx")}}}), 1, 2)
+			Item: sink("sink#obs#tx")}}}), 1, 2)
 		cs, stale = calls(take())
 		assert.Equal(t, []call{{"TransactWriteItems", ddblease.CallConditionFailed}}, cs)
 		require.Len(t, stale, 1)
@@ -130,17 +130,17 @@ func TestGuardFormsRefuseWhatTheySay(t *testing.T) {
 	g, err := ddblease.NewGuard(db, table, "billing")
 	require.NoError(t, err)
 
-	_, err = g.Put(ctx, old, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "invoice#untouched")})
+	_, err = g.Put(ctx, old, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("invoice#untouched")})
 	require.NoError(t, err, "no newer fence wrote this item: Put accepts the stale fence")
-	_, err = g.Put(ctx, cur, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "invoice#touched")})
+	_, err = g.Put(ctx, cur, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("invoice#touched")})
 	require.NoError(t, err)
-	_, err = g.Put(ctx, old, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "invoice#touched")})
+	_, err = g.Put(ctx, old, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("invoice#touched")})
 	staleFence(t, err, old, cur)
 	staleFence(t, g.Check(ctx, old), old, cur)
 	t.Run("TransactWrite", func(t *testing.T) {
 		srv.Require(t, caps.Transactions, "TransactWriteItems")
 		staleFence(t, g.TransactWrite(ctx, old, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table),
-			Item: item("pk", "invoice#untouched-tx")}}}), old, cur)
+			Item: sink("invoice#untouched-tx")}}}), old, cur)
 		assert.Empty(t, getRaw(t, db, table, "invoice#untouched-tx"))
 	})
 }

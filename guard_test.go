@@ -64,7 +64,7 @@ func TestGuardFormsRefuseStaleFence(t *testing.T) {
 	t.Run("TransactWrite", func(t *testing.T) {
 		write := func(fence int64, extra ...types.TransactWriteItem) error {
 			items := append([]types.TransactWriteItem{
-				{Put: &types.Put{TableName: aws.String(table), Item: item("pk", fmt.Sprintf("sink#tx#%d", fence))}},
+				{Put: &types.Put{TableName: aws.String(table), Item: sink(fmt.Sprintf("sink#tx#%d", fence))}},
 				{Update: &types.Update{TableName: aws.String(table), Key: key("sink#counter"),
 					UpdateExpression:          aws.String("ADD n :one"),
 					ExpressionAttributeValues: map[string]types.AttributeValue{":one": nAttr("1")}}},
@@ -87,7 +87,7 @@ func TestGuardFormsRefuseStaleFence(t *testing.T) {
 
 	t.Run("Put", func(t *testing.T) {
 		put := func(fence int64, v string, cond string) error {
-			in := &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#put", "v", v)}
+			in := &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("sink#put", "v", v)}
 			if cond != "" {
 				in.ConditionExpression = aws.String(cond)
 			}
@@ -143,7 +143,7 @@ func TestGuardFormsRefuseStaleFence(t *testing.T) {
 	t.Run("Commit", func(t *testing.T) {
 		items := func(fence int64) []types.TransactWriteItem {
 			return []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table),
-				Item: item("pk", fmt.Sprintf("sink#commit#%d", fence))}}}
+				Item: sink(fmt.Sprintf("sink#commit#%d", fence))}}}
 		}
 		if !caps.Transactions {
 			require.ErrorIs(t, runB.Commit(ctx, items(2)), ddblease.ErrTransactionsUnsupported)
@@ -188,7 +188,7 @@ func TestStaleReadsCannotPassGuardOrClaim(t *testing.T) {
 	require.NoError(t, err)
 	gB, err := ddblease.NewGuard(db, table, "nightly")
 	require.NoError(t, err)
-	_, err = gB.Put(ctx, run.Fence(), &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#nightly", "by", "b")})
+	_, err = gB.Put(ctx, run.Fence(), &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("sink#nightly", "by", "b")})
 	require.NoError(t, err)
 
 	// The decorator does serve stale reads: a check that read eventually
@@ -205,7 +205,7 @@ func TestStaleReadsCannotPassGuardOrClaim(t *testing.T) {
 		t.Error("fn called with a stale fence")
 		return nil
 	}), 1, 2)
-	_, err = g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item("pk", "sink#nightly", "by", "a")})
+	_, err = g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: sink("sink#nightly", "by", "a")})
 	staleFence(t, err, 1, 2)
 	_, err = g.Update(ctx, 1, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: key("sink#nightly"),
 		UpdateExpression: aws.String("SET #by = :a"), ExpressionAttributeNames: map[string]string{"#by": "by"},
@@ -213,7 +213,7 @@ func TestStaleReadsCannotPassGuardOrClaim(t *testing.T) {
 	staleFence(t, err, 1, 2)
 	if caps.Transactions {
 		staleFence(t, g.TransactWrite(ctx, 1, []types.TransactWriteItem{{Put: &types.Put{
-			TableName: aws.String(table), Item: item("pk", "sink#nightly#tx")}}}), 1, 2)
+			TableName: aws.String(table), Item: sink("sink#nightly#tx")}}}), 1, 2)
 	}
 	require.True(t, a.IsLeader(), "a still believes it leads")
 	_, err = a.Claim(ctx, slot)
@@ -251,13 +251,13 @@ func TestGuardFailsClosed(t *testing.T) {
 	})
 
 	t.Run("malformed lease item", func(t *testing.T) {
-		putRaw(t, srv.Client(nil), table, item("pk", "lease#nightly", "fence", "1", "owner", "x"))
+		putRaw(t, srv.Client(nil), table, withKey("lease#nightly", item("fence", "1", "owner", "x")))
 		require.ErrorIs(t, g.Check(ctx, 1), ddblease.ErrMalformedItem)
 		require.ErrorIs(t, g.Do(ctx, 1, fn), ddblease.ErrMalformedItem)
 	})
 
 	t.Run("read fails", func(t *testing.T) {
-		putRaw(t, srv.Client(nil), table, map[string]types.AttributeValue{"pk": sAttr("lease#nightly"), "fence": nAttr("1")})
+		putRaw(t, srv.Client(nil), table, withKey("lease#nightly", map[string]types.AttributeValue{"fence": nAttr("1")}))
 		require.NoError(t, g.Check(ctx, 1))
 		faults.Set(every("GetItem", ddbtest.ServerError))
 		defer faults.Set(nil)
@@ -308,7 +308,7 @@ func TestGuardFailsClosed(t *testing.T) {
 	})
 
 	t.Run("malformed fence mark", func(t *testing.T) {
-		putRaw(t, srv.Client(nil), table, item("pk", "sink#bad", "fence", "high"))
+		putRaw(t, srv.Client(nil), table, sink("sink#bad", "fence", "high"))
 		_, err := g.Put(ctx, 1, &dynamodb.PutItemInput{TableName: aws.String(table), Item: key("sink#bad")})
 		require.Error(t, err, "a mark that is not a number refuses the write")
 		assert.Equal(t, sAttr("high"), getRaw(t, srv.Client(nil), table, "sink#bad")["fence"])
@@ -341,7 +341,7 @@ func ExampleGuard_Put() {
 	write := func(fence int64, by string) error {
 		_, err := g.Put(ctx, fence, &dynamodb.PutItemInput{
 			TableName: aws.String(table),
-			Item:      item("pk", "invoice#2026-11", "by", by),
+			Item:      sink("invoice#2026-11", "by", by),
 		})
 		return err
 	}

@@ -88,7 +88,7 @@ func TestGuardedTransactionsRetryConflicts(t *testing.T) {
 	})
 	require.NoError(t, err)
 	put := func(pk string) []types.TransactWriteItem {
-		return []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table), Item: item("pk", pk)}}}
+		return []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table), Item: sink(pk)}}}
 	}
 
 	t.Run("TransactWrite", func(t *testing.T) {
@@ -209,7 +209,7 @@ func TestCommitRefusesLeaseAndRunItems(t *testing.T) {
 		"jobrun#billing#2026-11-30T02:00:00Z": "acts on the run's own item",
 	} {
 		err := run.Commit(ctx, []types.TransactWriteItem{
-			{Put: &types.Put{TableName: aws.String(table), Item: item("pk", "sink#ok")}},
+			{Put: &types.Put{TableName: aws.String(table), Item: sink("sink#ok")}},
 			{Delete: &types.Delete{TableName: aws.String(table), Key: key(pk)}},
 		})
 		require.ErrorIs(t, err, ddblease.ErrInvalid)
@@ -274,7 +274,7 @@ func TestTransactionTokenMismatch(t *testing.T) {
 	require.NoError(t, err, "the claim landed: the run item carries its token")
 	mm.arm()
 	require.NoError(t, run.Commit(ctx, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table),
-		Item: item("pk", "sink#commit")}}}), "the commit landed: the run is succeeded")
+		Item: sink("sink#commit")}}}), "the commit landed: the run is succeeded")
 	assert.NotEmpty(t, getRaw(t, raw, table, "sink#commit"))
 
 	g, err := ddblease.NewGuard(db, table, "billing")
@@ -282,7 +282,7 @@ func TestTransactionTokenMismatch(t *testing.T) {
 	mm.arm()
 	before := faults.Count("TransactWriteItems")
 	err = g.TransactWrite(ctx, fence, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table),
-		Item: item("pk", "sink#tx")}}})
+		Item: sink("sink#tx")}}})
 	var ipm *types.IdempotentParameterMismatchException
 	require.ErrorAs(t, err, &ipm)
 	assert.Contains(t, err.Error(), "was used before with other parameters")

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -123,7 +124,7 @@ func receive[T any](t *testing.T, ch <-chan T, what string) T {
 }
 
 // newAdmin returns an Admin of table, operator "ops@test".
-func newAdmin(t *testing.T, db ddblease.AdminAPI, table string) *ddblease.Admin {
+func newAdmin(t *testing.T, db ddblease.DynamoDBAPI, table string) *ddblease.Admin {
 	t.Helper()
 	a, err := ddblease.NewAdmin(db, table, func(o *ddblease.AdminOptions) { o.Operator = "ops@test" })
 	require.NoError(t, err)
@@ -196,8 +197,54 @@ func item(kv ...string) map[string]types.AttributeValue {
 	return m
 }
 
-// key is the key of the item under pk.
-func key(pk string) map[string]types.AttributeValue { return item("pk", pk) }
+// key is the key of the item that id names in a table of the default
+// Layout: "lease#JOB" is JOB's lease item, "jobrun#JOB#RUNID" the item of
+// that run of JOB (RUNID as JobRun.ID, or a trigger's RunID), and any
+// other id an item of the test's own (sort key "item", as sink makes).
+func key(id string) map[string]types.AttributeValue {
+	if job, ok := strings.CutPrefix(id, "lease#"); ok {
+		return sink("job#"+job, "sk", "lease")
+	}
+	if rest, ok := strings.CutPrefix(id, "jobrun#"); ok {
+		job, runID, _ := strings.Cut(rest, "#")
+		return sink("job#"+job, "sk", runSortKey(runID))
+	}
+	return sink(id, "sk", "item")
+}
+
+// listing is the UpdateItem a job's first acquisition adds: after writing
+// the job's directory entry (a PutItem), it marks the lease item listed.
+const listing = 1
+
+// withKey adds the key of the item that id names (key) to attrs, and
+// returns attrs.
+func withKey(id string, attrs map[string]types.AttributeValue) map[string]types.AttributeValue {
+	maps.Copy(attrs, key(id))
+	return attrs
+}
+
+// runSortKey is the sort key of the run item of runID, as Layout
+// documents it: run#, the slot in UTC with nine fractional digits, and
+// #trigger-<id> for a triggered run.
+func runSortKey(runID string) string {
+	slot, trigger, _ := strings.Cut(runID, "#trigger-")
+	t, err := time.Parse(time.RFC3339Nano, slot)
+	if err != nil {
+		panic("runSortKey: " + runID)
+	}
+	sk := "run#" + t.UTC().Format("2006-01-02T15:04:05.000000000Z")
+	if trigger != "" {
+		sk += "#trigger-" + trigger
+	}
+	return sk
+}
+
+// sink builds an item of the test's own in the lease table, under the
+// partition key pk (sort key "item"), with string attributes from name,
+// value pairs.
+func sink(pk string, kv ...string) map[string]types.AttributeValue {
+	return item(append([]string{"pk", pk, "sk", "item"}, kv...)...)
+}
 
 // every returns a fault rule that applies act to every request of op and
 // passes everything else.
@@ -313,8 +360,8 @@ func diff(before, after map[string]int) map[string]int {
 }
 
 // opsByItem counts requests by operation and, for single-item operations,
-// the kind of item (the pk prefix before '#'): "UpdateItem lease",
-// "UpdateItem jobrun", "TransactWriteItems", "BatchGetItem".
+// the kind of item (by its sort key): "UpdateItem lease", "UpdateItem
+// jobrun", "PutItem other", "TransactWriteItems", "BatchGetItem".
 type opsByItem struct {
 	base   http.RoundTripper
 	mu     sync.Mutex
@@ -335,11 +382,18 @@ func (c *opsByItem) RoundTrip(r *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		var in struct {
-			Key struct{ Pk struct{ S string } }
+			Key, Item struct{ Sk struct{ S string } }
 		}
 		_ = json.Unmarshal(b, &in)
-		kind, _, _ := strings.Cut(in.Key.Pk.S, "#")
-		name += " " + kind
+		sk := in.Key.Sk.S + in.Item.Sk.S
+		switch kind, _, _ := strings.Cut(sk, "#"); kind {
+		case "lease":
+			name += " lease"
+		case "run":
+			name += " jobrun"
+		default:
+			name += " other" // a directory entry, a member item
+		}
 		r = r.Clone(r.Context())
 		r.Body = io.NopCloser(bytes.NewReader(b))
 	}

@@ -12,9 +12,10 @@ import (
 )
 
 // Claim records a run of slot for this handle's tenure, with one
-// conditional write of the item jobrun#<job>#<slot>, and returns the run.
-// The slot is the schedule's nominal fire time, never time.Now(). Its
-// identity is the instant: the key holds it in UTC, RFC 3339 with as many
+// conditional write of the slot's run item (in the job's partition, sort
+// key run#<slot>: see Layout), and returns the run. The slot is the
+// schedule's nominal fire time, never time.Now(). Its identity is the
+// instant: its id (JobRun.ID) is the slot in UTC, RFC 3339 with as many
 // fractional digits as it needs (2026-11-30T02:00:00Z); the zero time and
 // years outside 0001-9999 are errors wrapping ErrInvalid.
 //
@@ -179,9 +180,9 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 		return nil, fmt.Errorf("%w: claim %q slot %s", ErrNotLeader, l.job, id)
 	}
 	t := tm.snapshot()
-	key := map[string]types.AttributeValue{attrPK: avS(runItemKey(l.job, id))}
+	key := l.opts.Layout.runKey(l.job, runSK(slot, spec.trigger))
 	names := map[string]string{
-		"#pk": attrPK, "#job": attrJob, "#slot": attrSlot, "#fence": attrFence, "#owner": attrOwner,
+		"#pk": l.opts.Layout.PartitionKey, "#job": attrJob, "#slot": attrSlot, "#fence": attrFence, "#owner": attrOwner,
 		"#claim": attrClaim, "#status": attrStatus, "#start": attrStartedAt, "#ttl": RunTTLAttribute,
 		"#claims": attrClaims, "#missed": attrMissed,
 	}
@@ -250,7 +251,7 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 	}
 	w := condWrite{db: l.db, actions: actions, watch: len(actions) - 1, timeout: l.opts.CallTimeout,
 		mine: func(item map[string]types.AttributeValue) bool {
-			rec, err := decodeRun(item)
+			rec, err := decodeRun(l.opts.Layout, item)
 			return len(item) > 0 && err == nil && mine(rec, token, t.fence)
 		}}.resolve(ctx, nil, err)
 	if _, ok := w.fails[0]; ok && len(actions) == 2 && w.outcome != applied {
@@ -297,7 +298,7 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 	case len(w.item) == 0:
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: the condition failed but the run item is gone; try again", l.job, id)
 	}
-	rec, err := decodeRun(w.item)
+	rec, err := decodeRun(l.opts.Layout, w.item)
 	if err != nil {
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
 	}
@@ -343,7 +344,7 @@ func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 	if !o.NoTransactions && !l.noTxn.Load() {
 		check := &types.ConditionCheck{
 			TableName:                           aws.String(l.table),
-			Key:                                 itemKey(l.pk),
+			Key:                                 l.opts.Layout.leaseKey(l.job),
 			ConditionExpression:                 aws.String("#owner = :me AND #fence = :fence"),
 			ExpressionAttributeNames:            map[string]string{"#owner": attrOwner, "#fence": attrFence},
 			ExpressionAttributeValues:           map[string]types.AttributeValue{":me": avS(l.opts.Owner), ":fence": avN(t.fence)},
@@ -369,7 +370,7 @@ func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 	if spec.pause != pauseIgnored {
 		// No transaction: the pause (and the fence, which the keeper checks
 		// too) is read just before the write.
-		item, err := getItem(ctx, l.db, l.table, itemKey(l.pk), l.opts.CallTimeout)
+		item, err := getItem(ctx, l.db, l.table, l.opts.Layout.leaseKey(l.job), l.opts.CallTimeout)
 		if err != nil {
 			return plain, false, fmt.Errorf("read lease %q: %w", l.job, err)
 		}
@@ -390,7 +391,7 @@ func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *
 func (tm *term) checkLease(item map[string]types.AttributeValue, spec claimSpec, slot time.Time) error {
 	l := tm.l
 	lost := fmt.Errorf("%w: %q fence %d: the lease item no longer names this owner and fence", ErrLost, l.job, tm.fence)
-	if rec, err := decodeLease(item); len(item) > 0 && err == nil {
+	if rec, err := decodeLease(l.opts.Layout, item); len(item) > 0 && err == nil {
 		if rec.Owner == l.opts.Owner && rec.Fence == tm.fence {
 			if spec.refuses(rec.Control, slot) {
 				var at int64
@@ -414,11 +415,12 @@ func (tm *term) abandon(ctx context.Context, rec RunRecord) (RunRecord, bool, er
 	l, fence := tm.l, tm.fence
 	id := rec.runID()
 	now := l.opts.Now()
+	key := l.opts.Layout.runKey(l.job, runSK(rec.Slot, rec.Trigger))
 	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
 	defer cancel()
 	_, err := l.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
 		TableName:           aws.String(l.table),
-		Key:                 map[string]types.AttributeValue{attrPK: avS(runItemKey(l.job, id))},
+		Key:                 key,
 		UpdateExpression:    aws.String("SET #status = :abandoned, #by = :by, #fin = :now"),
 		ConditionExpression: aws.String("#status = :running AND #claim = :claim AND #fence = :old"),
 		ExpressionAttributeNames: map[string]string{
@@ -436,7 +438,7 @@ func (tm *term) abandon(ctx context.Context, rec RunRecord) (RunRecord, bool, er
 		rec.Status, rec.AbandonedBy, rec.FinishedAt = RunAbandoned, fence, time.UnixMilli(now.UnixMilli())
 		return rec, true, nil
 	case refused:
-		if cur, derr := decodeRun(item); len(item) > 0 && derr == nil {
+		if cur, derr := decodeRun(l.opts.Layout, item); len(item) > 0 && derr == nil {
 			return cur, false, nil
 		}
 		return rec, false, nil

@@ -49,7 +49,7 @@ func TestLeaderLosesLeaseMidRun(t *testing.T) {
 			// it takes over (the pattern that makes Guard.Update refuse a
 			// stale leader on items it has not written yet).
 			_, err = g.Update(ctx, 2, &dynamodb.UpdateItemInput{
-				TableName: aws.String(table), Key: map[string]types.AttributeValue{"pk": sAttr(state)},
+				TableName: aws.String(table), Key: key(state),
 				UpdateExpression:          aws.String("SET tenure = :o"),
 				ExpressionAttributeValues: map[string]types.AttributeValue{":o": sAttr("b")},
 			})
@@ -75,7 +75,7 @@ func TestLeaderLosesLeaseMidRun(t *testing.T) {
 						fences <- run.Fence()
 						_, err := g.Put(ctx, run.Fence(), &dynamodb.PutItemInput{
 							TableName: aws.String(table),
-							Item:      map[string]types.AttributeValue{"pk": sAttr(record), "amount": nAttr("42"), "by": sAttr("b")},
+							Item:      withKey(record, map[string]types.AttributeValue{"amount": nAttr("42"), "by": sAttr("b")}),
 						})
 						return err
 					}, withPolicy)
@@ -99,7 +99,7 @@ func TestLeaderLosesLeaseMidRun(t *testing.T) {
 			staleFence(t, g.Do(ctx, runA.Fence(), func(context.Context, int64) error { called = true; return nil }), 1, 2)
 			assert.False(t, called)
 			_, err = g.Update(ctx, runA.Fence(), &dynamodb.UpdateItemInput{
-				TableName: aws.String(table), Key: map[string]types.AttributeValue{"pk": sAttr(state)},
+				TableName: aws.String(table), Key: key(state),
 				UpdateExpression:          aws.String("SET tenure = :o"),
 				ExpressionAttributeValues: map[string]types.AttributeValue{":o": sAttr("a")},
 			})
@@ -109,13 +109,13 @@ func TestLeaderLosesLeaseMidRun(t *testing.T) {
 				// fence; the stale leader's write of it is refused.
 				_, err = g.Put(ctx, runA.Fence(), &dynamodb.PutItemInput{
 					TableName: aws.String(table),
-					Item:      map[string]types.AttributeValue{"pk": sAttr(record), "amount": nAttr("42"), "by": sAttr("a")},
+					Item:      withKey(record, map[string]types.AttributeValue{"amount": nAttr("42"), "by": sAttr("a")}),
 				})
 				staleFence(t, err, 1, 2)
 				assert.Equal(t, sAttr("b"), getRaw(t, db, table, record)["by"])
 			}
 			txItems := []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(table),
-				Item: map[string]types.AttributeValue{"pk": sAttr("billing#nightly#tx-a"), "amount": nAttr("42")}}}}
+				Item: withKey("billing#nightly#tx-a", map[string]types.AttributeValue{"amount": nAttr("42")})}}}
 			if caps.Transactions {
 				staleFence(t, g.TransactWrite(ctx, runA.Fence(), txItems), 1, 2)
 				staleFence(t, runA.Commit(ctx, txItems), 1, 2)

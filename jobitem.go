@@ -6,12 +6,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// Attribute names of a job-run item (pk, owner and fence as in the lease
+// Attribute names of a job-run item (owner and fence as in the lease
 // item). Several are reserved words: expressions use expression attribute
 // names throughout.
 const (
@@ -49,8 +47,6 @@ func slotID(slot time.Time) (string, error) {
 	}
 	return fmtSlot(slot), nil
 }
-
-func runItemKey(job, id string) string { return "jobrun#" + job + "#" + id }
 
 // RunRecord is a job-run item as stored in the table.
 type RunRecord struct {
@@ -107,7 +103,6 @@ func (r RunRecord) orphanFor(fence int64) bool { return r.Status == RunRunning &
 // runItem is a job-run item as stored: the record that decodeRun decodes
 // with attributevalue and then validates.
 type runItem struct {
-	PK          sAttr    `dynamodbav:"pk"`
 	Job         sAttr    `dynamodbav:"job"`
 	Slot        sAttr    `dynamodbav:"slot"`
 	Trigger     sAttr    `dynamodbav:"trigger"`
@@ -128,11 +123,10 @@ type runItem struct {
 
 // decodeRun reads a run item. Every attribute the protocol relies on must be
 // present with the right type; anything else is ErrMalformedItem.
-func decodeRun(item map[string]types.AttributeValue) (RunRecord, error) {
+func decodeRun(y Layout, item map[string]types.AttributeValue) (RunRecord, error) {
 	var it runItem
-	key, _ := str(item, attrPK)
 	fail := func(e error) (RunRecord, error) {
-		return RunRecord{}, fmt.Errorf("%w: run item %q: %v", ErrMalformedItem, key, e)
+		return RunRecord{}, fmt.Errorf("%w: run item %q: %v", ErrMalformedItem, y.describe(item), e)
 	}
 	if err := unmarshalItem(item, &it); err != nil {
 		return fail(err)
@@ -150,7 +144,6 @@ func decodeRun(item map[string]types.AttributeValue) (RunRecord, error) {
 		return fail(fmt.Errorf("attribute %s is %q, not an RFC 3339 time", attrSlot, id))
 	}
 	r.Slot = r.Slot.UTC()
-	want := runItemKey(r.Job, fmtSlot(r.Slot))
 	if it.Trigger.set {
 		if r.Trigger, err = it.Trigger.get(attrTrigger); err != nil {
 			return fail(err)
@@ -158,10 +151,11 @@ func decodeRun(item map[string]types.AttributeValue) (RunRecord, error) {
 		if !validTriggerID(r.Trigger) {
 			return fail(fmt.Errorf("attribute %s is %q, not a trigger id", attrTrigger, r.Trigger))
 		}
-		want = runItemKey(r.Job, triggerRunID(r.Slot, r.Trigger))
 	}
-	if key != want {
-		return fail(fmt.Errorf("key does not match its job and slot (%q)", want))
+	pk, _ := str(item, y.PartitionKey)
+	sk, _ := str(item, y.SortKey)
+	if want := runSK(r.Slot, r.Trigger); pk != y.jobPartition(r.Job) || sk != want {
+		return fail(fmt.Errorf("key does not match its job and slot (%q)", y.jobPartition(r.Job)+"/"+want))
 	}
 	if r.Fence, err = it.Fence.get(attrFence); err != nil {
 		return fail(err)
@@ -341,8 +335,8 @@ func (l *Lease) ListRuns(ctx context.Context, sched Schedule, from, to time.Time
 	var runs []RunRecord
 	var errs []error
 	for _, id := range ids {
-		if item, ok := items[runItemKey(l.job, id)]; ok {
-			rec, err := decodeRun(item)
+		if item, ok := items[id]; ok {
+			rec, err := decodeRun(l.opts.Layout, item)
 			if err != nil {
 				errs = append(errs, err)
 				continue
@@ -353,43 +347,29 @@ func (l *Lease) ListRuns(ctx context.Context, sched Schedule, from, to time.Time
 	return runs, errors.Join(errs...)
 }
 
-// errUnprocessed reports keys that BatchGetItem left unprocessed.
-var errUnprocessed = errors.New("ddblease: keys left unprocessed")
-
-// getRuns reads the run items of the slots ids with strongly consistent
-// BatchGetItem requests, and returns them by key.
+// getRuns reads the run items of the runs ids (slot ids, or triggered
+// runs' ids) with strongly consistent BatchGetItem requests, and returns
+// them by id.
 func (l *Lease) getRuns(ctx context.Context, ids []string) (map[string]map[string]types.AttributeValue, error) {
-	found := make(map[string]map[string]types.AttributeValue)
-	for start := 0; start < len(ids); start += 100 {
-		keys := make([]map[string]types.AttributeValue, 0, 100)
-		for _, id := range ids[start:min(start+100, len(ids))] {
-			keys = append(keys, map[string]types.AttributeValue{attrPK: avS(runItemKey(l.job, id))})
+	y := l.opts.Layout
+	idOf := make(map[string]string, len(ids)) // sort key -> id
+	keys := make([]map[string]types.AttributeValue, 0, len(ids))
+	for _, id := range ids {
+		sk, err := runSKOf(id)
+		if err != nil {
+			return nil, fmt.Errorf("ddblease: list runs %q: %w", l.job, err)
 		}
-		req := map[string]types.KeysAndAttributes{l.table: {Keys: keys, ConsistentRead: aws.Bool(true)}}
-		again := func(err error) bool { return err == errUnprocessed }
-		n, stop, err := retrier{backoff: fixed(l.opts.RetryInterval), again: again, attempts: 11, timeout: l.opts.CallTimeout}.do(ctx,
-			func(ctx context.Context) error {
-				out, err := l.db.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: req})
-				if err != nil {
-					return fmt.Errorf("ddblease: list runs %q: %w", l.job, err)
-				}
-				for _, item := range out.Responses[l.table] {
-					if k, err := str(item, attrPK); err == nil {
-						found[k] = item
-					}
-				}
-				if req = out.UnprocessedKeys; len(req) > 0 {
-					return errUnprocessed
-				}
-				return nil
-			})
-		switch {
-		case stop == retryAttempts:
-			return nil, fmt.Errorf("ddblease: list runs %q: keys still unprocessed after %d rounds", l.job, n)
-		case stop == retryEnded:
-			return nil, fmt.Errorf("ddblease: list runs %q: %w", l.job, context.Cause(ctx))
-		case err != nil:
-			return nil, err
+		idOf[sk] = id
+		keys = append(keys, y.runKey(l.job, sk))
+	}
+	items, err := batchGet(ctx, l.db, l.table, y, fmt.Sprintf("list runs %q", l.job), keys, l.opts.RetryInterval, l.opts.CallTimeout)
+	if err != nil {
+		return nil, err
+	}
+	found := make(map[string]map[string]types.AttributeValue, len(items))
+	for _, item := range items {
+		if sk, err := str(item, y.SortKey); err == nil && idOf[sk] != "" {
+			found[idOf[sk]] = item
 		}
 	}
 	return found, nil

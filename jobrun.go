@@ -148,13 +148,13 @@ func (r *JobRun) Commit(ctx context.Context, items []types.TransactWriteItem, op
 	if len(items) == 0 || len(items) > MaxCommitItems {
 		return invalid("Commit: %d items; between 1 and %d are allowed", len(items), MaxCommitItems)
 	}
-	if i := onItem(items, r.l.table, itemKey(r.l.pk)); i >= 0 {
+	if i := onItem(items, r.l.table, r.l.opts.Layout.leaseKey(r.l.job)); i >= 0 {
 		return invalid("Commit: item %d acts on the job's lease item", i)
 	}
 	if i := onItem(items, r.l.table, r.key); i >= 0 {
 		return invalid("Commit: item %d acts on the run's own item", i)
 	}
-	if i := libraryItem(items, r.l.table); i >= 0 {
+	if i := libraryItem(items, r.l.table, r.l.opts.Layout); i >= 0 {
 		return invalid("Commit: item %d acts on a lease or job-run item, which the library keeps", i)
 	}
 	var o CommitOptions
@@ -239,7 +239,7 @@ func (r *JobRun) write(ctx context.Context, upd *types.Update, st RunStatus, c *
 		_, err = l.db.UpdateItem(cctx, updateItemInput(upd))
 		cancel()
 	} else {
-		all, watch = append([]types.TransactWriteItem{{ConditionCheck: fenceCheck(l.table, itemKey(l.pk), r.fence)}}, append(all, c.marked...)...), 1
+		all, watch = append([]types.TransactWriteItem{{ConditionCheck: fenceCheck(l.table, l.opts.Layout.leaseKey(l.job), r.fence)}}, append(all, c.marked...)...), 1
 		_, err = transactRetrying(ctx, l.db, all, retrier{now: l.opts.Now, deadline: l.opts.Now().Add(l.opts.CallTimeout), timeout: l.opts.CallTimeout})
 		if errors.Is(err, ErrTransactionsUnsupported) {
 			return err
@@ -249,7 +249,7 @@ func (r *JobRun) write(ctx context.Context, upd *types.Update, st RunStatus, c *
 	// retry of a write that was applied).
 	w := condWrite{db: l.db, actions: all, watch: watch, timeout: l.opts.CallTimeout,
 		mine: func(item map[string]types.AttributeValue) bool {
-			rec, err := decodeRun(item)
+			rec, err := decodeRun(r.l.opts.Layout, item)
 			return len(item) > 0 && err == nil && rec.claim == r.claim && rec.Status == st
 		},
 	}.resolve(ctx, nil, err)
@@ -260,7 +260,7 @@ func (r *JobRun) write(ctx context.Context, upd *types.Update, st RunStatus, c *
 		return nil
 	case c != nil && leaseFailed:
 		item, rerr := w.stored(0)
-		cur, cerr := fenceOf(item)
+		cur, cerr := fenceOf(r.l.opts.Layout, item)
 		return errors.Join(&StaleFenceError{Job: l.job, Fence: r.fence, Current: cur, err: err}, rerr, cerr)
 	case runFailed && w.rerr == nil:
 		return r.refused(w.item, err)
@@ -285,7 +285,7 @@ func (r *JobRun) refused(item map[string]types.AttributeValue, cause error) erro
 	if len(item) == 0 {
 		return fmt.Errorf("%w: the run item is gone", ErrLost)
 	}
-	rec, err := decodeRun(item)
+	rec, err := decodeRun(r.l.opts.Layout, item)
 	switch {
 	case err != nil:
 		return err

@@ -28,7 +28,7 @@ func TestCommitExactlyOnce(t *testing.T) {
 	run, err := l.Claim(ctx, slot, func(o *ddblease.JobOptions) { o.Rerun = ddblease.Rerun })
 	require.NoError(t, err)
 	put := func(pk string, cond string) []types.TransactWriteItem {
-		p := &types.Put{TableName: aws.String(table), Item: map[string]types.AttributeValue{"pk": sAttr(pk)}}
+		p := &types.Put{TableName: aws.String(table), Item: key(pk)}
 		if cond != "" {
 			p.ConditionExpression = aws.String(cond)
 		}
@@ -38,7 +38,7 @@ func TestCommitExactlyOnce(t *testing.T) {
 		require.ErrorIs(t, run.Commit(ctx, put("payout#x", "")), ddblease.ErrTransactionsUnsupported)
 		srv.Require(t, false, "TransactWriteItems")
 	}
-	putRaw(t, db, table, map[string]types.AttributeValue{"pk": sAttr("payout#exists")})
+	putRaw(t, db, table, key("payout#exists"))
 	err = run.Commit(ctx, put("payout#exists", "attribute_not_exists(pk)"))
 	var tce *types.TransactionCanceledException
 	require.ErrorAs(t, err, &tce, "the effect's own condition failed")
@@ -162,11 +162,11 @@ func TestJobRunBadInput(t *testing.T) {
 		slot := time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC)
 		id := slot.Format(time.RFC3339Nano)
 		good := func() map[string]types.AttributeValue {
-			return map[string]types.AttributeValue{
-				"pk": sAttr("jobrun#sweeper#" + id), "job": sAttr("sweeper"), "slot": sAttr(id),
+			return withKey("jobrun#sweeper#"+id, map[string]types.AttributeValue{
+				"job": sAttr("sweeper"), "slot": sAttr(id),
 				"fence": nAttr("1"), "owner": sAttr("x"), "claim": sAttr("c"), "status": sAttr("succeeded"),
 				"startedAt": nAttr("1"),
-			}
+			})
 		}
 		cases := map[string]func(map[string]types.AttributeValue){
 			"no fence":      func(m map[string]types.AttributeValue) { delete(m, "fence") },

@@ -654,7 +654,7 @@ func (r *runner) sweep(ctx context.Context, tn *term, older []time.Time, n int, 
 			return -1
 		}
 		for i := len(ids) - 1; i >= 0; i-- {
-			item, ok := items[runItemKey(l.job, ids[i])]
+			item, ok := items[ids[i]]
 			if !ok {
 				if !counted {
 					missed++
@@ -666,7 +666,7 @@ func (r *runner) sweep(ctx context.Context, tn *term, older []time.Time, n int, 
 			// it. A run of this tenure (a resumption's catch-up, a claim
 			// given up) does not.
 			counted = true
-			if rec, err := decodeRun(item); err != nil || rec.Fence < tn.fence {
+			if rec, err := decodeRun(r.l.opts.Layout, item); err != nil || rec.Fence < tn.fence {
 				found = true
 			}
 			r.inherit(item)
@@ -702,7 +702,7 @@ func (r *runner) sweep(ctx context.Context, tn *term, older []time.Time, n int, 
 func (r *runner) abandonOrphan(ctx context.Context, tn *term, slot time.Time, item map[string]types.AttributeValue) (abandoned, retry bool) {
 	l := r.l
 	id := fmtSlot(slot)
-	rec, err := decodeRun(item)
+	rec, err := decodeRun(r.l.opts.Layout, item)
 	if err != nil {
 		l.log.Error("ddblease: skipped slot has a malformed run item", "slot", id, "err", err)
 		return false, false
@@ -732,7 +732,7 @@ const maxMarks = 10
 // (item) could not sweep, recorded in its claim: they are read back by
 // the next resweep.
 func (r *runner) inherit(item map[string]types.AttributeValue) {
-	rec, err := decodeRun(item)
+	rec, err := decodeRun(r.l.opts.Layout, item)
 	if err != nil {
 		return
 	}
@@ -798,7 +798,7 @@ func (r *runner) resweep(ctx context.Context, tn *term) {
 			return
 		}
 		for i, id := range ids {
-			if item, ok := items[runItemKey(r.l.job, id)]; ok {
+			if item, ok := items[id]; ok {
 				if _, retry := r.abandonOrphan(ctx, tn, chunk[i], item); retry {
 					r.unswept = append(r.unswept, chunk[i])
 				}
@@ -852,7 +852,7 @@ func (r *runner) adopt(ctx context.Context, tn *term) {
 		return
 	}
 	if !own.IsZero() {
-		if item, ok := items[runItemKey(r.l.job, fmtSlot(own))]; ok {
+		if item, ok := items[fmtSlot(own)]; ok {
 			r.inherit(item)
 			if _, retry := r.abandonOrphan(ctx, tn, own, item); retry {
 				r.unswept = append(r.unswept, own)
@@ -860,7 +860,7 @@ func (r *runner) adopt(ctx context.Context, tn *term) {
 		}
 	}
 	for i := len(slots) - 1; i >= 0; i-- {
-		if item, ok := items[runItemKey(r.l.job, ids[i])]; ok {
+		if item, ok := items[ids[i]]; ok {
 			r.inherit(item)
 			if _, retry := r.abandonOrphan(ctx, tn, slots[i], item); retry {
 				r.unswept = append(r.unswept, slots[i])
@@ -953,7 +953,7 @@ func (r *runner) lookIfAsked(ctx context.Context, tn *term) error {
 // malformed item: logged). err is set only when the campaign must stop.
 func (r *runner) control(ctx context.Context, tn *term) (paused, known bool, err error) {
 	l := r.l
-	item, err := getItem(ctx, l.db, l.table, itemKey(l.pk), l.opts.CallTimeout)
+	item, err := getItem(ctx, l.db, l.table, l.opts.Layout.leaseKey(l.job), l.opts.CallTimeout)
 	switch {
 	case ctx.Err() != nil:
 		return false, false, nil
@@ -965,7 +965,7 @@ func (r *runner) control(ctx context.Context, tn *term) (paused, known bool, err
 	case len(item) == 0:
 		return r.ctl.paused, true, nil // the tenure is over: the claim will say so
 	}
-	rec, err := decodeLease(item)
+	rec, err := decodeLease(l.opts.Layout, item)
 	if err != nil {
 		l.log.Error("ddblease: the lease item is malformed", "err", err)
 		return false, false, nil
@@ -1089,13 +1089,13 @@ func (r *runner) runAndFinish(ctx context.Context, tn *term, run *JobRun) (recor
 // finds its run already claimed.
 func (r *runner) clearControl(ctx context.Context, update, cond string, names map[string]string, values map[string]types.AttributeValue) {
 	l := r.l
-	names["#pk"] = attrPK
+	names["#pk"] = l.opts.Layout.PartitionKey
 	full := "attribute_exists(#pk)"
 	if cond != "" {
 		full += " AND " + cond
 	}
 	in := &dynamodb.UpdateItemInput{
-		TableName: aws.String(l.table), Key: itemKey(l.pk), UpdateExpression: aws.String(update),
+		TableName: aws.String(l.table), Key: l.opts.Layout.leaseKey(l.job), UpdateExpression: aws.String(update),
 		ConditionExpression: aws.String(full), ExpressionAttributeNames: names,
 	}
 	if len(values) > 0 {

@@ -44,7 +44,7 @@ func (l *lateRenewal) RoundTrip(r *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		if !bytes.Contains(body, []byte(`"lease#`)) {
+		if !bytes.Contains(body, []byte(`{"S":"lease"}`)) {
 			return l.base.RoundTrip(r)
 		}
 		if l.hold.Load() {

@@ -21,7 +21,6 @@ type Lease struct {
 	db     DynamoDBAPI // reports every request to the observer
 	table  string
 	job    string
-	pk     string // the lease item's partition key (itemKey)
 	opts   Options
 	log    *slog.Logger
 	notify notifier
@@ -92,13 +91,6 @@ type observation struct {
 	since   time.Time // when rec.version was first seen, by the runtime's clock
 }
 
-// itemKey returns the key of the item whose partition key is pk. A Lease
-// makes its item's key for each request rather than holding it: an idle
-// lease holds no map.
-func itemKey(pk string) map[string]types.AttributeValue {
-	return map[string]types.AttributeValue{attrPK: avS(pk)}
-}
-
 // New returns a handle on the lease of job in table. It makes no call; the
 // table must exist (see CreateTable) when the handle is used.
 func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, error) {
@@ -109,7 +101,6 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 	l := &Lease{
 		table: table,
 		job:   job,
-		pk:    leaseKey(job),
 		opts:  o,
 		log:   lineLogger(o.Logger, "job", job, o.Owner),
 		born:  o.sendNow(),
@@ -263,7 +254,7 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 	now := snt.at
 	rv := randomID(8)
 	names := map[string]string{
-		"#pk": attrPK, "#owner": attrOwner, "#fence": attrFence, "#exp": attrExpires,
+		"#pk": l.opts.Layout.PartitionKey, "#owner": attrOwner, "#fence": attrFence, "#exp": attrExpires,
 		"#rv": attrVersion, "#lms": attrLeaseMs, "#acq": attrAcquiredAt, "#ren": attrRenewedAt,
 		"#drn": attrDraining,
 	}
@@ -280,7 +271,7 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 	cond := l.takeoverRule().condition(snt, rv, l.mineIn(values), values)
 	in := &dynamodb.UpdateItemInput{
 		TableName: aws.String(l.table),
-		Key:       itemKey(l.pk),
+		Key:       l.opts.Layout.leaseKey(l.job),
 		UpdateExpression: aws.String("SET #owner = :me, #fence = if_not_exists(#fence, :zero) + :one, " +
 			"#exp = :exp, #rv = :rv, #lms = :lms, #acq = :now, #ren = :now, #drn = :false"),
 		ConditionExpression:                 aws.String(cond),
@@ -294,13 +285,16 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 	switch {
 	case ours:
 		if t := l.begin(ctx, rec, snt, l.opts.Now().Sub(now)); t != nil {
+			if !rec.listed {
+				l.list(ctx, rec.Fence)
+			}
 			return t, nil
 		}
 		// The write landed, but we learned it only after the tenure's
 		// local deadline: it is over before it began.
 		return nil, fmt.Errorf("%w: %q fence %d: the acquisition was confirmed only after its local deadline", ErrLost, l.job, rec.Fence)
 	case err != nil:
-		return nil, fmt.Errorf("ddblease: acquire %q: %w", l.job, explainTableError(ctx, l.db, l.table, err))
+		return nil, fmt.Errorf("ddblease: acquire %q: %w", l.job, explainTableError(ctx, l.db, l.table, l.opts.Layout, err))
 	}
 	return nil, &HeldError{Job: l.job, Owner: rec.Owner, Fence: rec.Fence, ExpiresAt: rec.ExpiresAt, Draining: rec.Draining}
 }

@@ -65,7 +65,7 @@ func TestTryAcquireWhileLeaderRenews(t *testing.T) {
 	f2, err := a.TryAcquire(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, f1, f2, "a second TryAcquire by the leader keeps its tenure")
-	assert.Equal(t, 2, faults.Count("UpdateItem"))
+	assert.Equal(t, 2+listing, faults.Count("UpdateItem"))
 }
 
 // The holder stops heartbeating: a polling standby takes over after expiry

@@ -17,7 +17,6 @@ import (
 // Attribute names of the lease item. Several are DynamoDB reserved words, so
 // expressions always refer to them through expression attribute names.
 const (
-	attrPK         = "pk"
 	attrOwner      = "owner"
 	attrFence      = "fence"
 	attrExpires    = "expiresAt"  // N: writer's wall clock, Unix ms
@@ -26,9 +25,10 @@ const (
 	attrAcquiredAt = "acquiredAt" // N: Unix ms
 	attrRenewedAt  = "renewedAt"  // N: Unix ms
 	attrDraining   = "draining"   // BOOL: the holder is about to resign
+	// attrListed records that the job's directory entry was written
+	// (Lease.list): until it is, each acquisition writes it.
+	attrListed = "listed" // BOOL
 )
-
-func leaseKey(job string) string { return "lease#" + job }
 
 // Record is a lease item as stored in the table.
 type Record struct {
@@ -43,12 +43,12 @@ type Record struct {
 	Control Control
 
 	version string
+	listed  bool // attrListed
 }
 
 // leaseItem is the lease item as stored: the record that decodeLease
 // decodes with attributevalue and then validates.
 type leaseItem struct {
-	PK         sAttr    `dynamodbav:"pk"`
 	Owner      sAttr    `dynamodbav:"owner"`
 	Fence      nAttr    `dynamodbav:"fence"`
 	ExpiresAt  nAttr    `dynamodbav:"expiresAt"`
@@ -57,16 +57,16 @@ type leaseItem struct {
 	AcquiredAt nAttr    `dynamodbav:"acquiredAt"`
 	RenewedAt  nAttr    `dynamodbav:"renewedAt"`
 	Draining   boolAttr `dynamodbav:"draining"`
+	Listed     boolAttr `dynamodbav:"listed"`
 	controlItem
 }
 
 // decodeLease reads a lease item. Every attribute the protocol relies on must
 // be present with the right type; anything else is ErrMalformedItem.
-func decodeLease(item map[string]types.AttributeValue) (Record, error) {
+func decodeLease(y Layout, item map[string]types.AttributeValue) (Record, error) {
 	var it leaseItem
-	key, _ := str(item, attrPK)
 	fail := func(e error) (Record, error) {
-		return Record{}, fmt.Errorf("%w: lease item %q: %v", ErrMalformedItem, key, e)
+		return Record{}, fmt.Errorf("%w: lease item %q: %v", ErrMalformedItem, y.describe(item), e)
 	}
 	if err := unmarshalItem(item, &it); err != nil {
 		return fail(err)
@@ -114,6 +114,9 @@ func decodeLease(item map[string]types.AttributeValue) (Record, error) {
 	if r.Draining, err = it.Draining.opt(attrDraining); err != nil {
 		return fail(err)
 	}
+	if r.listed, err = it.Listed.opt(attrListed); err != nil {
+		return fail(err)
+	}
 	if r.Control, err = it.controlItem.decode(item); err != nil {
 		return fail(err)
 	}
@@ -134,7 +137,7 @@ func (l *Lease) write(ctx context.Context, timeout time.Duration, until time.Tim
 	cctx, cancel := context.WithTimeout(ctx, bounded(timeout, until, l.opts.Now()))
 	out, err := l.db.UpdateItem(cctx, in, singleAttempt)
 	cancel()
-	w := condWrite{db: l.db, actions: []types.TransactWriteItem{action(l.table, itemKey(l.pk))}, watch: 0, once: true,
+	w := condWrite{db: l.db, actions: []types.TransactWriteItem{action(l.table, l.opts.Layout.leaseKey(l.job))}, watch: 0, once: true,
 		timeout: min(timeout, l.opts.CallTimeout), until: until, now: l.opts.Now,
 		mine: func(item map[string]types.AttributeValue) bool {
 			v, ok := item[attrVersion].(*types.AttributeValueMemberS)
@@ -152,12 +155,12 @@ func (l *Lease) write(ctx context.Context, timeout time.Duration, until time.Tim
 		// Even a failed condition leaves the write in doubt here: the write
 		// might still be delivered late.
 		l.wrote(rv, false, true)
-		return Record{}, false, errors.Join(err, fmt.Errorf("ddblease: read lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, w.rerr)))
+		return Record{}, false, errors.Join(err, fmt.Errorf("ddblease: read lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, l.opts.Layout, w.rerr)))
 	case len(w.item) == 0:
 		l.wrote(rv, false, doubt)
 		return Record{}, false, err
 	}
-	r, derr := decodeLease(w.item)
+	r, derr := decodeLease(l.opts.Layout, w.item)
 	if derr != nil {
 		l.wrote(rv, false, doubt)
 		return Record{}, false, errors.Join(err, fmt.Errorf("%w (table %q)", derr, l.table))
@@ -228,16 +231,16 @@ func (l *Lease) read(ctx context.Context, consistent bool) (Record, bool, error)
 	defer cancel()
 	out, err := l.db.GetItem(cctx, &dynamodb.GetItemInput{
 		TableName:      aws.String(l.table),
-		Key:            itemKey(l.pk),
+		Key:            l.opts.Layout.leaseKey(l.job),
 		ConsistentRead: aws.Bool(consistent),
 	})
 	if err != nil {
-		return Record{}, false, fmt.Errorf("ddblease: read lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, err))
+		return Record{}, false, fmt.Errorf("ddblease: read lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, l.opts.Layout, err))
 	}
 	if len(out.Item) == 0 {
 		return Record{}, false, nil
 	}
-	r, err := decodeLease(out.Item)
+	r, err := decodeLease(l.opts.Layout, out.Item)
 	if err != nil {
 		return Record{}, false, fmt.Errorf("%w (table %q)", err, l.table)
 	}
@@ -257,7 +260,7 @@ func fenceCheck(table string, key map[string]types.AttributeValue, fence int64) 
 }
 
 // fenceOf returns the fence of a lease item; 0 for no item.
-func fenceOf(item map[string]types.AttributeValue) (int64, error) {
+func fenceOf(y Layout, item map[string]types.AttributeValue) (int64, error) {
 	if len(item) == 0 {
 		return 0, nil
 	}
@@ -266,8 +269,7 @@ func fenceOf(item map[string]types.AttributeValue) (int64, error) {
 		err = fmt.Errorf("fence %d is below 1", f)
 	}
 	if err != nil {
-		key, _ := str(item, attrPK)
-		return 0, fmt.Errorf("%w: lease item %q: %v", ErrMalformedItem, key, err)
+		return 0, fmt.Errorf("%w: lease item %q: %v", ErrMalformedItem, y.describe(item), err)
 	}
 	return f, nil
 }

@@ -170,7 +170,7 @@ func TestLogLines(t *testing.T) {
 		// Wait for the slot to be recorded, then stop.
 		admin := newAdmin(t, srv.Client(nil), table)
 		eventually(t, "the slot is recorded", func() bool {
-			runs, err := admin.Runs(ctx, "billing", time.Time{})
+			runs, err := admin.Runs(ctx, "billing", ddblease.RunRange{})
 			return err == nil && len(runs) == 1 && runs[0].Status != ddblease.RunRunning
 		})
 		cancel()

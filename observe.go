@@ -318,6 +318,14 @@ func (o observedDB) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput
 	return observed(o, "UpdateItem", o.db.UpdateItem, ctx, in, optFns)
 }
 
+func (o observedDB) DeleteItem(ctx context.Context, in *dynamodb.DeleteItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error) {
+	return observed(o, "DeleteItem", o.db.DeleteItem, ctx, in, optFns)
+}
+
+func (o observedDB) Query(ctx context.Context, in *dynamodb.QueryInput, optFns ...func(*dynamodb.Options)) (*dynamodb.QueryOutput, error) {
+	return observed(o, "Query", o.db.Query, ctx, in, optFns)
+}
+
 func (o observedDB) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
 	return observed(o, "BatchGetItem", o.db.BatchGetItem, ctx, in, optFns)
 }

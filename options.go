@@ -88,6 +88,12 @@ type Options struct {
 	// time.Now's results do (offsets added with Add keep it). Default
 	// time.Now. Tests inject offset or drifting clocks here.
 	Now func() time.Time
+
+	// Layout names the table's key attributes and the prefix of the
+	// library's keys. Default: the zero Layout (keys "pk" and "sk", no
+	// prefix). Every replica of a job, its Guard and Admin must use the
+	// same one.
+	Layout Layout
 }
 
 // margin is how much earlier than the written expiry a holder stops
@@ -155,7 +161,9 @@ func (o *Options) setDefaults() error {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return nil
+	var err error
+	o.Layout, err = o.Layout.withDefaults("Options")
+	return err
 }
 
 // randomID returns n random bytes in hex. Renewal versions and owner ids

@@ -102,9 +102,9 @@ func TestMalformedLeaseItem(t *testing.T) {
 	n := func(s string) types.AttributeValue { return &types.AttributeValueMemberN{Value: s} }
 	s := func(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
 	good := func() map[string]types.AttributeValue {
-		return map[string]types.AttributeValue{
-			"pk": s("lease#job"), "owner": s("x"), "fence": n("3"), "expiresAt": n("1"), "rv": s("v"),
-		}
+		return withKey("lease#job", map[string]types.AttributeValue{
+			"owner": s("x"), "fence": n("3"), "expiresAt": n("1"), "rv": s("v"),
+		})
 	}
 	cases := map[string]func(map[string]types.AttributeValue){
 		"fence is a string":   func(m map[string]types.AttributeValue) { m["fence"] = s("three") },

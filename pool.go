@@ -11,6 +11,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,7 +53,6 @@ type Pool struct {
 	db      DynamoDBAPI
 	table   string
 	name    string
-	key     map[string]types.AttributeValue
 	jobs    []string // sorted, unique
 	leases  map[string]*Lease
 	opts    Options // resolved: the same for every job's lease
@@ -90,7 +90,6 @@ func NewPool(db DynamoDBAPI, table, pool string, jobs []string, optFns ...func(*
 		return nil, invalid("pool %q has no jobs", pool)
 	}
 	p := &Pool{db: db, table: table, name: pool, opts: o, leases: make(map[string]*Lease, len(jobs)),
-		key: map[string]types.AttributeValue{attrPK: avS("pool#" + pool)},
 		log: lineLogger(o.Logger, "pool", pool, o.Owner)}
 	for _, job := range jobs {
 		if _, dup := p.leases[job]; dup {
@@ -210,6 +209,7 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 	if ctx.Err() != nil {
 		return fmt.Errorf("ddblease: pool %q: %w", p.name, ended(ctx))
 	}
+	p.list(ctx)
 	type jobRun struct {
 		cancel    context.CancelFunc
 		cancelled bool // handed over, or stopped with the pool
@@ -403,100 +403,71 @@ func (p *Pool) renew(ctx context.Context) ([]string, map[string]string, error) {
 	return live, views, nil
 }
 
-// write writes this replica's entry in the pool's item and returns the
-// members its answer lists. The item's members map is made by the first
-// replica of the pool.
+// write renews this replica's member item (its expiry, and the view it
+// acts on), then reads the pool's member items, and returns the members
+// they list.
 func (p *Pool) write(ctx context.Context, view string) (map[string]member, error) {
-	entry := &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
-		memberExpiry: avN(p.opts.Now().Add(p.opts.LeaseDuration).UnixMilli()),
-		memberView:   avS(view),
-	}}
-	update := func(expr, cond string, names map[string]string, values map[string]types.AttributeValue) (*dynamodb.UpdateItemOutput, error) {
-		cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
-		defer cancel()
-		return p.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
-			TableName:                 aws.String(p.table),
-			Key:                       p.key,
-			UpdateExpression:          aws.String(expr),
-			ConditionExpression:       aws.String(cond),
-			ExpressionAttributeNames:  names,
-			ExpressionAttributeValues: values,
-			ReturnValues:              types.ReturnValueAllNew,
-		})
-	}
-	var out *dynamodb.UpdateItemOutput
-	var err error
-	for range 2 {
-		out, err = update("SET #mm.#me = :e", "attribute_exists(#mm)",
-			map[string]string{"#mm": attrPoolMembers, "#me": p.opts.Owner}, map[string]types.AttributeValue{":e": entry})
-		if _, refused := failedConditions(err)[0]; !refused {
-			break
-		}
-		// The first replica of the pool makes the map, with a placeholder
-		// that keeps it from ever being emptied.
-		init := &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{poolKeep: avN(0), p.opts.Owner: entry}}
-		out, err = update("SET #mm = :init", "attribute_not_exists(#mm)",
-			map[string]string{"#mm": attrPoolMembers}, map[string]types.AttributeValue{":init": init})
-		if _, refused := failedConditions(err)[0]; !refused {
-			break
-		}
-	}
+	y := p.opts.Layout
+	cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
+	_, err := p.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
+		TableName:                 aws.String(p.table),
+		Key:                       y.memberKey(p.name, p.opts.Owner),
+		UpdateExpression:          aws.String("SET #x = :x, #v = :v"),
+		ExpressionAttributeNames:  map[string]string{"#x": memberExpiry, "#v": memberView},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":x": avN(p.opts.Now().Add(p.opts.LeaseDuration).UnixMilli()), ":v": avS(view)},
+	})
+	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("ddblease: pool %q: renew membership: %w", p.name, err)
+		return nil, fmt.Errorf("ddblease: pool %q: renew membership: %w", p.name, explainTableError(ctx, p.db, p.table, y, err))
 	}
-	return p.members(out.Attributes), nil
+	lo, hi := prefixRange(skMember)
+	items, err := query(ctx, p.db, p.table, y, y.poolPartition(p.name), lo, hi, 0, false, p.opts.CallTimeout,
+		fmt.Sprintf("pool %q: read the members", p.name))
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]member, len(items))
+	for _, item := range items {
+		m, err := decodeMember(y, item)
+		if err != nil {
+			p.log.Warn("ddblease: the pool has a malformed member item; ignoring it", "err", err)
+		}
+		if m.owner != "" {
+			out[m.owner] = m
+		}
+	}
+	return out, nil
 }
 
-// attrPoolMembers is the pool item's map of members: owner -> its entry,
-// {exp: expiry (Unix ms), view: the view it acts on}, with the placeholder
-// entry poolKeep, so that the map is never emptied (the in-process test
-// server mishandles the removal of a map's last entry, as control.go says
-// of the triggers).
+// Attributes of a pool's member item.
 const (
-	attrPoolMembers = "members"
-	poolKeep        = "-"
-	memberExpiry    = "exp"
-	memberView      = "view"
+	memberExpiry = "exp"  // N: the member's expiry, Unix ms, by its clock
+	memberView   = "view" // S: the view it acts on (viewOf)
 )
 
-// member is a member's entry in the pool's item.
+// member is a pool's member item.
 type member struct {
-	exp  int64 // Unix ms; -1 if the entry is malformed
-	view string
+	owner string
+	exp   int64 // Unix ms; -1 if the item is malformed
+	view  string
 }
 
-// members returns the members map of the pool's item. A malformed entry
-// has expiry -1 (it is ignored, then removed).
-func (p *Pool) members(item map[string]types.AttributeValue) map[string]member {
-	out := map[string]member{}
-	m, ok := item[attrPoolMembers].(*types.AttributeValueMemberM)
-	if !ok {
-		if item[attrPoolMembers] != nil {
-			p.log.Warn("ddblease: the pool's item has a malformed members attribute; ignoring it")
-		}
-		return out
+// decodeMember reads a member item. A malformed one is returned with
+// expiry -1 (it is ignored, then removed) and an error, with its owner
+// when its key names one.
+func decodeMember(y Layout, item map[string]types.AttributeValue) (member, error) {
+	m := member{exp: -1}
+	sk, err := str(item, y.SortKey)
+	if err == nil {
+		m.owner = strings.TrimPrefix(sk, skMember)
 	}
-	for owner, v := range m.Value {
-		if owner == poolKeep {
-			continue
-		}
-		e := member{exp: -1}
-		if em, ok := v.(*types.AttributeValueMemberM); ok {
-			n, nok := em.Value[memberExpiry].(*types.AttributeValueMemberN)
-			view, vok := em.Value[memberView].(*types.AttributeValueMemberS)
-			if nok && vok {
-				if x, err := strconv.ParseInt(n.Value, 10, 64); err == nil && x >= 0 {
-					e = member{exp: x, view: view.Value}
-				}
-			}
-		}
-		if e.exp < 0 || owner == "" {
-			p.log.Warn("ddblease: the pool's item has a malformed member; ignoring it", "member", owner)
-			e.exp = -1
-		}
-		out[owner] = e
+	exp, eerr := num(item, memberExpiry)
+	view, verr := str(item, memberView)
+	if err = errors.Join(err, eerr, verr); err != nil || exp < 0 {
+		return m, fmt.Errorf("%w: member item %q: %v", ErrMalformedItem, y.describe(item), errors.Join(err, fmt.Errorf("expiry %d", exp)))
 	}
-	return out
+	m.exp, m.view = exp, view
+	return m, nil
 }
 
 // watch records, for each member, since when its entry's expiry has been
@@ -547,36 +518,29 @@ func (p *Pool) liveIn(members map[string]member, now time.Time) []string {
 // maxForget bounds the members one renewal removes from the pool's item.
 const maxForget = 10
 
-// forgetDead removes from the pool's item the members whose expiry is
-// older than a LeaseDuration, or whose entry has been read unchanged for
-// two (replicas that died, or whose leave failed), and malformed ones, so that the item does not grow with every deploy.
-// Each removal is conditional on the member being unchanged; a failure is
-// left for a later renewal.
+// forgetDead deletes the member items whose expiry is older than a
+// LeaseDuration, or which have been read unchanged for two (replicas that
+// died, or whose leave failed), and malformed ones, so that the pool's
+// partition does not grow with every deploy. Each deletion is conditional
+// on the item being unchanged; a failure is left for a later renewal.
 func (p *Pool) forgetDead(ctx context.Context, members map[string]member, now time.Time) {
 	n := 0
 	for owner, m := range members {
 		ms := m.exp
-		if owner == p.opts.Owner || owner == "" || n == maxForget ||
+		if owner == p.opts.Owner || n == maxForget ||
 			ms >= 0 && !time.UnixMilli(ms).Add(p.opts.LeaseDuration).Before(now) &&
 				p.unchanged(owner) < 2*p.opts.LeaseDuration {
 			continue
 		}
 		n++
-		cond, names := "attribute_exists(#mm.#m)", map[string]string{"#mm": attrPoolMembers, "#m": owner}
-		values := map[string]types.AttributeValue(nil)
+		in := &dynamodb.DeleteItemInput{TableName: aws.String(p.table), Key: p.opts.Layout.memberKey(p.name, owner)}
 		if ms >= 0 {
-			cond, values = "#mm.#m.#x = :v", map[string]types.AttributeValue{":v": avN(ms)}
-			names["#x"] = memberExpiry
+			in.ConditionExpression = aws.String("#x = :v")
+			in.ExpressionAttributeNames = map[string]string{"#x": memberExpiry}
+			in.ExpressionAttributeValues = map[string]types.AttributeValue{":v": avN(ms)}
 		}
 		cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
-		_, err := p.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
-			TableName:                 aws.String(p.table),
-			Key:                       p.key,
-			UpdateExpression:          aws.String("REMOVE #mm.#m"),
-			ConditionExpression:       aws.String(cond),
-			ExpressionAttributeNames:  names,
-			ExpressionAttributeValues: values,
-		})
+		_, err := p.db.DeleteItem(cctx, in)
 		cancel()
 		if err == nil {
 			p.log.Info("ddblease: removed a replica gone from the pool", "member", owner)
@@ -584,23 +548,32 @@ func (p *Pool) forgetDead(ctx context.Context, members map[string]member, now ti
 	}
 }
 
-// leave removes this replica from the pool's item, so that the others
-// take its jobs at their next renewal rather than at its expiry. A failure
-// is logged: the expiry still ends the membership.
+// leave deletes this replica's member item, so that the others take its
+// jobs at their next renewal rather than at its expiry. A failure is
+// logged: the expiry still ends the membership.
 func (p *Pool) leave() {
 	ctx, cancel := context.WithTimeout(context.Background(), p.opts.CallTimeout)
 	defer cancel()
-	_, err := p.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName:                aws.String(p.table),
-		Key:                      p.key,
-		UpdateExpression:         aws.String("REMOVE #mm.#me"),
-		ConditionExpression:      aws.String("attribute_exists(#mm.#me)"),
-		ExpressionAttributeNames: map[string]string{"#mm": attrPoolMembers, "#me": p.opts.Owner},
+	_, err := p.db.DeleteItem(ctx, &dynamodb.DeleteItemInput{
+		TableName: aws.String(p.table), Key: p.opts.Layout.memberKey(p.name, p.opts.Owner),
 	})
-	if _, refused := failedConditions(err)[0]; err != nil && !refused {
+	if err != nil {
 		p.log.Warn("ddblease: could not leave the pool; the others take its jobs at its expiry", "err", err)
 	}
 	p.mu.Lock()
 	p.live = nil
 	p.mu.Unlock()
+}
+
+// list writes the pool's directory entry, with its jobs, so that Admin
+// lists it. A failure is logged: the pool runs all the same.
+func (p *Pool) list(ctx context.Context) {
+	entry := p.opts.Layout.directoryKey(skPoolPrefix, p.name)
+	entry[attrPool] = avS(p.name)
+	entry[attrPoolJobs] = &types.AttributeValueMemberSS{Value: p.jobs}
+	cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
+	defer cancel()
+	if _, err := p.db.PutItem(cctx, &dynamodb.PutItemInput{TableName: aws.String(p.table), Item: entry}); err != nil {
+		p.log.Warn("ddblease: could not list the pool in the table's directory", "err", err)
+	}
 }

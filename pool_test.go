@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -202,7 +203,7 @@ func TestPoolReplicaGoneWithAnExpiryFarAheadLosesItsShare(t *testing.T) {
 	stop := async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn("a")) })
 	defer func() { assert.NoError(t, stop()) }()
 	eventually(t, "a leads every job", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 4}, w.leads()) })
-	members := func() map[string]types.AttributeValue { return poolMembers(t, db, table) }
+	members := func() map[string]map[string]types.AttributeValue { return poolMembers(t, db, table) }
 	viewOf := func(member string) string { return poolView(t, db, table, member) }
 	alone := viewOf("a")
 	writeB := func(view string) { writeFakeMember(ctx, t, db, table, "b", view) }
@@ -322,43 +323,34 @@ func TestPoolStopsOnFnError(t *testing.T) {
 	}
 }
 
-// The pool's item forgets replicas long gone (dead, or whose leave
-// failed), and a malformed member attribute is ignored, not fatal.
+// The pool's partition forgets replicas long gone (dead, or whose leave
+// failed), and a malformed member item is ignored, not fatal.
 func TestPoolForgetsDeadMembers(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 30*time.Second)
 	table, db := tableAndClient(t)
 	old := time.Now().Add(-time.Hour).UnixMilli()
 	putRaw(t, db, table, map[string]types.AttributeValue{
-		"pk": &types.AttributeValueMemberS{Value: "pool#reports"},
-		"members": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
-			"-": &types.AttributeValueMemberN{Value: "0"},
-			"gone": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
-				"exp":  &types.AttributeValueMemberN{Value: strconv.FormatInt(old, 10)},
-				"view": &types.AttributeValueMemberS{Value: ""},
-			}},
-			"malformed": &types.AttributeValueMemberS{Value: "not a number"},
-		}},
+		"pk": sAttr("pool#reports"), "sk": sAttr("member#gone"),
+		"exp": nAttr(strconv.FormatInt(old, 10)), "view": sAttr(""),
+	})
+	putRaw(t, db, table, map[string]types.AttributeValue{
+		"pk": sAttr("pool#reports"), "sk": sAttr("member#malformed"), "exp": sAttr("not a number"),
 	})
 	p := newPool(t, db, table, poolJobs(2), fast("a"))
 	w := newPoolWatch(t)
 	stop := async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn("a")) })
 	eventually(t, "a leads both jobs", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2}, w.leads()) })
 	assert.Equal(t, []string{"a"}, p.Members())
-	members := func() map[string]types.AttributeValue {
-		m, _ := getRaw(t, db, table, "pool#reports")["members"].(*types.AttributeValueMemberM)
-		require.NotNil(t, m)
-		return m.Value
-	}
 	eventually(t, "the gone members removed", func() bool {
-		m := members()
+		m := poolMembers(t, db, table)
 		_, gone := m["gone"]
 		_, bad := m["malformed"]
 		_, me := m["a"]
 		return !gone && !bad && me
 	})
 	require.NoError(t, stop())
-	_, me := members()["a"]
+	_, me := poolMembers(t, db, table)["a"]
 	assert.False(t, me, "a left the pool when it stopped")
 }
 
@@ -382,20 +374,32 @@ func TestPoolFnPanicIsReturned(t *testing.T) {
 	assert.ErrorContains(t, err, `job "tenant-01"`)
 }
 
-// poolMembers returns the members map of pool "reports" as stored.
-func poolMembers(t *testing.T, db *dynamodb.Client, table string) map[string]types.AttributeValue {
+// poolMembers returns the member items of pool "reports" as stored, by
+// member.
+func poolMembers(t *testing.T, db *dynamodb.Client, table string) map[string]map[string]types.AttributeValue {
 	t.Helper()
-	m, _ := getRaw(t, db, table, "pool#reports")["members"].(*types.AttributeValueMemberM)
-	require.NotNil(t, m)
-	return m.Value
+	out, err := db.Query(context.Background(), &dynamodb.QueryInput{
+		TableName:                 aws.String(table),
+		KeyConditionExpression:    aws.String("pk = :pk"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": sAttr("pool#reports")},
+		ConsistentRead:            aws.Bool(true),
+	})
+	require.NoError(t, err)
+	members := map[string]map[string]types.AttributeValue{}
+	for _, item := range out.Items {
+		sk, _ := item["sk"].(*types.AttributeValueMemberS)
+		require.NotNil(t, sk)
+		members[strings.TrimPrefix(sk.Value, "member#")] = item
+	}
+	return members
 }
 
 // poolView returns the view member's entry in pool "reports" names.
 func poolView(t *testing.T, db *dynamodb.Client, table, member string) string {
 	t.Helper()
-	e, _ := poolMembers(t, db, table)[member].(*types.AttributeValueMemberM)
-	require.NotNil(t, e, "the entry of %s", member)
-	v, _ := e.Value["view"].(*types.AttributeValueMemberS)
+	e := poolMembers(t, db, table)[member]
+	require.NotNil(t, e, "the member item of %s", member)
+	v, _ := e["view"].(*types.AttributeValueMemberS)
 	require.NotNil(t, v, "the view of %s", member)
 	return v.Value
 }
@@ -404,15 +408,10 @@ func poolView(t *testing.T, db *dynamodb.Client, table, member string) string {
 // in an hour, acting on view: a replica that runs no pool.
 func writeFakeMember(ctx context.Context, t *testing.T, db *dynamodb.Client, table, member, view string) {
 	t.Helper()
-	_, err := db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName:                aws.String(table),
-		Key:                      map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "pool#reports"}},
-		UpdateExpression:         aws.String("SET #mm.#m = :e"),
-		ExpressionAttributeNames: map[string]string{"#mm": "members", "#m": member},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":e": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
-			"exp":  &types.AttributeValueMemberN{Value: strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)},
-			"view": &types.AttributeValueMemberS{Value: view},
-		}}},
-	})
+	_, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table), Item: map[string]types.AttributeValue{
+		"pk": sAttr("pool#reports"), "sk": sAttr("member#" + member),
+		"exp":  nAttr(strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)),
+		"view": sAttr(view),
+	}})
 	require.NoError(t, err)
 }

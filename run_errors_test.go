@@ -63,11 +63,10 @@ func TestRunReportsPersistentErrors(t *testing.T) {
 		t.Parallel()
 		ctx := withTimeout(t, 20*time.Second)
 		table, db := tableAndClient(t)
-		_, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table), Item: map[string]types.AttributeValue{
-			"pk":    &types.AttributeValueMemberS{Value: "lease#job"},
+		_, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table), Item: withKey("lease#job", map[string]types.AttributeValue{
 			"owner": &types.AttributeValueMemberS{Value: "x"},
 			"fence": &types.AttributeValueMemberS{Value: "not a number"},
-		}})
+		})})
 		require.NoError(t, err)
 		err = newLease(t, db, table, "job", fast("a")).Run(ctx, never)
 		assert.ErrorIs(t, err, ddblease.ErrMalformedItem)

@@ -96,10 +96,10 @@ func isWrite(op string) bool {
 	return op == "TransactWriteItems" || op == "UpdateItem" || op == "PutItem"
 }
 
-// slotKey is the quoted key of the run item of job's schedule slot, as it
-// appears in a request's body; slot has no fraction of a second.
-func slotKey(job string, slot time.Time) []byte {
-	return []byte(`"jobrun#` + job + `#` + slot.UTC().Format(time.RFC3339) + `"`)
+// slotKey is the quoted sort key of the run item of a schedule slot, as
+// it appears in a request's body (each test's job has a table of its own).
+func slotKey(_ string, slot time.Time) []byte {
+	return []byte(`"run#` + slot.UTC().Format("2006-01-02T15:04:05.000000000Z") + `"`)
 }
 
 // triggerKey is in the body of every request on a triggered run's item.
@@ -149,7 +149,7 @@ func itemFence(ctx context.Context, admin *ddblease.Admin, run *ddblease.JobRun)
 		}
 		return rec.Fence
 	}
-	runs, err := admin.Runs(ctx, run.Job(), run.Slot())
+	runs, err := admin.Runs(ctx, run.Job(), ddblease.RunRange{From: run.Slot()})
 	if err != nil {
 		return -1
 	}
@@ -179,7 +179,7 @@ func recordingFn(admin *ddblease.Admin, l *ddblease.Lease, calls *fnCalls) func(
 // runAt returns the run of job's schedule slot, if any.
 func runAt(t *testing.T, admin *ddblease.Admin, job string, slot time.Time) (ddblease.RunRecord, bool) {
 	t.Helper()
-	runs, err := admin.Runs(context.Background(), job, slot)
+	runs, err := admin.Runs(context.Background(), job, ddblease.RunRange{From: slot})
 	require.NoError(t, err)
 	for _, r := range runs {
 		if r.Slot.Equal(slot) && r.Trigger == "" {
@@ -515,7 +515,7 @@ func TestTriggerRunUnfinishedAfterTenureEndsIsAbandoned(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	assert.Equal(t, ddblease.RunAbandoned, rec.Status, "TriggerRun")
-	runs, err := admin.Runs(ctx, "report", time.Time{})
+	runs, err := admin.Runs(ctx, "report", ddblease.RunRange{})
 	require.NoError(t, err)
 	for _, r := range runs {
 		if r.Trigger == tr.ID {
@@ -933,7 +933,7 @@ func TestPauseUnreadAfterClaimLandedUnseenSkipsSlot(t *testing.T) {
 	db := srv.Client(nil)
 	admin := newAdmin(t, db, table)
 	slot := time.Now().Add(2 * time.Second).Truncate(time.Second)
-	key, leaseKey := slotKey("tick", slot), []byte(`"lease#tick"`)
+	key, leaseKey := slotKey("tick", slot), []byte(`{"S":"lease"}`)
 	var mu sync.Mutex
 	var first string        // the claim's first transaction token
 	var sentAgain bool      // a claim with another token was sent

@@ -30,7 +30,7 @@ func TestRunCancelsOnTakeover(t *testing.T) {
 
 	_, err := db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                aws.String(table),
-		Key:                      map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "lease#job"}},
+		Key:                      key("lease#job"),
 		UpdateExpression:         aws.String("SET #o = :o, fence = fence + :one, rv = :rv, expiresAt = :exp"),
 		ExpressionAttributeNames: map[string]string{"#o": "owner"},
 		ExpressionAttributeValues: map[string]types.AttributeValue{

@@ -1,9 +1,11 @@
 package ddblease
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -11,39 +13,64 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// ErrTableSchema reports a table whose key schema is not a single string
-// partition key named pk.
+// ErrTableSchema reports a table whose key schema is not the one the
+// Layout in use needs: a string partition key and a string sort key with
+// the Layout's names.
 var ErrTableSchema = errors.New("ddblease: table has the wrong key schema")
 
 // tableCallTimeout bounds each call CreateTable makes.
 const tableCallTimeout = 10 * time.Second
 
-// CreateTable creates the lease table (on-demand billing, string partition
-// key pk) and waits until it is active, or ctx ends. An existing table with that key
-// schema is accepted as it is; one with another schema is an error wrapping
-// ErrTableSchema. Infrastructure code may create the table instead. Job-run
-// items carry their expiry in RunTTLAttribute; enable DynamoDB's time to
-// live on it for old runs to be deleted (lease items never carry it).
-func CreateTable(ctx context.Context, db DynamoDBAPI, table string) error {
+// CreateTable creates the lease table (on-demand billing, a string
+// partition key and a string sort key named as the Layout says, "pk" and
+// "sk" by default) and waits until it is active, or ctx ends. An existing
+// table is accepted as it is if its key schema is the one needed; with
+// another schema it is an error wrapping ErrTableSchema that names what
+// was found and what is needed. optFns set the Layout (the replicas'
+// Options.Layout). Infrastructure code may create the table instead (see
+// Layout.TableSpec). Job-run items carry their expiry in RunTTLAttribute;
+// enable DynamoDB's time to live on it for old runs to be deleted (lease
+// items never carry it).
+func CreateTable(ctx context.Context, db DynamoDBAPI, table string, optFns ...func(*Layout)) error {
 	if err := CheckClient(db); err != nil {
 		return err
 	}
 	if err := checkTable(table); err != nil {
 		return err
 	}
+	var y Layout
+	for _, fn := range optFns {
+		if fn != nil {
+			fn(&y)
+		}
+	}
+	spec, err := y.TableSpec()
+	if err != nil {
+		return err
+	}
 	cctx, cancel := context.WithTimeout(ctx, tableCallTimeout)
-	spec := LeaseTableSpec()
-	_, err := db.CreateTable(cctx, &dynamodb.CreateTableInput{
-		TableName:            aws.String(table),
-		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String(spec.PartitionKey), AttributeType: spec.PartitionKeyType}},
-		KeySchema:            []types.KeySchemaElement{{AttributeName: aws.String(spec.PartitionKey), KeyType: types.KeyTypeHash}},
-		BillingMode:          spec.BillingMode,
+	_, err = db.CreateTable(cctx, &dynamodb.CreateTableInput{
+		TableName: aws.String(table),
+		AttributeDefinitions: []types.AttributeDefinition{
+			{AttributeName: aws.String(spec.PartitionKey), AttributeType: types.ScalarAttributeTypeS},
+			{AttributeName: aws.String(spec.SortKey), AttributeType: types.ScalarAttributeTypeS},
+		},
+		KeySchema: []types.KeySchemaElement{
+			{AttributeName: aws.String(spec.PartitionKey), KeyType: types.KeyTypeHash},
+			{AttributeName: aws.String(spec.SortKey), KeyType: types.KeyTypeRange},
+		},
+		BillingMode: spec.BillingMode,
 	})
 	cancel()
 	var inUse *types.ResourceInUseException
 	if err != nil && !errors.As(err, &inUse) {
 		return fmt.Errorf("ddblease: create table %q: %w", table, err)
 	}
+	return waitActive(ctx, db, table, spec.layout)
+}
+
+// waitActive waits until table is active, checking its key schema.
+func waitActive(ctx context.Context, db DynamoDBAPI, table string, y Layout) error {
 	for {
 		cctx, cancel := context.WithTimeout(ctx, tableCallTimeout)
 		out, err := db.DescribeTable(cctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
@@ -51,7 +78,7 @@ func CreateTable(ctx context.Context, db DynamoDBAPI, table string) error {
 		if err != nil {
 			return fmt.Errorf("ddblease: describe table %q: %w", table, err)
 		}
-		if err := checkSchema(table, out.Table); err != nil {
+		if err := checkSchema(table, out.Table, y); err != nil {
 			return err
 		}
 		switch out.Table.TableStatus {
@@ -68,45 +95,91 @@ func CreateTable(ctx context.Context, db DynamoDBAPI, table string) error {
 	}
 }
 
-func checkSchema(table string, d *types.TableDescription) error {
+// checkSchema checks that the key schema of table (described by d) is the
+// one y needs.
+func checkSchema(table string, d *types.TableDescription, y Layout) error {
 	if d == nil {
 		return fmt.Errorf("ddblease: describe table %q: no description returned", table)
 	}
-	ks := d.KeySchema
-	if len(ks) != 1 || aws.ToString(ks[0].AttributeName) != attrPK || ks[0].KeyType != types.KeyTypeHash {
-		return fmt.Errorf("%w: table %q must have only a partition key %q", ErrTableSchema, table, attrPK)
-	}
+	typ := map[string]types.ScalarAttributeType{}
 	for _, a := range d.AttributeDefinitions {
-		if aws.ToString(a.AttributeName) == attrPK && a.AttributeType != types.ScalarAttributeTypeS {
-			return fmt.Errorf("%w: table %q: key %q is of type %s, not S", ErrTableSchema, table, attrPK, a.AttributeType)
-		}
+		typ[aws.ToString(a.AttributeName)] = a.AttributeType
 	}
-	return nil
+	var found []string
+	for _, k := range d.KeySchema {
+		n := aws.ToString(k.AttributeName)
+		found = append(found, fmt.Sprintf("%s %q (%s)", keyRole(k.KeyType), n, cmp.Or(string(typ[n]), "type not reported")))
+	}
+	ok := len(d.KeySchema) == 2
+	for i, want := range []struct {
+		name string
+		kt   types.KeyType
+	}{{y.PartitionKey, types.KeyTypeHash}, {y.SortKey, types.KeyTypeRange}} {
+		// Some test servers report no attribute definitions.
+		ok = ok && aws.ToString(d.KeySchema[i].AttributeName) == want.name && d.KeySchema[i].KeyType == want.kt &&
+			(typ[want.name] == types.ScalarAttributeTypeS || typ[want.name] == "")
+	}
+	if ok {
+		return nil
+	}
+	msg := fmt.Sprintf("%v: table %q has %s; the layout in use needs partition key %q (S) and sort key %q (S)",
+		ErrTableSchema, table, strings.Join(found, " and "), y.PartitionKey, y.SortKey)
+	if len(d.KeySchema) == 1 && aws.ToString(d.KeySchema[0].AttributeName) == DefaultPartitionKey {
+		msg += "; a table with a partition key alone was made for an older layout of ddblease, whose items " +
+			"this one does not read: create a new table (CreateTable, or ddblease create-table)"
+	} else {
+		msg += "; set Layout's PartitionKey and SortKey to the table's key names, or use another table"
+	}
+	return &schemaError{msg: msg}
 }
 
-// TableSpec describes the lease table: a single string partition key,
-// on-demand billing, and time to live on the attribute in which run items
-// carry their expiry. CreateTable makes the table from it; infrastructure
-// code that creates the table instead must match it (the ddblease command's
-// create-table --print renders it as CloudFormation and Terraform).
+// schemaError is the error of a key schema mismatch; it wraps
+// ErrTableSchema.
+type schemaError struct{ msg string }
+
+func (e *schemaError) Error() string { return e.msg }
+func (e *schemaError) Unwrap() error { return ErrTableSchema }
+
+// keyRole names a key type for errors.
+func keyRole(t types.KeyType) string {
+	if t == types.KeyTypeRange {
+		return "sort key"
+	}
+	return "partition key"
+}
+
+// TableSpec describes the lease table of a Layout: a string partition
+// key and a string sort key, on-demand billing, and time to live on the
+// attribute in which run items carry their expiry. CreateTable makes the
+// table from it; infrastructure code that creates the table instead must
+// match it (the ddblease command's create-table --print renders it as
+// CloudFormation and Terraform).
 type TableSpec struct {
-	PartitionKey     string                    // "pk"
-	PartitionKeyType types.ScalarAttributeType // S
-	BillingMode      types.BillingMode         // PAY_PER_REQUEST
+	PartitionKey string            // Layout.PartitionKey, type S
+	SortKey      string            // Layout.SortKey, type S
+	BillingMode  types.BillingMode // PAY_PER_REQUEST
 	// TTLAttribute is RunTTLAttribute. CreateTable does not enable time to
 	// live (the DynamoDBAPI interface has no UpdateTimeToLive); enable it
 	// on this attribute for old runs to be deleted.
 	TTLAttribute string
+
+	layout Layout
 }
 
-// LeaseTableSpec returns the specification of the lease table.
-func LeaseTableSpec() TableSpec {
-	return TableSpec{
-		PartitionKey:     attrPK,
-		PartitionKeyType: types.ScalarAttributeTypeS,
-		BillingMode:      types.BillingModePayPerRequest,
-		TTLAttribute:     RunTTLAttribute,
+// TableSpec returns the specification of the lease table for l, or an
+// error wrapping ErrInvalid if l is not valid.
+func (l Layout) TableSpec() (TableSpec, error) {
+	y, err := l.withDefaults("Layout")
+	if err != nil {
+		return TableSpec{}, err
 	}
+	return TableSpec{
+		PartitionKey: y.PartitionKey,
+		SortKey:      y.SortKey,
+		BillingMode:  types.BillingModePayPerRequest,
+		TTLAttribute: RunTTLAttribute,
+		layout:       y,
+	}, nil
 }
 
 // getItem reads the item under key in table with a strongly consistent

@@ -319,7 +319,7 @@ func (t *term) fencedWrite(ctx context.Context, timeout time.Duration, until tim
 	}
 	in := &dynamodb.UpdateItemInput{
 		TableName:                           aws.String(l.table),
-		Key:                                 itemKey(l.pk),
+		Key:                                 l.opts.Layout.leaseKey(l.job),
 		UpdateExpression:                    aws.String(update),
 		ConditionExpression:                 aws.String(cond),
 		ExpressionAttributeNames:            names,
@@ -333,7 +333,7 @@ func (t *term) fencedWrite(ctx context.Context, timeout time.Duration, until tim
 		return nil
 	case err != nil && (rec == Record{} || rec.Owner == l.opts.Owner && rec.Fence == t.fence):
 		// Unknown outcome, and the item does not tell us we lost.
-		return fmt.Errorf("ddblease: write lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, err))
+		return fmt.Errorf("ddblease: write lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, l.opts.Layout, err))
 	}
 	var lost error
 	switch {

@@ -179,15 +179,16 @@ func (s *Server) Client(wrap ...func(http.RoundTripper) http.RoundTripper) *dyna
 	})
 }
 
-// NewTable creates a fresh ddblease table (ddblease.CreateTable) with a
-// random name and returns the name. The table is deleted when t ends.
-func (s *Server) NewTable(t testing.TB) string {
+// NewTable creates a fresh ddblease table (ddblease.CreateTable, with the
+// Layout optFns set) with a random name and returns the name. The table
+// is deleted when t ends.
+func (s *Server) NewTable(t testing.TB, optFns ...func(*ddblease.Layout)) string {
 	t.Helper()
 	name := "ddblease-test-" + RandomID()
 	db := s.Client()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := ddblease.CreateTable(ctx, db, name); err != nil {
+	if err := ddblease.CreateTable(ctx, db, name, optFns...); err != nil {
 		t.Fatalf("ddbleasetest: %v", err)
 	}
 	s.deleteOnCleanup(t, db, name)

@@ -65,9 +65,10 @@ func (s *Server) Caps(t testing.TB) Capabilities {
 		table := s.NewTable(t)
 		db := s.Client(nil)
 		ctx := context.Background()
-		key := map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "probe"}}
+		key := map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "probe"},
+			"sk": &types.AttributeValueMemberS{Value: "probe"}}
 		_, _ = db.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table), Item: map[string]types.AttributeValue{
-			"pk": key["pk"], "v": &types.AttributeValueMemberN{Value: "1"}}})
+			"pk": key["pk"], "sk": key["sk"], "v": &types.AttributeValueMemberN{Value: "1"}}})
 		_, err := db.PutItem(ctx, &dynamodb.PutItemInput{
 			TableName: aws.String(table), Item: key,
 			ConditionExpression:                 aws.String("attribute_not_exists(pk)"),
@@ -77,7 +78,7 @@ func (s *Server) Caps(t testing.TB) Capabilities {
 		caps.AllOld = errors.As(err, &ccf) && len(ccf.Item) > 0
 		_, err = db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{{
 			Put: &types.Put{TableName: aws.String(table), Item: map[string]types.AttributeValue{
-				"pk": &types.AttributeValueMemberS{Value: "probe2"}}},
+				"pk": &types.AttributeValueMemberS{Value: "probe2"}, "sk": &types.AttributeValueMemberS{Value: "probe"}}},
 		}}})
 		caps.Transactions = err == nil
 	})

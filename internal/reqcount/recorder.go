@@ -49,6 +49,7 @@ func KeepVersion(heartbeat, acquire *dynamodb.UpdateItemInput) *dynamodb.UpdateI
 // OnKey returns a copy of the request aimed at the lease item of job.
 func OnKey(in *dynamodb.UpdateItemInput, job string) *dynamodb.UpdateItemInput {
 	c := *in
-	c.Key = map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "lease#" + job}}
+	c.Key = map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "job#" + job},
+		"sk": &types.AttributeValueMemberS{Value: "lease"}}
 	return &c
 }

@@ -891,7 +891,7 @@ func (c *checker) triggers(admin *dynamodb.Client, calls []fnCall, samples []sam
 	}
 	// Runs the operator's Trigger did not return (its answer lost) and fn
 	// never saw: Admin.Runs lists every triggered run.
-	all, err := adm.Runs(ctx, job, time.Time{})
+	all, err := adm.Runs(ctx, job, ddblease.RunRange{})
 	if err != nil {
 		c.fail(VSetup, "Admin.Runs: %v", err)
 	}
