@@ -294,7 +294,8 @@ func (r *runner) leaseItem(ctx context.Context, job string) (renewedMs, expiresM
 	db := newClient(r.cfg.endpoint, newTransport(2))
 	out, err := db.GetItem(ctx, &dynamodb.GetItemInput{
 		TableName: aws.String(r.cfg.table), ConsistentRead: aws.Bool(true),
-		Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "lease#" + job}},
+		Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "job#" + job},
+			"sk": &types.AttributeValueMemberS{Value: "lease"}},
 	})
 	if err != nil {
 		return 0, 0, err
@@ -480,7 +481,9 @@ func (r *runner) forge(job string, s settings, kill time.Time) error {
 	_, err := db.PutItem(ctx, &dynamodb.PutItemInput{
 		TableName: aws.String(r.cfg.table),
 		Item: map[string]types.AttributeValue{
-			"pk":         &types.AttributeValueMemberS{Value: "lease#" + job},
+			"pk":         &types.AttributeValueMemberS{Value: "job#" + job},
+			"sk":         &types.AttributeValueMemberS{Value: "lease"},
+			"listed":     &types.AttributeValueMemberBOOL{Value: true},
 			"owner":      &types.AttributeValueMemberS{Value: "killed-" + r.runID},
 			"fence":      n(7),
 			"expiresAt":  n(kill.Add(s.lease).UnixMilli()),

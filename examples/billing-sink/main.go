@@ -90,6 +90,7 @@ func run() error {
 			TableName: aws.String(table),
 			Item: map[string]types.AttributeValue{
 				"pk":     &types.AttributeValueMemberS{Value: invoiceKey},
+				"sk":     &types.AttributeValueMemberS{Value: "invoice"},
 				"amount": &types.AttributeValueMemberN{Value: "1250"},
 				"by":     &types.AttributeValueMemberS{Value: by},
 			},
@@ -173,7 +174,8 @@ func run() error {
 	r := runs[0]
 	out, err := db.GetItem(ctx, &dynamodb.GetItemInput{
 		TableName: aws.String(table), ConsistentRead: aws.Bool(true),
-		Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: invoiceKey}},
+		Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: invoiceKey},
+			"sk": &types.AttributeValueMemberS{Value: "invoice"}},
 	})
 	if err != nil {
 		return err

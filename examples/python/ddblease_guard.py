@@ -32,9 +32,28 @@ FENCE_NAME, FENCE_VALUE = "#ddbleaseFence", ":ddbleaseFence"
 TOKEN_NAME, TOKEN_VALUE = "#ddbleaseToken", ":ddbleaseToken"
 
 
-def lease_key(job):
-    """The key of a job's lease item: pk = "lease#" + job."""
-    return {"pk": {"S": "lease#" + job}}
+class Layout:
+    """Where the Go library keeps its items in the lease table (Go:
+    ddblease.Layout): the names of the table's partition and sort keys and
+    the prefix of the library's partition keys. Every writer of a job must
+    use the replicas' layout."""
+
+    def __init__(self, partition_key="pk", sort_key="sk", prefix=""):
+        if not partition_key or not sort_key or partition_key == sort_key:
+            raise ValueError("Layout: partition_key and sort_key must be set and differ")
+        self.partition_key, self.sort_key, self.prefix = partition_key, sort_key, prefix
+
+    def lease_key(self, job):
+        """The key of a job's lease item: partition <prefix>job#<job>, sort key "lease"."""
+        return {self.partition_key: {"S": self.prefix + "job#" + job}, self.sort_key: {"S": "lease"}}
+
+
+DEFAULT_LAYOUT = Layout()
+
+
+def lease_key(job, layout=DEFAULT_LAYOUT):
+    """The key of a job's lease item in layout (the default: pk, sk, no prefix)."""
+    return layout.lease_key(job)
 
 
 class StaleFenceError(Exception):
@@ -52,13 +71,13 @@ class StaleFenceError(Exception):
         super().__init__(msg)
 
 
-def check_fence(client, table, job, fence):
+def check_fence(client, table, job, fence, layout=DEFAULT_LAYOUT):
     """Returns only if the job's lease item holds exactly fence.
 
     A consistent read, not atomic with what follows: for sinks outside
     DynamoDB.
     """
-    item = client.get_item(TableName=table, Key=lease_key(job), ConsistentRead=True).get("Item")
+    item = client.get_item(TableName=table, Key=lease_key(job, layout), ConsistentRead=True).get("Item")
     current = _number(item, LEASE_FENCE_ATTRIBUTE) if item else 0
     if current != fence:
         raise StaleFenceError(fence, current)
@@ -94,7 +113,8 @@ def guarded_update(client, fence, fence_attribute=FENCE_ATTRIBUTE, token_attribu
         m.explain(err, fence, tok, lambda: _read(client, update["TableName"], update["Key"]))
 
 
-def guarded_transact_write(client, table, job, fence, items, fence_attribute=FENCE_ATTRIBUTE, token_attribute=TOKEN_ATTRIBUTE):
+def guarded_transact_write(client, table, job, fence, items, fence_attribute=FENCE_ATTRIBUTE, token_attribute=TOKEN_ATTRIBUTE,
+                           layout=DEFAULT_LAYOUT):
     """transact_write_items(items) with a ConditionCheck on the lease item's fence.
 
     Any fence but the job's current one raises StaleFenceError, and nothing
@@ -110,7 +130,7 @@ def guarded_transact_write(client, table, job, fence, items, fence_attribute=FEN
     tok = secrets.token_hex(16)
     check = {"ConditionCheck": {
         "TableName": table,
-        "Key": lease_key(job),
+        "Key": lease_key(job, layout),
         "ConditionExpression": "#fence = :fence",
         "ExpressionAttributeNames": {"#fence": LEASE_FENCE_ATTRIBUTE},
         "ExpressionAttributeValues": {":fence": {"N": str(fence)}},
@@ -132,7 +152,7 @@ def guarded_transact_write(client, table, job, fence, items, fence_attribute=FEN
                 wait = min(2 * wait, 0.32)
                 continue
             if codes and codes[0] == "ConditionalCheckFailed":
-                lease = reasons[0].get("Item") or _read(client, table, lease_key(job))
+                lease = reasons[0].get("Item") or _read(client, table, lease_key(job, layout))
                 raise StaleFenceError(fence, _number(lease, LEASE_FENCE_ATTRIBUTE) if lease else 0) from err
             for i, it in enumerate(items):
                 r = reasons[i + 1] if i + 1 < len(reasons) else {}

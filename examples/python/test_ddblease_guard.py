@@ -18,7 +18,7 @@ import unittest
 import boto3
 from botocore.exceptions import ClientError
 
-from ddblease_guard import (StaleFenceError, check_fence, guarded_put, guarded_transact_write,
+from ddblease_guard import (Layout, StaleFenceError, check_fence, guarded_put, guarded_transact_write,
                             guarded_update)
 
 ENDPOINT = os.environ.get("DDBLEASE_TEST_ENDPOINT")
@@ -26,12 +26,17 @@ DDBSERVE = os.environ.get("DDBSERVE")
 JOB = "billing"
 
 
-def put(table, pk, v):
-    return {"TableName": table, "Item": {"pk": {"S": pk}, "v": {"S": v}}}
+def key(pk, layout=Layout()):
+    """The key of an item of the test's own in the lease table (sort key "item", as ddbserve put writes it)."""
+    return {layout.partition_key: {"S": pk}, layout.sort_key: {"S": "item"}}
 
 
-def update(table, pk, v):
-    return {"TableName": table, "Key": {"pk": {"S": pk}}, "UpdateExpression": "SET v = :v",
+def put(table, pk, v, layout=Layout()):
+    return {"TableName": table, "Item": dict(key(pk, layout), v={"S": v})}
+
+
+def update(table, pk, v, layout=Layout()):
+    return {"TableName": table, "Key": key(pk, layout), "UpdateExpression": "SET v = :v",
             "ExpressionAttributeValues": {":v": {"S": v}}}
 
 
@@ -65,7 +70,7 @@ class GuardTest(unittest.TestCase):
         return r.returncode, r.stderr
 
     def get(self, pk):
-        return self.client.get_item(TableName=self.table, Key={"pk": {"S": pk}}, ConsistentRead=True).get("Item")
+        return self.client.get_item(TableName=self.table, Key=key(pk), ConsistentRead=True).get("Item")
 
     def assert_stale(self, fn, fence, current):
         with self.assertRaises(StaleFenceError) as cm:
@@ -125,7 +130,7 @@ class GuardTest(unittest.TestCase):
         self.assert_stale(lambda: guarded_transact_write(self.client, self.table, JOB, 2, [
             {"Put": put(self.table, "go#shared", "billing")}]), 2, 3)
         self.assert_stale(lambda: guarded_transact_write(self.client, self.table, JOB, 2, [
-            {"Delete": {"TableName": self.table, "Key": {"pk": {"S": "go#shared"}}}}]), 2, 3)
+            {"Delete": {"TableName": self.table, "Key": key("go#shared")}}]), 2, 3)
         self.assertEqual(self.get("go#shared")["v"], {"S": "ledger"})
 
     def test_mark_read_by_go(self):
@@ -136,6 +141,51 @@ class GuardTest(unittest.TestCase):
         self.assertEqual(self.get("py#for-go")["v"], {"S": "py"})
         status, err = self.go_put(JOB, 2, "py#for-go", "go")
         self.assertEqual(status, 0, "the current fence is accepted: " + err)
+
+
+class LayoutTest(unittest.TestCase):
+    """A lease table of a single-table design: keys PK and SK, the library's keys prefixed."""
+
+    LAYOUT = Layout(partition_key="PK", sort_key="SK", prefix="ddblease#")
+    FLAGS = ["-partition-key", "PK", "-sort-key", "SK", "-prefix", "ddblease#"]
+
+    @classmethod
+    def setUpClass(cls):
+        if not ENDPOINT or not DDBSERVE:
+            raise RuntimeError("set DDBLEASE_TEST_ENDPOINT and DDBSERVE; examples/other-languages-check does")
+        cls.client = boto3.client("dynamodb", endpoint_url=ENDPOINT, region_name="us-east-1",
+                                  aws_access_key_id="test", aws_secret_access_key="test")
+        cls.table = "py-layout-" + secrets.token_hex(4)
+        for want in (1, 2):
+            out = subprocess.run([DDBSERVE, "acquire", "-endpoint", ENDPOINT, "-table", cls.table, "-job", JOB] + cls.FLAGS,
+                                 check=True, capture_output=True, text=True)
+            assert int(out.stdout.strip()) == want
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.delete_table(TableName=cls.table)
+
+    def test_lease_key(self):
+        self.assertEqual(self.LAYOUT.lease_key(JOB), {"PK": {"S": "ddblease#job#billing"}, "SK": {"S": "lease"}})
+
+    def test_check_fence(self):
+        check_fence(self.client, self.table, JOB, 2, layout=self.LAYOUT)
+        with self.assertRaises(StaleFenceError) as cm:
+            check_fence(self.client, self.table, JOB, 1, layout=self.LAYOUT)
+        self.assertEqual((cm.exception.fence, cm.exception.current), (1, 2))
+        # The default layout names keys this table does not have: the read
+        # fails, and the check with it.
+        with self.assertRaises(ClientError):
+            check_fence(self.client, self.table, JOB, 2)
+
+    def test_transact_write(self):
+        guarded_transact_write(self.client, self.table, JOB, 2, [{"Put": put(self.table, "app#1", "newer", self.LAYOUT)}],
+                               layout=self.LAYOUT)
+        with self.assertRaises(StaleFenceError):
+            guarded_transact_write(self.client, self.table, JOB, 1, [{"Put": put(self.table, "app#2", "stale", self.LAYOUT)}],
+                                   layout=self.LAYOUT)
+        got = self.client.get_item(TableName=self.table, Key=key("app#2", self.LAYOUT), ConsistentRead=True).get("Item")
+        self.assertIsNone(got)
 
 
 if __name__ == "__main__":

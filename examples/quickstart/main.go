@@ -55,7 +55,7 @@ func run(ctx context.Context, endpoint, region string, every time.Duration, runs
 	defer done()
 
 	// Once, or in your infrastructure code. The invoices table has the same
-	// layout as a lease table (a string partition key "pk"), so CreateTable
+	// keys as a lease table (string keys "pk" and "sk"), so CreateTable
 	// makes it too. Both calls return at once if the table exists.
 	for _, table := range []string{"leases", "invoices"} {
 		if err := ddblease.CreateTable(ctx, db, table); err != nil {
@@ -105,6 +105,7 @@ func run(ctx context.Context, endpoint, region string, every time.Duration, runs
 			TableName: aws.String("invoices"),
 			Item: map[string]types.AttributeValue{
 				"pk":     &types.AttributeValueMemberS{Value: run.IdempotencyKey()},
+				"sk":     &types.AttributeValueMemberS{Value: "invoice"},
 				"amount": &types.AttributeValueMemberN{Value: "42"},
 			},
 			ConditionExpression: aws.String("attribute_not_exists(pk)"),

@@ -79,7 +79,8 @@ func TestWritesOneInvoicePerRun(t *testing.T) {
 	}
 
 	lease, err := db.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String("leases"),
-		Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "lease#billing-nightly"}}, ConsistentRead: aws.Bool(true)})
+		Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "job#billing-nightly"},
+			"sk": &types.AttributeValueMemberS{Value: "lease"}}, ConsistentRead: aws.Bool(true)})
 	require.NoError(t, err)
 	assert.NotEmpty(t, lease.Item, "the lease item is in the leases table")
 }

@@ -184,6 +184,7 @@ func (c *cluster) effect(ctx context.Context, r *replica, run *ddblease.JobRun) 
 		TableName: aws.String(c.table),
 		Item: map[string]types.AttributeValue{
 			"pk": &types.AttributeValueMemberS{Value: "effect#" + key},
+			"sk": &types.AttributeValueMemberS{Value: "effect"},
 			"by": &types.AttributeValueMemberS{Value: r.name},
 		},
 		ConditionExpression: aws.String("attribute_not_exists(pk)"),
@@ -343,6 +344,14 @@ func (c *crashable) PutItem(ctx context.Context, in *dynamodb.PutItemInput, o ..
 
 func (c *crashable) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, o ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
 	return call(c, func() (*dynamodb.UpdateItemOutput, error) { return c.DynamoDBAPI.UpdateItem(ctx, in, o...) })
+}
+
+func (c *crashable) DeleteItem(ctx context.Context, in *dynamodb.DeleteItemInput, o ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error) {
+	return call(c, func() (*dynamodb.DeleteItemOutput, error) { return c.DynamoDBAPI.DeleteItem(ctx, in, o...) })
+}
+
+func (c *crashable) Query(ctx context.Context, in *dynamodb.QueryInput, o ...func(*dynamodb.Options)) (*dynamodb.QueryOutput, error) {
+	return call(c, func() (*dynamodb.QueryOutput, error) { return c.DynamoDBAPI.Query(ctx, in, o...) })
 }
 
 func (c *crashable) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, o ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {

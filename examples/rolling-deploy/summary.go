@@ -231,8 +231,9 @@ func (c *cluster) effectOf(ctx context.Context, db *dynamodb.Client, key string,
 		return nil, nil // no job run in this process claimed the slot
 	}
 	out, err := db.GetItem(ctx, &dynamodb.GetItemInput{
-		TableName:      aws.String(c.table),
-		Key:            map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "effect#" + key}},
+		TableName: aws.String(c.table),
+		Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "effect#" + key},
+			"sk": &types.AttributeValueMemberS{Value: "effect"}},
 		ConsistentRead: aws.Bool(true),
 	})
 	if err != nil || out.Item == nil {

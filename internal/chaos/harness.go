@@ -70,14 +70,15 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 	db := h.Server.Client(nil)
 	table := fmt.Sprintf("chaos-%d-%s", plan.Seed, ddbtest.RandomID())
 	sink := table + "-sink"
-	for _, name := range []string{table, sink} {
-		if err := ddbtest.CreateRawTable(ctx, db, name, "pk", types.ScalarAttributeTypeS); err != nil {
-			return nil, fmt.Errorf("create table %s: %w", name, err)
-		}
+	if err := ddblease.CreateTable(ctx, db, table); err != nil {
+		return nil, fmt.Errorf("create table %s: %w", table, err)
+	}
+	if err := ddbtest.CreateRawTable(ctx, db, sink, "pk", types.ScalarAttributeTypeS); err != nil {
+		return nil, fmt.Errorf("create table %s: %w", sink, err)
 	}
 	job := "chaos"
 	res := &Result{Plan: plan, Faults: map[string]int{}}
-	txn := probeTransactions(ctx, db, table)
+	txn := probeTransactions(ctx, db, sink)
 	res.Transactions = txn
 	var procs []*proc
 	var proxies []*Proxy
@@ -151,7 +152,8 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 		}
 		if target%2 == 0 {
 			if out, err := db.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table), ConsistentRead: aws.Bool(true),
-				Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "lease#" + job}}}); err == nil {
+				Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "job#" + job},
+					"sk": &types.AttributeValueMemberS{Value: "lease"}}}); err == nil {
 				if o, ok := out.Item["owner"].(*types.AttributeValueMemberS); ok {
 					for _, p := range live {
 						if p.name == o.Value {

@@ -17,6 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/ddbleasetest"
 )
 
 const (
@@ -444,10 +445,11 @@ func execute(p *Plan) (violations []string, h *history) {
 	setup, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	admin := client(direct{w}, 0)
-	for _, name := range []string{table, sink} {
-		if err := ddblease.CreateTable(setup, admin, name); err != nil {
-			return []string{"setup: " + err.Error()}, &s.h
-		}
+	if err := ddblease.CreateTable(setup, admin, table); err != nil {
+		return []string{"setup: " + err.Error()}, &s.h
+	}
+	if err := ddbleasetest.CreateKeyTable(setup, admin, sink, "pk", types.ScalarAttributeTypeS); err != nil {
+		return []string{"setup: " + err.Error()}, &s.h
 	}
 	logger := slog.New(slog.DiscardHandler)
 	if *flagLog {

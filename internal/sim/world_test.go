@@ -151,7 +151,7 @@ func (w *world) record(rep int, target string, body []byte) {
 	}
 	guard := false
 	for _, it := range r.TransactItems {
-		if it.ConditionCheck != nil && strings.HasPrefix(it.ConditionCheck.Key["pk"].str("S"), "lease#") {
+		if it.ConditionCheck != nil && it.ConditionCheck.Key["sk"].str("S") == "lease" {
 			guard, lease = true, it.ConditionCheck.Key["pk"].str("S")
 		}
 	}

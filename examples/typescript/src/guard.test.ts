@@ -13,7 +13,7 @@ import { execFileSync, spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { after, before, describe, test } from "node:test";
 import { DeleteTableCommand, DynamoDBClient, GetItemCommand, TransactionCanceledException, type AttributeValue } from "@aws-sdk/client-dynamodb";
-import { checkFence, guardedPut, guardedTransactWrite, guardedUpdate, StaleFenceError } from "./guard.js";
+import { checkFence, guardedPut, guardedTransactWrite, guardedUpdate, leaseKey, StaleFenceError, type Layout } from "./guard.js";
 
 const endpoint = process.env.DDBLEASE_TEST_ENDPOINT;
 const ddbserve = process.env.DDBSERVE;
@@ -39,8 +39,14 @@ function acquire(j = job): number {
   return Number(execFileSync(ddbserve!, ["acquire", "-endpoint", endpoint!, "-table", table, "-job", j], { encoding: "utf8" }).trim());
 }
 
+// key is the key of an item of the test's own in the lease table (sort
+// key "item", as ddbserve put writes it).
+const key = (pk: string, layout: Layout = {}) => ({
+  [layout.partitionKey || "pk"]: { S: pk }, [layout.sortKey || "sk"]: { S: "item" },
+});
+
 async function get(pk: string): Promise<Record<string, AttributeValue> | undefined> {
-  const out = await client.send(new GetItemCommand({ TableName: table, Key: { pk: { S: pk } }, ConsistentRead: true }));
+  const out = await client.send(new GetItemCommand({ TableName: table, Key: key(pk), ConsistentRead: true }));
   return out.Item;
 }
 
@@ -53,9 +59,9 @@ async function assertStale(p: Promise<unknown>, fence: number, current: number):
   });
 }
 
-const put = (pk: string, v: string) => ({ TableName: table, Item: { pk: { S: pk }, v: { S: v } } });
+const put = (pk: string, v: string, t = table, layout: Layout = {}) => ({ TableName: t, Item: { ...key(pk, layout), v: { S: v } } });
 const update = (pk: string, v: string) => ({
-  TableName: table, Key: { pk: { S: pk } }, UpdateExpression: "SET v = :v", ExpressionAttributeValues: { ":v": { S: v } },
+  TableName: table, Key: key(pk), UpdateExpression: "SET v = :v", ExpressionAttributeValues: { ":v": { S: v } },
 });
 
 describe("guard from TypeScript", () => {
@@ -65,7 +71,6 @@ describe("guard from TypeScript", () => {
   });
   after(async () => {
     await client.send(new DeleteTableCommand({ TableName: table }));
-    client.destroy();
   });
 
   test("checkFence accepts the current fence only", async () => {
@@ -120,7 +125,7 @@ describe("guard from TypeScript", () => {
     r = go("put", "-job", "ledger", "-fence", "3", "-pk", "go#shared", "-v", "ledger");
     assert.equal(r.status, 0, r.err);
     await assertStale(guardedTransactWrite(client, table, job, 2, [{ Put: put("go#shared", "billing") }]), 2, 3);
-    await assertStale(guardedTransactWrite(client, table, job, 2, [{ Delete: { TableName: table, Key: { pk: { S: "go#shared" } } } }]), 2, 3);
+    await assertStale(guardedTransactWrite(client, table, job, 2, [{ Delete: { TableName: table, Key: key("go#shared") } }]), 2, 3);
     assert.equal((await get("go#shared"))?.v?.S, "ledger");
   });
 
@@ -131,5 +136,34 @@ describe("guard from TypeScript", () => {
     assert.match(r.err, /stale fence/);
     assert.equal((await get("ts#for-go"))?.v?.S, "ts");
     assert.equal(go("put", "-job", job, "-fence", "2", "-pk", "ts#for-go", "-v", "go").status, 0, "the current fence is accepted");
+  });
+});
+
+describe("guard from TypeScript, on a table of a single-table design", () => {
+  const layout: Layout = { partitionKey: "PK", sortKey: "SK", prefix: "ddblease#" };
+  const flags = ["-partition-key", "PK", "-sort-key", "SK", "-prefix", "ddblease#"];
+  const other = `ts-layout-${randomBytes(4).toString("hex")}`;
+  before(() => {
+    for (const want of [1, 2]) {
+      const out: string = execFileSync(ddbserve!, ["acquire", "-endpoint", endpoint!, "-table", other, "-job", job, ...flags], { encoding: "utf8" });
+      assert.equal(Number(out.trim()), want);
+    }
+  });
+  after(async () => {
+    await client.send(new DeleteTableCommand({ TableName: other }));
+    client.destroy();
+  });
+
+  test("leaseKey follows the layout", () => {
+    assert.deepEqual(leaseKey(job, layout), { PK: { S: "ddblease#job#billing" }, SK: { S: "lease" } });
+  });
+
+  test("checkFence and guardedTransactWrite find the lease item by the layout", async () => {
+    await checkFence(client, other, job, 2, layout);
+    await assertStale(checkFence(client, other, job, 1, layout), 1, 2);
+    // The default layout names keys this table does not have: the read fails, and the check with it.
+    await assert.rejects(checkFence(client, other, job, 2));
+    await guardedTransactWrite(client, other, job, 2, [{ Put: put("app#1", "newer", other, layout) }], { layout });
+    await assertStale(guardedTransactWrite(client, other, job, 1, [{ Put: put("app#2", "stale", other, layout) }], { layout }), 1, 2);
   });
 });

@@ -35,9 +35,27 @@ interface Conditioned {
   ExpressionAttributeValues?: Item;
 }
 
-/** The lease item of a job: key attribute pk, value "lease#" + job. */
-export function leaseKey(job: string): Item {
-  return { pk: { S: `lease#${job}` } };
+/**
+ * Where the Go library keeps its items in the lease table (Go:
+ * ddblease.Layout): the names of the table's partition and sort keys
+ * ("pk" and "sk" by default) and the prefix of the library's partition
+ * keys (none by default). Every writer of a job must use the replicas'
+ * layout.
+ */
+export interface Layout {
+  partitionKey?: string;
+  sortKey?: string;
+  prefix?: string;
+}
+
+/** The key of a job's lease item: partition `<prefix>job#<job>`, sort key "lease". */
+export function leaseKey(job: string, layout: Layout = {}): Item {
+  const pk = layout.partitionKey || "pk";
+  const sk = layout.sortKey || "sk";
+  if (pk === sk) {
+    throw new RangeError(`Layout: partitionKey and sortKey are both ${JSON.stringify(pk)}`);
+  }
+  return { [pk]: { S: `${layout.prefix ?? ""}job#${job}` }, [sk]: { S: "lease" } };
 }
 
 /** The lease item's attribute holding the job's current fence (a number). */
@@ -83,8 +101,8 @@ export class StaleFenceError extends Error {
  * only if its fence equals fence. Not atomic with what follows: use it for
  * sinks outside DynamoDB.
  */
-export async function checkFence(client: DynamoDBClient, table: string, job: string, fence: number): Promise<void> {
-  const out = await client.send(new GetItemCommand({ TableName: table, Key: leaseKey(job), ConsistentRead: true }));
+export async function checkFence(client: DynamoDBClient, table: string, job: string, fence: number, layout: Layout = {}): Promise<void> {
+  const out = await client.send(new GetItemCommand({ TableName: table, Key: leaseKey(job, layout), ConsistentRead: true }));
   const current = out.Item ? fenceOf(out.Item, LEASE_FENCE_ATTRIBUTE) : 0;
   if (current !== fence) {
     throw new StaleFenceError(fence, current);
@@ -137,7 +155,8 @@ export async function guardedUpdate(client: DynamoDBClient, fence: number, input
  * under the same ClientRequestToken.
  */
 export async function guardedTransactWrite(
-  client: DynamoDBClient, table: string, job: string, fence: number, items: TransactWriteItem[], opts: MarkOptions = {},
+  client: DynamoDBClient, table: string, job: string, fence: number, items: TransactWriteItem[],
+  opts: MarkOptions & { layout?: Layout } = {},
 ): Promise<void> {
   if (items.length < 1 || items.length > 99) {
     throw new RangeError(`guardedTransactWrite: ${items.length} items; between 1 and 99 are allowed`);
@@ -148,7 +167,7 @@ export async function guardedTransactWrite(
     {
       ConditionCheck: {
         TableName: table,
-        Key: leaseKey(job),
+        Key: leaseKey(job, opts.layout),
         ConditionExpression: "#fence = :fence",
         ExpressionAttributeNames: { "#fence": LEASE_FENCE_ATTRIBUTE },
         ExpressionAttributeValues: { ":fence": { N: String(fence) } },
@@ -175,7 +194,7 @@ export async function guardedTransactWrite(
         continue;
       }
       if (reasons[0]?.Code === "ConditionalCheckFailed") {
-        const lease = reasons[0].Item ?? (await read(client, table, leaseKey(job)));
+        const lease = reasons[0].Item ?? (await read(client, table, leaseKey(job, opts.layout)));
         throw new StaleFenceError(fence, lease ? fenceOf(lease, LEASE_FENCE_ATTRIBUTE) : 0, { cause: err });
       }
       for (let i = 0; i < items.length; i++) {

@@ -8,14 +8,18 @@
 //	ddbserve serve
 //	    prints the server's URL on a line of its own, then serves until
 //	    SIGINT or SIGTERM.
-//	ddbserve acquire -endpoint URL -table T -job J
+//	ddbserve acquire -endpoint URL -table T -job J [LAYOUT]
 //	    creates the lease table if it is missing, takes the job's lease
 //	    (a new fence), resigns it so that the next acquire takes over at
 //	    once, and prints the fence. The fence stays the job's current one
 //	    until the next acquire.
-//	ddbserve put -endpoint URL -table T -job J -fence N -pk K [-v VALUE]
-//	    writes the item {pk: K, v: VALUE} with Guard.Put and that fence;
-//	    exits 3 with the guard's error when it refuses a stale fence.
+//	ddbserve put -endpoint URL -table T -job J -fence N -pk K [-v VALUE] [LAYOUT]
+//	    writes the item {<partition key>: K, <sort key>: "item", v: VALUE}
+//	    into the lease table with Guard.Put and that fence; exits 3 with
+//	    the guard's error when it refuses a stale fence.
+//
+// LAYOUT is -partition-key NAME -sort-key NAME -prefix P (ddblease.Layout;
+// the defaults are pk, sk and no prefix).
 //
 // Exit status: 0 done, 1 failed, 2 bad usage, 3 stale fence (put).
 package main
@@ -41,8 +45,9 @@ import (
 
 const usage = `usage:
   ddbserve serve
-  ddbserve acquire -endpoint URL -table T -job J
-  ddbserve put -endpoint URL -table T -job J -fence N -pk K [-v VALUE]`
+  ddbserve acquire -endpoint URL -table T -job J [LAYOUT]
+  ddbserve put -endpoint URL -table T -job J -fence N -pk K [-v VALUE] [LAYOUT]
+LAYOUT: [-partition-key NAME] [-sort-key NAME] [-prefix P]`
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -68,9 +73,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fence := fs.Int64("fence", 0, "fence to write with (put)")
 	pk := fs.String("pk", "", "key of the item to write (put)")
 	v := fs.String("v", "go", "value of the item's attribute v (put)")
+	var y ddblease.Layout
+	fs.StringVar(&y.PartitionKey, "partition-key", "", "the table's partition key (ddblease.Layout; default pk)")
+	fs.StringVar(&y.SortKey, "sort-key", "", "the table's sort key (default sk)")
+	fs.StringVar(&y.Prefix, "prefix", "", "the prefix of the library's keys (default none)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
+	spec, err := y.TableSpec()
+	if err != nil {
+		fmt.Fprintf(stderr, "ddbserve %s: %v\n", args[0], err)
+		return 2
+	}
+	layout := func(l *ddblease.Layout) { *l = y }
 	if *endpoint == "" || *table == "" || *job == "" || fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "ddbserve %s: -endpoint, -table and -job are required, and nothing else\n%s\n", args[0], usage)
 		return 2
@@ -82,7 +97,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	db := srv.Client()
 	switch args[0] {
 	case "acquire":
-		f, err := acquire(ctx, db, *table, *job)
+		f, err := acquire(ctx, db, *table, *job, layout)
 		if err != nil {
 			fmt.Fprintln(stderr, "ddbserve acquire:", err)
 			return 1
@@ -94,10 +109,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "ddbserve put: -pk and a -fence of at least 1 are required\n%s\n", usage)
 			return 2
 		}
-		g, err := ddblease.NewGuard(db, *table, *job)
+		g, err := ddblease.NewGuard(db, *table, *job, func(o *ddblease.GuardOptions) { o.Layout = y })
 		if err == nil {
 			_, err = g.Put(ctx, *fence, &dynamodb.PutItemInput{TableName: aws.String(*table), Item: map[string]types.AttributeValue{
-				"pk": &types.AttributeValueMemberS{Value: *pk}, "v": &types.AttributeValueMemberS{Value: *v}}})
+				spec.PartitionKey: &types.AttributeValueMemberS{Value: *pk}, spec.SortKey: &types.AttributeValueMemberS{Value: "item"},
+				"v": &types.AttributeValueMemberS{Value: *v}}})
 		}
 		switch {
 		case errors.Is(err, ddblease.ErrStaleFence):
@@ -130,11 +146,14 @@ func serve(stdout io.Writer) int {
 // acquire takes the job's lease with a new fence and resigns it at once:
 // the fence stays current (a fence is current until a newer one is issued)
 // and the next acquire does not wait for the lease to expire.
-func acquire(ctx context.Context, db *dynamodb.Client, table, job string) (int64, error) {
-	if err := ddblease.CreateTable(ctx, db, table); err != nil {
+func acquire(ctx context.Context, db *dynamodb.Client, table, job string, layout func(*ddblease.Layout)) (int64, error) {
+	if err := ddblease.CreateTable(ctx, db, table, layout); err != nil {
 		return 0, err
 	}
-	l, err := ddblease.New(db, table, job, func(o *ddblease.Options) { o.Logger = slog.New(slog.DiscardHandler) })
+	l, err := ddblease.New(db, table, job, func(o *ddblease.Options) {
+		o.Logger = slog.New(slog.DiscardHandler)
+		layout(&o.Layout)
+	})
 	if err != nil {
 		return 0, err
 	}
