@@ -120,7 +120,7 @@ func newCluster(t *testing.T, m mode, skew time.Duration) *cluster {
 	sched, err := ddbleasegocron.CronSchedule(crontab, true, time.UTC)
 	require.NoError(t, err)
 	c := &cluster{
-		t: t, mode: m, table: srv.NewTable(t), sink: srv.NewTable(t), sched: sched,
+		t: t, mode: m, table: srv.NewTable(t), sink: srv.NewKeyTable(t, "pk"), sched: sched,
 		opts: ddblease.Options{
 			LeaseDuration: 2 * time.Second, HeartbeatInterval: 600 * time.Millisecond,
 			RetryInterval: 150 * time.Millisecond, CallTimeout: 500 * time.Millisecond,

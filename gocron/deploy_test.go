@@ -63,7 +63,7 @@ const deployCrontab = "*/2 * * * * *" // every other second
 func newDeploy(t *testing.T) *deploy {
 	sched, err := ddbleasegocron.CronSchedule(deployCrontab, true, time.UTC)
 	require.NoError(t, err)
-	return &deploy{t: t, table: srv.NewTable(t), sink: srv.NewTable(t), sched: sched, effects: map[time.Time][]string{}}
+	return &deploy{t: t, table: srv.NewTable(t), sink: srv.NewKeyTable(t, "pk"), sched: sched, effects: map[time.Time][]string{}}
 }
 
 func (d *deploy) add(name string) *deployReplica {

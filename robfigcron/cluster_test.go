@@ -99,7 +99,7 @@ func newCluster(t *testing.T, spec string, slots ddblease.Schedule, skew time.Du
 	// The sink is written with Guard.TransactWrite.
 	requireTransactions(t)
 	c := &cluster{
-		t: t, table: srv.NewTable(t), sink: srv.NewTable(t), spec: spec, slots: slots,
+		t: t, table: srv.NewTable(t), sink: srv.NewKeyTable(t, "pk"), spec: spec, slots: slots,
 		opts: ddblease.Options{
 			LeaseDuration: 2 * time.Second, HeartbeatInterval: 600 * time.Millisecond,
 			RetryInterval: 150 * time.Millisecond, CallTimeout: 500 * time.Millisecond,

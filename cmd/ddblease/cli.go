@@ -53,6 +53,7 @@ type globals struct {
 	skew     time.Duration
 	timeout  time.Duration
 	debug    bool
+	layout   ddblease.Layout
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
@@ -63,6 +64,12 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.DurationVar(&g.skew, "max-clock-skew", ddblease.DefaultMaxClockSkew, "the replicas' MaxClockSkew, shown with expiry times")
 	fs.BoolVar(&g.debug, "debug", false, "log the SDK's requests, responses and retries on stderr")
 	fs.DurationVar(&g.timeout, "timeout", 30*time.Second, "bound on each command but watch and trigger --wait (0: none)")
+	fs.StringVar(&g.layout.PartitionKey, "partition-key", os.Getenv("DDBLEASE_PARTITION_KEY"),
+		"the table's partition key `attribute` (default pk, or $DDBLEASE_PARTITION_KEY)")
+	fs.StringVar(&g.layout.SortKey, "sort-key", os.Getenv("DDBLEASE_SORT_KEY"),
+		"the table's sort key `attribute` (default sk, or $DDBLEASE_SORT_KEY)")
+	fs.StringVar(&g.layout.Prefix, "key-prefix", os.Getenv("DDBLEASE_KEY_PREFIX"),
+		"`prefix` of the library's partition keys, as the replicas' Layout.Prefix (default none, or $DDBLEASE_KEY_PREFIX)")
 }
 
 // command is one subcommand: its flags and its action.
@@ -268,7 +275,7 @@ func (e *env) connect(ctx context.Context) error {
 			o.BaseEndpoint = aws.String(e.g.endpoint)
 		}
 	})
-	e.admin, err = ddblease.NewAdmin(e.db, e.g.table)
+	e.admin, err = ddblease.NewAdmin(e.db, e.g.table, func(o *ddblease.AdminOptions) { o.Layout = e.g.layout })
 	if err != nil {
 		return usagef("%v", err)
 	}

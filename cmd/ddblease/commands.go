@@ -300,7 +300,7 @@ func (e *env) runs(ctx context.Context, args []string, since time.Duration, stat
 	if since > 0 {
 		from = e.now().Add(-since)
 	}
-	runs, listErr := e.admin.Runs(ctx, job, from)
+	runs, listErr := e.admin.Runs(ctx, job, ddblease.RunRange{From: from})
 	if listErr != nil && !errors.Is(listErr, ddblease.ErrMalformedItem) {
 		return listErr
 	}
@@ -344,13 +344,20 @@ func (e *env) createTable(ctx context.Context, args []string, print bool) error 
 		if table == "" {
 			table = "leases"
 		}
-		_, err := io.WriteString(e.out, tableDefinitions(table))
+		defs, err := tableDefinitions(table, e.g.layout)
+		if err != nil {
+			return usagef("create-table: %v", err)
+		}
+		_, err = io.WriteString(e.out, defs)
 		return err
 	}
-	if err := ddblease.CreateTable(ctx, e.db, table); err != nil {
+	if err := ddblease.CreateTable(ctx, e.db, table, func(y *ddblease.Layout) { *y = e.g.layout }); err != nil {
 		return err
 	}
-	spec := ddblease.LeaseTableSpec()
+	spec, err := e.g.layout.TableSpec()
+	if err != nil {
+		return usagef("create-table: %v", err)
+	}
 	if d, err := e.db.DescribeTimeToLive(ctx, &dynamodb.DescribeTimeToLiveInput{TableName: aws.String(table)}); err == nil &&
 		d.TimeToLiveDescription != nil && aws.ToString(d.TimeToLiveDescription.AttributeName) == spec.TTLAttribute &&
 		(d.TimeToLiveDescription.TimeToLiveStatus == types.TimeToLiveStatusEnabled ||
@@ -358,7 +365,7 @@ func (e *env) createTable(ctx context.Context, args []string, print bool) error 
 		fmt.Fprintf(e.out, "table %q is ready\n", table)
 		return nil
 	}
-	_, err := e.db.UpdateTimeToLive(ctx, &dynamodb.UpdateTimeToLiveInput{
+	_, err = e.db.UpdateTimeToLive(ctx, &dynamodb.UpdateTimeToLiveInput{
 		TableName: aws.String(table),
 		TimeToLiveSpecification: &types.TimeToLiveSpecification{
 			AttributeName: aws.String(spec.TTLAttribute), Enabled: aws.Bool(true),
@@ -515,7 +522,9 @@ func (e *env) trigger(ctx context.Context, args []string, wait bool) error {
 }
 
 // watch prints a line whenever the holder, fence, state or controls of the
-// job change, and whenever one of its runs appears or changes status.
+// job change, and whenever one of its runs appears or changes status. Each
+// look reads what may have changed, whatever the job's history: the lease
+// item, the runs from the latest one seen on, and each run seen running.
 func (e *env) watch(ctx context.Context, args []string, interval time.Duration) error {
 	job, err := oneJob("watch", args)
 	if err != nil {
@@ -528,10 +537,11 @@ func (e *env) watch(ctx context.Context, args []string, interval time.Duration) 
 	if err != nil {
 		return err
 	}
-	start := e.now().Add(-time.Hour)
+	w := runWatch{e: e, job: job, seen: map[string]ddblease.RunStatus{}}
+	// The latest runs as they stand: only changes after the start are
+	// shown.
+	w.look(ctx, ddblease.RunRange{Newest: true, Limit: watchStart}, false)
 	var last string
-	runs := map[string]ddblease.RunStatus{}
-	first := true
 	for {
 		v := e.view(st)
 		line := fmt.Sprintf("lease %s: %s holder=%q fence=%d draining=%v paused=%v", job, v.State, v.Holder, v.Fence, v.Draining, v.Paused)
@@ -542,36 +552,7 @@ func (e *env) watch(ctx context.Context, args []string, interval time.Duration) 
 			e.emit(map[string]any{"kind": "lease", "lease": v}, line)
 			last = line
 		}
-		rs, err := e.admin.Runs(ctx, job, start)
-		switch {
-		case err != nil && ctx.Err() != nil:
-			return nil
-		case err != nil:
-			fmt.Fprintf(e.errw, "ddblease: watch: %s\n", oneLine(err.Error()))
-		}
-		for _, r := range rs {
-			id := r.Slot.Format(time.RFC3339Nano) + r.Trigger
-			if old, ok := runs[id]; ok && old == r.Status {
-				continue
-			}
-			runs[id] = r.Status
-			if first {
-				continue // only changes after the start are shown
-			}
-			rv := viewRun(r)
-			slot := rv.Slot.Format(time.RFC3339Nano)
-			if rv.Trigger != "" {
-				slot += " (trigger " + rv.Trigger + ")"
-			}
-			e.emit(map[string]any{"kind": "run", "run": rv}, fmt.Sprintf("run %s: %s fence=%d owner=%q%s", slot, rv.Status, rv.Fence, rv.Owner,
-				func() string {
-					if rv.Error != "" {
-						return " error=" + oneLine(rv.Error)
-					}
-					return ""
-				}()))
-		}
-		first = false
+		w.next(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -585,6 +566,78 @@ func (e *env) watch(ctx context.Context, args []string, interval time.Duration) 
 			fmt.Fprintf(e.errw, "ddblease: watch: %s\n", oneLine(err.Error()))
 		}
 	}
+}
+
+// watchStart is how many of the latest runs watch reads when it starts.
+const watchStart = 20
+
+// runWatch follows the runs of a job for watch.
+type runWatch struct {
+	e      *env
+	job    string
+	latest time.Time                     // the latest slot seen
+	seen   map[string]ddblease.RunStatus // by run: the status last shown
+}
+
+// next reads the runs from the latest one seen on, and again each run
+// last seen running, and shows what changed.
+func (w *runWatch) next(ctx context.Context) {
+	var running []time.Time
+	for id, st := range w.seen {
+		if st == ddblease.RunRunning {
+			slot, _, _ := strings.Cut(id, "#")
+			if t, err := time.Parse(time.RFC3339Nano, slot); err == nil && t.Before(w.latest) {
+				running = append(running, t)
+			}
+		}
+	}
+	w.look(ctx, ddblease.RunRange{From: w.latest}, true)
+	for _, slot := range running {
+		w.look(ctx, ddblease.RunRange{From: slot, To: slot}, true)
+	}
+	// A finished run before the latest slot changes no more: forget it.
+	for id, st := range w.seen {
+		slot, _, _ := strings.Cut(id, "#")
+		if t, err := time.Parse(time.RFC3339Nano, slot); err == nil && st != ddblease.RunRunning && t.Before(w.latest) {
+			delete(w.seen, id)
+		}
+	}
+}
+
+// look reads the runs of r and shows those that appeared or changed
+// status (when show is set).
+func (w *runWatch) look(ctx context.Context, r ddblease.RunRange, show bool) {
+	rs, err := w.e.admin.Runs(ctx, w.job, r)
+	if err != nil && ctx.Err() == nil {
+		fmt.Fprintf(w.e.errw, "ddblease: watch: %s\n", oneLine(err.Error()))
+	}
+	for _, r := range rs {
+		if r.Slot.After(w.latest) {
+			w.latest = r.Slot
+		}
+		id := r.Slot.Format(time.RFC3339Nano) + "#" + r.Trigger
+		if old, ok := w.seen[id]; ok && old == r.Status {
+			continue
+		}
+		w.seen[id] = r.Status
+		if show {
+			w.show(r)
+		}
+	}
+}
+
+// show prints one run's new status.
+func (w *runWatch) show(r ddblease.RunRecord) {
+	rv := viewRun(r)
+	slot := rv.Slot.Format(time.RFC3339Nano)
+	if rv.Trigger != "" {
+		slot += " (trigger " + rv.Trigger + ")"
+	}
+	line := fmt.Sprintf("run %s: %s fence=%d owner=%q", slot, rv.Status, rv.Fence, rv.Owner)
+	if rv.Error != "" {
+		line += " error=" + oneLine(rv.Error)
+	}
+	w.e.emit(map[string]any{"kind": "run", "run": rv}, line)
 }
 
 func (e *env) emit(v any, line string) {

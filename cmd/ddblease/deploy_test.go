@@ -61,7 +61,8 @@ func codeBlocks(doc, lang string) []string {
 
 // The definitions in docs/deploy.md are the command's own output.
 func TestTableDefinitionsInDocs(t *testing.T) {
-	defs := tableDefinitions("leases")
+	defs, err := tableDefinitions("leases", ddblease.Layout{})
+	require.NoError(t, err)
 	cfn, tf, found := strings.Cut(defs, "\n# Terraform")
 	require.True(t, found)
 	tf = "# Terraform" + tf
@@ -108,7 +109,8 @@ func TestTableDefinitionsAgreeWithCreateTable(t *testing.T) {
 		assert.Contains(t, attrs, kv{aws.ToString(a.AttributeName), string(a.AttributeType)})
 	}
 
-	defs := tableDefinitions(table)
+	defs, err := tableDefinitions(table, ddblease.Layout{})
+	require.NoError(t, err)
 	cfnText, tfText, _ := strings.Cut(defs, "\n# Terraform")
 	var cfn struct {
 		Resources map[string]struct {
@@ -166,21 +168,25 @@ func TestTableDefinitionsAgreeWithCreateTable(t *testing.T) {
 	}
 	assert.Equal(t, attrs, tAttrs)
 	assert.Equal(t, []string{table}, field(tfText, "name")[:1])
-	require.Len(t, keys, 1)
+	require.Len(t, keys, 2)
 	assert.Equal(t, "HASH", keys[0].Type)
+	assert.Equal(t, "RANGE", keys[1].Type)
 	assert.Equal(t, []string{keys[0].Name}, field(tfText, "hash_key"))
+	assert.Equal(t, []string{keys[1].Name}, field(tfText, "range_key"))
 	assert.Equal(t, []string{p.BillingMode}, field(tfText, "billing_mode"))
 	assert.Equal(t, []string{ddblease.RunTTLAttribute}, field(tfText, "attribute_name"))
 }
 
 type policy struct {
-	Statement []struct {
-		Sid       string
-		Effect    string
-		Action    []string
-		Resource  string
-		Condition map[string]map[string][]string
-	}
+	Statement []statement
+}
+
+type statement struct {
+	Sid       string
+	Effect    string
+	Action    []string
+	Resource  string
+	Condition map[string]map[string][]string
 }
 
 // stringLike is IAM's StringLike: * matches any run of characters, ? one.
@@ -201,18 +207,128 @@ func stringLike(pattern, s string) bool {
 	return regexp.MustCompile(re.String()).MatchString(s)
 }
 
-// iamActions maps a DynamoDB operation to the IAM actions it needs.
-func iamActions(op string) []string {
-	if op == "TransactWriteItems" { // the actions inside it
-		return []string{"dynamodb:ConditionCheckItem", "dynamodb:UpdateItem"}
-	}
-	return []string{"dynamodb:" + op}
+// access is one IAM action a request needs, with the partition keys it
+// touches (dynamodb:LeadingKeys).
+type access struct {
+	action string
+	keys   []string
 }
 
-// The policies of docs/deploy.md, evaluated against what the library does:
-// every request a service's replicas and the command make is allowed by
-// the actions listed, and the LeadingKeys patterns of the service policy
-// match every item key its jobs write and none of another job's.
+// allows evaluates p as IAM does for one access on the table: some Allow
+// statement lists the action, and, if it has a LeadingKeys condition
+// (ForAllValues:StringLike), every leading key matches one of its
+// patterns. A request with no leading key (a Scan) passes such a
+// condition: ForAllValues over an empty set is true.
+func (p policy) allows(a access) bool {
+	for _, s := range p.Statement {
+		if s.Effect != "Allow" || !slices.Contains(s.Action, a.action) {
+			continue
+		}
+		patterns, conditioned := s.Condition["ForAllValues:StringLike"]["dynamodb:LeadingKeys"]
+		if !conditioned || !slices.ContainsFunc(a.keys, func(k string) bool {
+			return !slices.ContainsFunc(patterns, func(p string) bool { return stringLike(p, k) })
+		}) {
+			return true
+		}
+	}
+	return false
+}
+
+// accessLog records, for every request a client sends, the IAM actions it
+// needs and the partition keys they touch.
+type accessLog struct {
+	base http.RoundTripper
+	mu   sync.Mutex
+	log  []access
+}
+
+func (l *accessLog) wrap(rt http.RoundTripper) http.RoundTripper {
+	l.base = rt
+	return l
+}
+
+func (l *accessLog) RoundTrip(req *http.Request) (*http.Response, error) {
+	b, err := io.ReadAll(req.Body)
+	if err != nil {
+		return nil, err
+	}
+	_ = req.Body.Close()
+	req.Body = io.NopCloser(bytes.NewReader(b))
+	accesses, err := accessesOf(ddbtest.Op(req), b)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	l.log = append(l.log, accesses...)
+	l.mu.Unlock()
+	return l.base.RoundTrip(req)
+}
+
+func (l *accessLog) all() []access {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.log)
+}
+
+// keyJSON is an item key or an item as sent: its pk.
+type keyJSON struct {
+	Pk struct{ S string } `json:"pk"`
+}
+
+// accessesOf reads the IAM actions and leading keys of a request of
+// operation op with body b (the default layout: the partition key is pk,
+// and a Query names its value :pk).
+func accessesOf(op string, b []byte) ([]access, error) {
+	var in struct {
+		Key, Item                 *keyJSON
+		RequestItems              map[string]struct{ Keys []keyJSON }
+		ExpressionAttributeValues map[string]struct{ S string }
+		TransactItems             []map[string]struct {
+			Key  *keyJSON
+			Item *keyJSON
+		}
+	}
+	if err := json.Unmarshal(b, &in); err != nil {
+		return nil, err
+	}
+	switch op {
+	case "GetItem", "UpdateItem", "DeleteItem":
+		return []access{{"dynamodb:" + op, []string{in.Key.Pk.S}}}, nil
+	case "PutItem":
+		return []access{{"dynamodb:PutItem", []string{in.Item.Pk.S}}}, nil
+	case "BatchGetItem":
+		var keys []string
+		for _, r := range in.RequestItems {
+			for _, k := range r.Keys {
+				keys = append(keys, k.Pk.S)
+			}
+		}
+		return []access{{"dynamodb:BatchGetItem", keys}}, nil
+	case "Query":
+		return []access{{"dynamodb:Query", []string{in.ExpressionAttributeValues[":pk"].S}}}, nil
+	case "TransactWriteItems":
+		var out []access
+		names := map[string]string{"ConditionCheck": "ConditionCheckItem", "Update": "UpdateItem", "Put": "PutItem", "Delete": "DeleteItem"}
+		for _, it := range in.TransactItems {
+			for kind, a := range it {
+				k := a.Key
+				if k == nil {
+					k = a.Item
+				}
+				out = append(out, access{"dynamodb:" + names[kind], []string{k.Pk.S}})
+			}
+		}
+		return out, nil
+	}
+	return []access{{"dynamodb:" + op, nil}}, nil // no leading key
+}
+
+// The policies of docs/deploy.md, evaluated as IAM would against every
+// request the library and the command really make: the service's replicas
+// (two jobs and a pool) are allowed every request they make, and refused
+// every request another service's replicas make on their jobs and pools;
+// the operator is allowed every request of the command, the listings
+// included, by key.
 func TestIAMPolicies(t *testing.T) {
 	blocks := codeBlocks(deployDoc(t), "json")
 	var pols []policy
@@ -223,26 +339,27 @@ func TestIAMPolicies(t *testing.T) {
 		}
 	}
 	require.Len(t, pols, 2, "the service policy and the operator policy")
-	svc, ops := pols[0].Statement[0], pols[1]
-	patterns := svc.Condition["ForAllValues:StringLike"]["dynamodb:LeadingKeys"]
-	require.NotEmpty(t, patterns)
+	svc, ops := pols[0], pols[1]
 	for _, p := range pols {
 		for _, s := range p.Statement {
 			assert.Equal(t, "arn:aws:dynamodb:eu-west-1:123456789012:table/leases", s.Resource)
 			assert.NotContains(t, s.Action, "dynamodb:*")
+			assert.NotContains(t, s.Action, "dynamodb:Scan", "a Scan has no leading key")
 		}
 	}
-	assert.NotContains(t, svc.Action, "dynamodb:Scan", "a Scan has no leading key")
-	assert.NotContains(t, svc.Action, "dynamodb:Query")
+	for _, s := range svc.Statement {
+		assert.NotEmpty(t, s.Condition["ForAllValues:StringLike"]["dynamodb:LeadingKeys"], "%s is confined to keys", s.Sid)
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	table := "ddblease-iam-" + ddbtest.RandomID()
 	require.NoError(t, ddblease.CreateTable(ctx, srv.Client(nil), table))
 
-	// The billing service runs its two jobs; another service runs its own.
-	svcFaults := ddbtest.NewFaults(nil)
-	svcDB := srv.Client(svcFaults.Wrap)
+	// The billing service runs its two jobs and its pool; another service
+	// runs jobs whose names start alike, and a pool of its own.
+	svcLog, otherLog := &accessLog{}, &accessLog{}
+	svcDB, otherDB := srv.Client(svcLog.wrap), srv.Client(otherLog.wrap)
 	var mu sync.Mutex
 	fired := map[string]int{}
 	fn := func(_ context.Context, run *ddblease.JobRun) error {
@@ -251,37 +368,55 @@ func TestIAMPolicies(t *testing.T) {
 		mu.Unlock()
 		return nil
 	}
-	startJob := func(db ddblease.DynamoDBAPI, job string) *ddblease.Lease {
-		l, err := ddblease.New(db, table, job, fast("svc-"+job))
-		require.NoError(t, err)
+	background := func(run func(context.Context) error) {
 		jctx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
-		go func() { done <- l.RunSchedule(jctx, ddblease.Every(300*time.Millisecond), fn) }()
+		go func() { done <- run(jctx) }()
 		t.Cleanup(func() { stop(); assert.NoError(t, <-done) })
-		return l
+	}
+	startJob := func(db ddblease.DynamoDBAPI, job string) {
+		l, err := ddblease.New(db, table, job, fast("svc-"+job))
+		require.NoError(t, err)
+		background(func(ctx context.Context) error { return l.RunSchedule(ctx, ddblease.Every(300*time.Millisecond), fn) })
+	}
+	startPool := func(db ddblease.DynamoDBAPI, name string, jobs []string) {
+		p, err := ddblease.NewPool(db, table, name, jobs, fast("pool-"+name))
+		require.NoError(t, err)
+		background(func(ctx context.Context) error {
+			return p.Run(ctx, func(ctx context.Context, job string, _ int64) error {
+				mu.Lock()
+				fired[job]++
+				mu.Unlock()
+				<-ctx.Done()
+				return nil
+			})
+		})
 	}
 	own := []string{"billing-nightly", "billing-retry"}
 	for _, j := range own {
 		startJob(svcDB, j)
 	}
+	startPool(svcDB, "billing-shards", []string{"billing-shard-1", "billing-shard-2"})
 	for _, j := range []string{"billing-nightly-eu", "billing", "payments"} {
-		startJob(srv.Client(nil), j)
+		startJob(otherDB, j)
 	}
+	startPool(otherDB, "billing-shards-eu", []string{"billing-shard", "payments-shard-1"})
 
-	opsFaults := ddbtest.NewFaults(nil)
-	admin, err := ddblease.NewAdmin(srv.Client(opsFaults.Wrap), table)
+	opsLog := &accessLog{}
+	admin, err := ddblease.NewAdmin(srv.Client(opsLog.wrap), table)
 	require.NoError(t, err)
 	waitFor(t, "every job runs", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(fired) == 5
+		return len(fired) == 9
 	})
 	// Operator actions on one of the service's jobs: a pause (slots
-	// skipped), a resume with catch-up, a trigger, a resign request.
+	// skipped), a resume with catch-up, a trigger, a resign request; the
+	// listings of status, runs and watch.
 	_, err = admin.Pause(ctx, own[0])
 	require.NoError(t, err)
 	waitFor(t, "a slot skipped by the pause", func() bool {
-		runs, err := admin.Runs(ctx, own[0], time.Time{})
+		runs, err := admin.Runs(ctx, own[0], ddblease.RunRange{})
 		return err == nil && slices.ContainsFunc(runs, func(r ddblease.RunRecord) bool { return r.Status == ddblease.RunSkippedByPause })
 	})
 	_, err = admin.Resume(ctx, own[0], true)
@@ -292,56 +427,40 @@ func TestIAMPolicies(t *testing.T) {
 	require.NoError(t, err)
 	_, err = admin.RequestResign(ctx, own[1], 0)
 	require.NoError(t, err)
-	_, err = admin.Jobs(ctx)
+	jobs, err := admin.Jobs(ctx)
+	require.NoError(t, err)
+	assert.Len(t, jobs, 9, "the directory lists every job")
+	pools, err := admin.Pools(ctx)
+	require.NoError(t, err)
+	assert.Len(t, pools, 2)
+	_, err = admin.Runs(ctx, own[1], ddblease.RunRange{Newest: true, Limit: 5})
 	require.NoError(t, err)
 
-	// Every key in the table, by job.
-	out, err := srv.Client(nil).Scan(ctx, &dynamodb.ScanInput{TableName: aws.String(table)})
-	require.NoError(t, err)
-	matches := func(key string) bool {
-		return slices.ContainsFunc(patterns, func(p string) bool { return stringLike(p, key) })
+	svcAccess, otherAccess := svcLog.all(), otherLog.all()
+	actions := map[string]bool{}
+	for _, a := range svcAccess {
+		actions[a.action] = true
+		assert.True(t, svc.allows(a), "the service's %s on %v is allowed", a.action, a.keys)
 	}
-	var ownKeys, triggered int
-	for _, item := range out.Items {
-		var key string
-		require.NoError(t, attrString(item["pk"], &key))
-		job := ""
-		if v, ok := item["job"]; ok {
-			require.NoError(t, attrString(v, &job))
-		} else {
-			job = strings.TrimPrefix(key, "lease#")
-		}
-		if slices.Contains(own, job) {
-			ownKeys++
-			if strings.Contains(key, "#trigger-") {
-				triggered++
-			}
-			assert.True(t, matches(key), "the service's own key %q is allowed", key)
-		} else {
-			assert.False(t, matches(key), "another job's key %q is refused", key)
-		}
+	for _, a := range []string{"dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:BatchGetItem"} {
+		assert.True(t, actions[a], "the service's replicas made a %s, so the policy was evaluated for it", a)
 	}
-	assert.Greater(t, ownKeys, 4)
-	assert.Equal(t, 1, triggered)
-
-	// Every request made is allowed by the listed actions.
-	for op := range svcFaults.Counts() {
-		for _, a := range iamActions(op) {
-			assert.Contains(t, svc.Action, a, "the replicas call %s", op)
+	refused := 0
+	for _, a := range otherAccess {
+		if a.action == "dynamodb:PutItem" && slices.Equal(a.keys, []string{"directory"}) {
+			continue // the directory is shared: an entry fences nothing
 		}
+		assert.False(t, svc.allows(a), "another service's %s on %v is refused", a.action, a.keys)
+		refused++
 	}
-	var opActions []string
-	for _, s := range ops.Statement {
-		opActions = append(opActions, s.Action...)
-	}
-	for op := range opsFaults.Counts() {
-		for _, a := range iamActions(op) {
-			assert.Contains(t, opActions, a, "the command calls %s", op)
-		}
+	assert.Greater(t, refused, 10)
+	for _, a := range opsLog.all() {
+		assert.True(t, ops.allows(a), "the operator's %s on %v is allowed", a.action, a.keys)
+		assert.NotEqual(t, "dynamodb:Scan", a.action)
 	}
 	for _, a := range []string{"dynamodb:CreateTable", "dynamodb:DescribeTable", "dynamodb:UpdateTimeToLive"} {
-		assert.Contains(t, ops.Statement[1].Action, a)
-		assert.NotContains(t, svc.Action, a, "only whoever creates the table")
+		assert.True(t, ops.allows(access{a, nil}), "the operator may %s", a)
+		assert.False(t, svc.allows(access{a, nil}), "only whoever creates the table may %s", a)
 	}
 }
 

@@ -165,6 +165,7 @@ func (e *env) exec(ctx context.Context, args []string, f execFlags) error {
 	x := &execer{e: e, s: s, changed: make(chan struct{}, 1)}
 	x.l, err = ddblease.New(e.db, e.g.table, s.job, func(o *ddblease.Options) {
 		o.Owner = f.owner
+		o.Layout = e.g.layout
 		o.LeaseDuration = f.lease
 		o.DrainTimeout = f.drain
 		o.RetryInterval = f.retry

@@ -7,12 +7,15 @@ import (
 	"github.com/ddblease/ddblease"
 )
 
-// tableDefinitions renders the lease table, as ddblease.LeaseTableSpec
-// describes it, as a CloudFormation resource and a Terraform resource.
-// docs/deploy.md shows this output for the table "leases" (a test checks
-// that it matches).
-func tableDefinitions(table string) string {
-	s := ddblease.LeaseTableSpec()
+// tableDefinitions renders the lease table of layout y, as
+// Layout.TableSpec describes it, as a CloudFormation resource and a
+// Terraform resource. docs/deploy.md shows this output for the table
+// "leases" of the default layout (a test checks that it matches).
+func tableDefinitions(table string, y ddblease.Layout) (string, error) {
+	s, err := y.TableSpec()
+	if err != nil {
+		return "", err
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `# CloudFormation (YAML)
 Resources:
@@ -24,24 +27,34 @@ Resources:
       BillingMode: %s
       AttributeDefinitions:
         - AttributeName: %s
-          AttributeType: %s
+          AttributeType: S
+        - AttributeName: %s
+          AttributeType: S
       KeySchema:
         - AttributeName: %s
           KeyType: HASH
+        - AttributeName: %s
+          KeyType: RANGE
       TimeToLiveSpecification:
         AttributeName: %s
         Enabled: true
 
-`, table, s.BillingMode, s.PartitionKey, s.PartitionKeyType, s.PartitionKey, s.TTLAttribute)
+`, table, s.BillingMode, s.PartitionKey, s.SortKey, s.PartitionKey, s.SortKey, s.TTLAttribute)
 	fmt.Fprintf(&b, `# Terraform (HCL)
 resource "aws_dynamodb_table" "leases" {
   name         = %q
   billing_mode = %q
   hash_key     = %q
+  range_key    = %q
 
   attribute {
     name = %q
-    type = %q
+    type = "S"
+  }
+
+  attribute {
+    name = %q
+    type = "S"
   }
 
   ttl {
@@ -53,6 +66,6 @@ resource "aws_dynamodb_table" "leases" {
     prevent_destroy = true
   }
 }
-`, table, s.BillingMode, s.PartitionKey, s.PartitionKey, s.PartitionKeyType, s.TTLAttribute)
-	return b.String()
+`, table, s.BillingMode, s.PartitionKey, s.SortKey, s.PartitionKey, s.SortKey, s.TTLAttribute)
+	return b.String(), nil
 }
