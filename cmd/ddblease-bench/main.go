@@ -71,6 +71,9 @@ type config struct {
 	spreadJobs, spreadReplicas int
 	spreadStagger              time.Duration
 
+	// reads
+	readsRuns int
+
 	// parent
 	dynalite    string
 	out         string
@@ -117,7 +120,7 @@ func main() {
 	fs.StringVar(&c.dynalite, "dynalite", "", "dynalite executable (default: testservers/dynalite/node_modules/.bin/dynalite above the working directory)")
 	fs.StringVar(&c.out, "out", "bench-out", "directory for logs and raw results")
 	fs.BoolVar(&c.quick, "quick", false, "2-3 trials of each figure, short windows, for CI")
-	fs.StringVar(&c.only, "only", "handover,drain,failover,cold,cost,overhead,scale,spread", "figures to measure")
+	fs.StringVar(&c.only, "only", "handover,drain,failover,cold,cost,overhead,scale,spread,reads", "figures to measure")
 	fs.StringVar(&c.setNames, "settings", "a,b", "settings columns: a (20s/5s/1s), b (30s/10s/1s)")
 	fs.IntVar(&c.handover, "handover", 30, "hand-over trials per setting")
 	fs.IntVar(&c.drainTrials, "drain-trials", 30, "hand-over trials with a draining leader per setting")
@@ -134,6 +137,7 @@ func main() {
 	fs.IntVar(&c.spreadJobs, "spread-jobs", 1000, "jobs of the pool the spread bench runs")
 	fs.IntVar(&c.spreadReplicas, "spread-replicas", 5, "replica processes of the spread bench")
 	fs.DurationVar(&c.spreadStagger, "spread-stagger", 3*time.Second, "time between the starts of the spread bench's replicas")
+	fs.IntVar(&c.readsRuns, "reads-runs", 20000, "run items in the table of the reads figure (over 10 jobs)")
 	fs.BoolVar(&c.scaleHeap, "scale-heap", false, "write a heap profile of each scale process (every allocation sampled: its memory figures grow)")
 	_ = fs.Parse(os.Args[1:])
 	if c.ramp == 0 {
@@ -186,6 +190,7 @@ func quickDefaults(c *config, fs *flag.FlagSet) {
 	def("spread-jobs", func() { c.spreadJobs = 100 })
 	def("spread-replicas", func() { c.spreadReplicas = 3 })
 	def("spread-stagger", func() { c.spreadStagger = time.Second })
+	def("reads-runs", func() { c.readsRuns = 2000 })
 }
 
 // childArgs are the flags of a child process on job with settings s.

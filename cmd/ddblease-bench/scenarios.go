@@ -72,9 +72,12 @@ type results struct {
 	Overhead *overheadResult
 	Scale    []map[string]string
 	Spread   *spreadResult
-	Errors   []string
-	DrainFor float64
-	Settings map[string]string
+	Reads    []readsResult
+	// ReadsItems is the run items of the reads figure's tables.
+	ReadsItems int
+	Errors     []string
+	DrainFor   float64
+	Settings   map[string]string
 }
 
 type runner struct {
@@ -187,6 +190,9 @@ func (r *runner) run() error {
 	}
 	if r.only["spread"] {
 		r.spread()
+	}
+	if r.only["reads"] {
+		r.reads()
 	}
 	r.res.Finished = time.Now()
 

@@ -1,0 +1,316 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/ddblease/ddblease"
+)
+
+// The reads figure: the items each operator read examines, on a table of
+// readsJobs jobs holding the run items of readsRuns slots, on this layout
+// (through ddblease.Admin, as the command calls it) and on the previous
+// one (a partition key alone: lease#<job>, jobrun#<job>#<slot>), read as
+// the previous release read it: a strongly consistent Scan filtered by
+// key prefix for status, runs and watch, a GetItem for one job.
+
+const readsJobs = 10
+
+// readsResult is one read on both layouts.
+type readsResult struct {
+	Read string
+	// Examined counts the items the server read (ScannedCount of a Query
+	// or Scan, the items a GetItem or BatchGetItem returned), Returned the
+	// items the read gives the operator, Requests the requests sent.
+	OldExamined, OldRequests int
+	NewExamined, NewRequests int
+	Returned                 int
+	// OldUnits and NewUnits are the read units the server reported
+	// (0 where it reports none).
+	OldUnits, NewUnits float64
+}
+
+// examined counts the requests of a client, the items the server
+// examined for them and the read units it reports having consumed (each
+// request is sent asking for ReturnConsumedCapacity TOTAL).
+type examined struct {
+	base     http.RoundTripper
+	mu       sync.Mutex
+	items    int
+	requests int
+	units    float64
+}
+
+func (e *examined) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Body != nil {
+		b, err := io.ReadAll(req.Body)
+		_ = req.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		var body map[string]any
+		if json.Unmarshal(b, &body) == nil {
+			body["ReturnConsumedCapacity"] = "TOTAL"
+			b, _ = json.Marshal(body)
+		}
+		req = req.Clone(req.Context())
+		req.Body = io.NopCloser(bytes.NewReader(b))
+		req.ContentLength = int64(len(b))
+		req.Header.Del("Content-Length")
+		req.Header.Del("X-Amz-Content-Sha256")
+	}
+	resp, err := e.base.RoundTrip(req)
+	if err != nil {
+		return resp, err
+	}
+	b, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	var out struct {
+		ScannedCount     *int
+		Item             map[string]any
+		Responses        map[string][]any
+		ConsumedCapacity json.RawMessage
+	}
+	_ = json.Unmarshal(b, &out)
+	type capacity struct{ CapacityUnits, ReadCapacityUnits float64 }
+	var one capacity
+	var many []capacity
+	if json.Unmarshal(out.ConsumedCapacity, &one) != nil && json.Unmarshal(out.ConsumedCapacity, &many) == nil {
+		for _, c := range many {
+			one.CapacityUnits += c.CapacityUnits
+		}
+	}
+	n := len(out.Responses) // no more than one table
+	switch {
+	case out.ScannedCount != nil:
+		n = *out.ScannedCount
+	case out.Item != nil:
+		n = 1
+	default:
+		n = 0
+		for _, items := range out.Responses {
+			n += len(items)
+		}
+	}
+	e.mu.Lock()
+	e.items += n
+	e.requests++
+	e.units += one.CapacityUnits
+	e.mu.Unlock()
+	return resp, nil
+}
+
+// take returns the counts since the last take.
+func (e *examined) take() (items, requests int, units float64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	items, requests, units = e.items, e.requests, e.units
+	e.items, e.requests, e.units = 0, 0, 0
+	return items, requests, units
+}
+
+func (r *runner) reads() {
+	runs := r.cfg.readsRuns
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	counter := &examined{base: newTransport(8)}
+	db := newClient(r.cfg.endpoint, counter)
+	oldTable, newTable := r.cfg.table+"-reads-old-"+r.runID, r.cfg.table+"-reads-"+r.runID
+	now := time.Now().UTC().Truncate(time.Minute)
+	r.logf("reads: filling two tables with %d jobs and %d runs", readsJobs, runs)
+	if err := fillReads(ctx, db, oldTable, newTable, runs, now); err != nil {
+		r.fail("reads", err)
+		return
+	}
+	admin, err := ddblease.NewAdmin(db, newTable)
+	if err != nil {
+		r.fail("reads", err)
+		return
+	}
+	job := "job03"
+	since := now.Add(-time.Hour)
+	measure := func(f func() int) (items, reqs int, units float64, n int) {
+		counter.take()
+		n = f()
+		items, reqs, units = counter.take()
+		return items, reqs, units, n
+	}
+	var res []readsResult
+	add := func(read string, oldRead, newRead func() int) {
+		oi, or, ou, _ := measure(oldRead)
+		ni, nr, nu, n := measure(newRead)
+		res = append(res, readsResult{Read: read, OldExamined: oi, OldRequests: or, NewExamined: ni, NewRequests: nr, Returned: n,
+			OldUnits: ou, NewUnits: nu})
+	}
+	must := func(n int, err error) int {
+		if err != nil {
+			r.fail("reads", err)
+		}
+		return n
+	}
+	add("status (every job)",
+		func() int { return must(scanPrefix(ctx, db, oldTable, "lease#")) },
+		func() int { js, err := admin.Jobs(ctx); return must(len(js), err) })
+	add("status "+job,
+		func() int { return must(getOld(ctx, db, oldTable, "lease#"+job)) },
+		func() int { _, err := admin.Job(ctx, job); return must(1, err) })
+	add("runs "+job+" --since 1h",
+		func() int {
+			must(getOld(ctx, db, oldTable, "lease#"+job))
+			return must(scanPrefix(ctx, db, oldTable, "jobrun#"+job+"#"))
+		},
+		func() int {
+			_, err := admin.Job(ctx, job)
+			must(0, err)
+			rs, err := admin.Runs(ctx, job, ddblease.RunRange{From: since})
+			return must(len(rs), err)
+		})
+	add("watch "+job+": one interval",
+		func() int {
+			must(getOld(ctx, db, oldTable, "lease#"+job))
+			return must(scanPrefix(ctx, db, oldTable, "jobrun#"+job+"#"))
+		},
+		func() int {
+			_, err := admin.Job(ctx, job)
+			must(0, err)
+			rs, err := admin.Runs(ctx, job, ddblease.RunRange{From: now}) // the latest run seen
+			return must(len(rs), err)
+		})
+	r.mu.Lock()
+	r.res.Reads, r.res.ReadsItems = res, runs
+	r.mu.Unlock()
+	for _, t := range []string{oldTable, newTable} {
+		_, _ = db.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(t)})
+	}
+}
+
+// fillReads makes the two tables and writes, into each, readsJobs jobs
+// with runs/readsJobs runs each, one a minute up to now, in its layout.
+// The new table's lease items are made by the library (an acquisition
+// and a resignation), its run items as the library writes them.
+func fillReads(ctx context.Context, db *dynamodb.Client, oldTable, newTable string, runs int, now time.Time) error {
+	if _, err := db.CreateTable(ctx, &dynamodb.CreateTableInput{
+		TableName:            aws.String(oldTable),
+		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String("pk"), AttributeType: types.ScalarAttributeTypeS}},
+		KeySchema:            []types.KeySchemaElement{{AttributeName: aws.String("pk"), KeyType: types.KeyTypeHash}},
+		BillingMode:          types.BillingModePayPerRequest,
+	}); err != nil {
+		return fmt.Errorf("create %s: %w", oldTable, err)
+	}
+	if err := ddblease.CreateTable(ctx, db, newTable); err != nil {
+		return err
+	}
+	var oldItems, newItems []map[string]types.AttributeValue
+	for j := range readsJobs {
+		job := fmt.Sprintf("job%02d", j)
+		l, err := ddblease.New(db, newTable, job)
+		if err != nil {
+			return err
+		}
+		if _, err := l.TryAcquire(ctx); err != nil {
+			return err
+		}
+		if err := l.Resign(ctx); err != nil {
+			return err
+		}
+		oldItems = append(oldItems, map[string]types.AttributeValue{
+			"pk": avS("lease#" + job), "owner": avS("bench"), "fence": avN(1), "expiresAt": avN(0), "rv": avS("v"),
+		})
+		for i := range runs / readsJobs {
+			slot := now.Add(-time.Duration(i) * time.Minute)
+			id := slot.Format(time.RFC3339Nano)
+			run := map[string]types.AttributeValue{
+				"job": avS(job), "slot": avS(id), "fence": avN(1), "owner": avS("bench"), "claim": avS("c"),
+				"status": avS("succeeded"), "startedAt": avN(slot.UnixMilli()), "finishedAt": avN(slot.UnixMilli() + 1000),
+			}
+			o := map[string]types.AttributeValue{"pk": avS("jobrun#" + job + "#" + id)}
+			n := map[string]types.AttributeValue{"pk": avS("job#" + job), "sk": avS("run#" + slot.Format("2006-01-02T15:04:05.000000000Z"))}
+			for k, v := range run {
+				o[k], n[k] = v, v
+			}
+			oldItems, newItems = append(oldItems, o), append(newItems, n)
+		}
+	}
+	for t, items := range map[string][]map[string]types.AttributeValue{oldTable: oldItems, newTable: newItems} {
+		if err := batchWrite(ctx, db, t, items); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// batchWrite puts items into table, 25 at a time.
+func batchWrite(ctx context.Context, db *dynamodb.Client, table string, items []map[string]types.AttributeValue) error {
+	for len(items) > 0 {
+		n := min(25, len(items))
+		req := make([]types.WriteRequest, n)
+		for i, it := range items[:n] {
+			req[i] = types.WriteRequest{PutRequest: &types.PutRequest{Item: it}}
+		}
+		pending := map[string][]types.WriteRequest{table: req}
+		for len(pending) > 0 {
+			out, err := db.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{RequestItems: pending})
+			if err != nil {
+				return fmt.Errorf("fill %s: %w", table, err)
+			}
+			pending = out.UnprocessedItems
+		}
+		items = items[n:]
+	}
+	return nil
+}
+
+// scanPrefix is a read of the previous layout: a strongly consistent Scan
+// of the whole table filtered to keys starting with prefix. It returns the
+// items found.
+func scanPrefix(ctx context.Context, db *dynamodb.Client, table, prefix string) (int, error) {
+	in := &dynamodb.ScanInput{
+		TableName:                 aws.String(table),
+		FilterExpression:          aws.String("begins_with(#pk, :prefix)"),
+		ExpressionAttributeNames:  map[string]string{"#pk": "pk"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":prefix": avS(prefix)},
+		ConsistentRead:            aws.Bool(true),
+	}
+	n := 0
+	for {
+		out, err := db.Scan(ctx, in)
+		if err != nil {
+			return n, err
+		}
+		n += len(out.Items)
+		if len(out.LastEvaluatedKey) == 0 {
+			return n, nil
+		}
+		in.ExclusiveStartKey = out.LastEvaluatedKey
+	}
+}
+
+// getOld reads one item of the previous layout.
+func getOld(ctx context.Context, db *dynamodb.Client, table, pk string) (int, error) {
+	out, err := db.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table), ConsistentRead: aws.Bool(true),
+		Key: map[string]types.AttributeValue{"pk": avS(pk)}})
+	if err != nil || out.Item == nil {
+		return 0, err
+	}
+	return 1, nil
+}
+
+func avS(s string) types.AttributeValue { return &types.AttributeValueMemberS{Value: s} }
+
+func avN(n int64) types.AttributeValue {
+	return &types.AttributeValueMemberN{Value: strconv.FormatInt(n, 10)}
+}
