@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -53,9 +54,37 @@ type Admin struct {
 	db    DynamoDBAPI
 	table string
 	o     AdminOptions
+	// schemaOK records that the table's key schema was found to be the
+	// one the layout needs (checkSchema).
+	schemaOK atomic.Bool
 }
 
-// NewAdmin returns an Admin for table. It makes no call.
+// checkSchema checks, at the first call of this Admin that finds the
+// table, that its key schema is the one the layout needs, with one
+// DescribeTable: a Query whose key condition names attributes that are
+// not the table's keys is refused by DynamoDB, but some test servers
+// answer it with no items, which would list no jobs instead of saying the
+// table is of another layout.
+func (a *Admin) checkSchema(ctx context.Context) error {
+	if a.schemaOK.Load() {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.o.CallTimeout)
+	defer cancel()
+	out, err := a.db.DescribeTable(cctx, &dynamodb.DescribeTableInput{TableName: aws.String(a.table)})
+	if err != nil {
+		return fmt.Errorf("ddblease: describe table %q: %w", a.table, explainTableError(ctx, a.db, a.table, a.o.Layout, err))
+	}
+	if err := checkSchema(a.table, out.Table, a.o.Layout); err != nil {
+		return err
+	}
+	a.schemaOK.Store(true)
+	return nil
+}
+
+// NewAdmin returns an Admin for table. It makes no call; the Admin's
+// first call checks the table's key schema (one DescribeTable) and refuses
+// a table that is not of its Layout with an error wrapping ErrTableSchema.
 func NewAdmin(db DynamoDBAPI, table string, optFns ...func(*AdminOptions)) (*Admin, error) {
 	if err := CheckClient(db); err != nil {
 		return nil, err
@@ -112,6 +141,9 @@ func defaultOperator() string {
 func (a *Admin) update(ctx context.Context, job, update, cond string, names map[string]string,
 	values map[string]types.AttributeValue) (rec Record, failed bool, err error) {
 	if err := checkName("job name", job, MaxJobLength); err != nil {
+		return Record{}, false, err
+	}
+	if err := a.checkSchema(ctx); err != nil {
 		return Record{}, false, err
 	}
 	names["#pk"], names["#fence"], names["#owner"], names["#rv"], names["#exp"] = a.o.Layout.PartitionKey, attrFence, attrOwner, attrVersion, attrExpires
@@ -361,6 +393,9 @@ func (a *Admin) Job(ctx context.Context, job string) (JobStatus, error) {
 	if err := checkName("job name", job, MaxJobLength); err != nil {
 		return JobStatus{}, err
 	}
+	if err := a.checkSchema(ctx); err != nil {
+		return JobStatus{}, err
+	}
 	item, err := getItem(ctx, a.db, a.table, a.o.Layout.leaseKey(job), a.o.CallTimeout)
 	return a.status(ctx, job, item, err)
 }
@@ -439,6 +474,9 @@ func (a *Admin) TriggerRun(ctx context.Context, t Trigger) (rec RunRecord, ok bo
 	}
 	if !validTriggerID(t.ID) {
 		return RunRecord{}, false, invalid("trigger id %q is not 16 hex digits", t.ID)
+	}
+	if err := a.checkSchema(ctx); err != nil {
+		return RunRecord{}, false, err
 	}
 	item, err := getItem(ctx, a.db, a.table, a.o.Layout.runKey(t.Job, runSK(t.At, t.ID)), a.o.CallTimeout)
 	if err != nil {

@@ -224,7 +224,7 @@ func (g *Guard) check(ctx context.Context, op string, fence int64) error {
 		return fmt.Errorf("ddblease: guard %q: %s refused: %w", g.job, op, errors.Join(ended(ctx), err))
 	}
 	if err != nil {
-		return fmt.Errorf("ddblease: guard %q: read lease: %w", g.job, err)
+		return fmt.Errorf("ddblease: guard %q: read lease: %w", g.job, explainTableError(ctx, g.db, g.table, g.opts.Layout, err))
 	}
 	cur, err := fenceOf(g.opts.Layout, item)
 	if err != nil {

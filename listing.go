@@ -133,6 +133,9 @@ func prefixRange(prefix string) (lo, hi string) { return prefix, prefix + "\U001
 // kept. Items it cannot decode are left out and reported in an error
 // wrapping ErrMalformedItem, returned with the others.
 func (a *Admin) Jobs(ctx context.Context) ([]JobStatus, error) {
+	if err := a.checkSchema(ctx); err != nil {
+		return nil, err
+	}
 	y := a.o.Layout
 	lo, hi := prefixRange(skJobPrefix)
 	entries, err := query(ctx, a.db, a.table, y, y.Prefix+pkDirectory, lo, hi, 0, false, a.o.CallTimeout, "list jobs")
@@ -194,6 +197,9 @@ func (a *Admin) Runs(ctx context.Context, job string, r RunRange) ([]RunRecord, 
 	if !r.From.IsZero() && !r.To.IsZero() && r.To.Before(r.From) {
 		return nil, invalid("Runs: To (%v) is before From (%v)", r.To, r.From)
 	}
+	if err := a.checkSchema(ctx); err != nil {
+		return nil, err
+	}
 	y := a.o.Layout
 	lo, hi := prefixRange(skRunPrefix)
 	if !r.From.IsZero() {
@@ -244,6 +250,9 @@ type PoolMember struct {
 // Pools returns every pool of the table, by name, with its members: one
 // Query of the directory, and one of each pool's partition.
 func (a *Admin) Pools(ctx context.Context) ([]PoolStatus, error) {
+	if err := a.checkSchema(ctx); err != nil {
+		return nil, err
+	}
 	y := a.o.Layout
 	lo, hi := prefixRange(skPoolPrefix)
 	entries, err := query(ctx, a.db, a.table, y, y.Prefix+pkDirectory, lo, hi, 0, false, a.o.CallTimeout, "list pools")
