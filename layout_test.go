@@ -46,7 +46,9 @@ func TestTwoLayoutsShareATable(t *testing.T) {
 			require.NoError(t, l.Resign(ctx))
 		}
 		p := newPool(t, db, table, []string{"r1", "r2"}, fast(prefix+"member"), inLayout)
-		stop := async(ctx, func(ctx context.Context) error { return p.Run(ctx, func(ctx context.Context, _ string, _ int64) error { <-ctx.Done(); return nil }) })
+		stop := async(ctx, func(ctx context.Context) error {
+			return p.Run(ctx, func(ctx context.Context, _ string, _ int64) error { <-ctx.Done(); return nil })
+		})
 		eventually(t, "the pool leads its jobs", func() bool { return p.Lease("r1").IsLeader() && p.Lease("r2").IsLeader() })
 		require.NoError(t, stop())
 	}
