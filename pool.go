@@ -29,10 +29,11 @@ import (
 // every guarantee of a single lease: one leader at a time, a fence that
 // grows, a drain on hand-over.
 //
-// The replicas know each other through one item of the pool in the same
-// table (key "pool#" + name), in which each renews its own entry every
-// HeartbeatInterval (one UpdateItem, whose answer carries the others'): its
-// expiry, and the view it acts on (which replicas it sees live). A
+// The replicas know each other through their member items in the pool's
+// partition of the same table (Layout), each renewing its own every
+// HeartbeatInterval (one UpdateItem, then one Query that reads the
+// others'): its expiry, and the view it acts on (which replicas it sees
+// live). A
 // replica that stops renewing counts as gone once its expiry, a
 // LeaseDuration after its last renewal, is MaxClockSkew old, or once the
 // others have read its entry unchanged for a LeaseDuration by their
