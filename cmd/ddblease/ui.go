@@ -147,6 +147,7 @@ func (s *uiServer) handler(addr net.Addr) http.Handler {
 	for path, file := range map[string]string{"/{$}": "ui/index.html", "/app.js": "ui/app.js", "/style.css": "ui/style.css"} {
 		mux.HandleFunc("GET "+path, func(w http.ResponseWriter, r *http.Request) { http.ServeFileFS(w, r, uiFiles, file) })
 	}
+	mux.HandleFunc("GET /favicon.ico", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	mux.HandleFunc("GET /api/state", s.state)
 	mux.HandleFunc("POST /api/action", s.action)
 	mux.HandleFunc("GET /metrics", s.metrics)

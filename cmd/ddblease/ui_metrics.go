@@ -8,32 +8,34 @@ import (
 )
 
 // The metrics of /metrics: the table's state at the scrape, read as the
-// page reads it, over the last --metrics-window.
+// page reads it, over the last --metrics-window. The labels are those of
+// the otel module (ddblease_job, ddblease_run_status, ddblease_owner): a
+// label "job" would clash with the scrape's own.
 var (
 	mReadOK = prometheus.NewDesc("ddblease_table_read_ok",
 		"1 if every read of the table for this scrape succeeded, else 0.", nil, nil)
 	mHasLeader = prometheus.NewDesc("ddblease_job_has_leader",
-		"1 if a tenure holds the job's lease by its recorded expiry (held or draining), else 0.", []string{"job"}, nil)
+		"1 if a tenure holds the job's lease by its recorded expiry (held or draining), else 0.", []string{"ddblease_job"}, nil)
 	mFence = prometheus.NewDesc("ddblease_job_fence",
-		"The lease's fence: it grows by one with every new tenure and every forced release.", []string{"job"}, nil)
+		"The lease's fence: it grows by one with every new tenure and every forced release.", []string{"ddblease_job"}, nil)
 	mRenewalAge = prometheus.NewDesc("ddblease_job_renewal_age_seconds",
-		"Seconds since the holder last wrote the lease (acquisition or heartbeat), by the clock of ddblease ui.", []string{"job"}, nil)
+		"Seconds since the holder last wrote the lease (acquisition or heartbeat), by the clock of ddblease ui.", []string{"ddblease_job"}, nil)
 	mPaused = prometheus.NewDesc("ddblease_job_paused",
-		"1 if an operator paused the job's schedule, else 0.", []string{"job"}, nil)
+		"1 if an operator paused the job's schedule, else 0.", []string{"ddblease_job"}, nil)
 	mLastStatus = prometheus.NewDesc("ddblease_job_last_run_status",
-		"1 for the status of the job's run that finished last in the window, 0 for the other final statuses.", []string{"job", "status"}, nil)
+		"1 for the status of the job's run that finished last in the window, 0 for the other final statuses.", []string{"ddblease_job", "ddblease_run_status"}, nil)
 	mLastEnd = prometheus.NewDesc("ddblease_job_last_run_end_timestamp_seconds",
-		"When the job's run that finished last in the window finished (Unix seconds, the claimant's clock).", []string{"job"}, nil)
+		"When the job's run that finished last in the window finished (Unix seconds, the claimant's clock).", []string{"ddblease_job"}, nil)
 	mRuns = prometheus.NewDesc("ddblease_job_runs",
-		"Runs of the job whose slot is in the window, by status (of the newest --max-runs).", []string{"job", "status"}, nil)
+		"Runs of the job whose slot is in the window, by status (of the newest --max-runs).", []string{"ddblease_job", "ddblease_run_status"}, nil)
 	mPeriod = prometheus.NewDesc("ddblease_job_period_seconds",
-		"The job's schedule period as its slots show it: the shortest gap between its latest slots in the window.", []string{"job"}, nil)
+		"The job's schedule period as its slots show it: the shortest gap between its latest slots in the window.", []string{"ddblease_job"}, nil)
 	mPoolMembers = prometheus.NewDesc("ddblease_pool_members",
-		"Live members of the pool.", []string{"pool"}, nil)
+		"Live members of the pool.", []string{"ddblease_pool"}, nil)
 	mMemberJobs = prometheus.NewDesc("ddblease_pool_member_jobs",
-		"Jobs of the pool that the member holds.", []string{"pool", "member"}, nil)
+		"Jobs of the pool that the member holds.", []string{"ddblease_pool", "ddblease_owner"}, nil)
 	mPoolOff = prometheus.NewDesc("ddblease_pool_jobs_off_balance",
-		"Jobs that must move to another member, or be taken, for each live member of the pool to hold its share.", []string{"pool"}, nil)
+		"Jobs that must move to another member, or be taken, for each live member of the pool to hold its share.", []string{"ddblease_pool"}, nil)
 )
 
 var finalStatuses = []string{"succeeded", "failed", "abandoned"}

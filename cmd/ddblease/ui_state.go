@@ -130,7 +130,7 @@ func (s *uiServer) job(js ddblease.JobStatus, runs []ddblease.RunRecord, err err
 		j.PeriodMs = p.Milliseconds()
 		j.NextSlot = tp(slots[len(slots)-1].Add(p))
 	}
-	j.Handovers = handovers(js.Lease, runs)
+	j.Handovers = handovers(js, runs)
 	return j
 }
 
@@ -156,10 +156,11 @@ func period(slots []time.Time) time.Duration {
 	return p
 }
 
-// handovers lists the fence changes among runs (in slot order), each at
-// the start of the first run of the new fence, and the current tenure's
-// acquisition, at its exact time.
-func handovers(lease ddblease.Record, runs []ddblease.RunRecord) []uiHandover {
+// handovers lists the starts of tenures that the runs and the lease show:
+// each fence change among the runs, at the start of the first run of the
+// new fence, and the current tenure's acquisition, at its exact time
+// (From is zero when the fence before it is not known).
+func handovers(js ddblease.JobStatus, runs []ddblease.RunRecord) []uiHandover {
 	byStart := slices.SortedFunc(slices.Values(runs), func(a, b ddblease.RunRecord) int {
 		return cmp.Or(a.StartedAt.Compare(b.StartedAt), cmp.Compare(a.Fence, b.Fence))
 	})
@@ -171,18 +172,20 @@ func handovers(lease ddblease.Record, runs []ddblease.RunRecord) []uiHandover {
 		}
 		seen = max(seen, r.Fence)
 	}
-	if lease.AcquiredAt.IsZero() || lease.Fence <= 0 || (len(runs) > 0 && lease.AcquiredAt.Before(runs[0].StartedAt)) {
+	lease := js.Lease
+	if lease.AcquiredAt.IsZero() || lease.Fence < seen || js.Released() {
+		return out // a forced release raised the fence without an acquisition
+	}
+	cur := uiHandover{At: lease.AcquiredAt.UTC(), Fence: lease.Fence, Owner: lease.Owner, Exact: true}
+	if i := slices.IndexFunc(out, func(h uiHandover) bool { return h.Fence == lease.Fence }); i >= 0 {
+		cur.From = out[i].From
+		out[i] = cur
 		return out
 	}
-	cur := uiHandover{At: lease.AcquiredAt.UTC(), Fence: lease.Fence, From: seen, Owner: lease.Owner, Exact: true}
-	switch {
-	case len(out) > 0 && out[len(out)-1].Fence == lease.Fence:
-		cur.From = out[len(out)-1].From
-		out[len(out)-1] = cur
-	case lease.Fence > seen && seen != 0:
-		out = append(out, cur)
+	if seen < lease.Fence {
+		cur.From = seen
 	}
-	return out
+	return append(out, cur)
 }
 
 // uiPoolView is a pool with its balance: a balanced pool gives each live

@@ -19,6 +19,7 @@ import (
 
 	"github.com/ddblease/ddblease"
 	"github.com/ddblease/ddblease/internal/ddbtest"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
@@ -282,28 +283,28 @@ func TestUIMetrics(t *testing.T) {
 	}
 	m := scrape()
 	assert.Equal(t, 1.0, m["ddblease_table_read_ok"][""])
-	assert.Equal(t, 1.0, m["ddblease_job_has_leader"]["job=billing"])
-	assert.Equal(t, 0.0, m["ddblease_job_has_leader"]["job=report"], "resigned")
-	assert.Equal(t, float64(a.l.State().Fence), m["ddblease_job_fence"]["job=billing"])
-	assert.Less(t, m["ddblease_job_renewal_age_seconds"]["job=billing"], 2.0)
-	assert.Equal(t, 0.0, m["ddblease_job_paused"]["job=billing"])
-	assert.Equal(t, 1.0, m["ddblease_job_last_run_status"]["job=report,status=failed"])
-	assert.Equal(t, 0.0, m["ddblease_job_last_run_status"]["job=report,status=succeeded"])
-	assert.Equal(t, 4.0, m["ddblease_job_runs"]["job=report,status=succeeded"])
-	assert.Equal(t, 1.0, m["ddblease_job_runs"]["job=report,status=failed"])
-	assert.Equal(t, 0.0, m["ddblease_job_runs"]["job=report,status=abandoned"])
-	assert.Equal(t, 60.0, m["ddblease_job_period_seconds"]["job=report"])
+	assert.Equal(t, 1.0, m["ddblease_job_has_leader"]["ddblease_job=billing"])
+	assert.Equal(t, 0.0, m["ddblease_job_has_leader"]["ddblease_job=report"], "resigned")
+	assert.Equal(t, float64(a.l.State().Fence), m["ddblease_job_fence"]["ddblease_job=billing"])
+	assert.Less(t, m["ddblease_job_renewal_age_seconds"]["ddblease_job=billing"], 2.0)
+	assert.Equal(t, 0.0, m["ddblease_job_paused"]["ddblease_job=billing"])
+	assert.Equal(t, 1.0, m["ddblease_job_last_run_status"]["ddblease_job=report,ddblease_run_status=failed"])
+	assert.Equal(t, 0.0, m["ddblease_job_last_run_status"]["ddblease_job=report,ddblease_run_status=succeeded"])
+	assert.Equal(t, 4.0, m["ddblease_job_runs"]["ddblease_job=report,ddblease_run_status=succeeded"])
+	assert.Equal(t, 1.0, m["ddblease_job_runs"]["ddblease_job=report,ddblease_run_status=failed"])
+	assert.Equal(t, 0.0, m["ddblease_job_runs"]["ddblease_job=report,ddblease_run_status=abandoned"])
+	assert.Equal(t, 60.0, m["ddblease_job_period_seconds"]["ddblease_job=report"])
 	runs, err := newAdmin(t, table).Runs(ctx, "report", time.Time{})
 	require.NoError(t, err)
-	assert.InDelta(t, float64(runs[4].FinishedAt.UnixMilli())/1000, m["ddblease_job_last_run_end_timestamp_seconds"]["job=report"], 0.001)
-	assert.NotContains(t, m["ddblease_job_last_run_status"], "job=billing,status=failed", "no run ended in the window")
+	assert.InDelta(t, float64(runs[4].FinishedAt.UnixMilli())/1000, m["ddblease_job_last_run_end_timestamp_seconds"]["ddblease_job=report"], 0.001)
+	assert.NotContains(t, m["ddblease_job_last_run_status"], "ddblease_job=billing,ddblease_run_status=failed", "no run ended in the window")
 
 	_, err = newAdmin(t, table).Pause(ctx, "billing")
 	require.NoError(t, err)
 	require.NoError(t, a.stop())
 	m = scrape()
-	assert.Equal(t, 1.0, m["ddblease_job_paused"]["job=billing"])
-	assert.Equal(t, 0.0, m["ddblease_job_has_leader"]["job=billing"], "the leader resigned as it stopped")
+	assert.Equal(t, 1.0, m["ddblease_job_paused"]["ddblease_job=billing"])
+	assert.Equal(t, 0.0, m["ddblease_job_has_leader"]["ddblease_job=billing"], "the leader resigned as it stopped")
 }
 
 // A pool's balance: each live member should hold its share.
@@ -346,4 +347,33 @@ func TestUIBadInput(t *testing.T) {
 	code, body = p.do(t, "GET", "/api/state?to=yesterday", nil, "")
 	assert.Equal(t, http.StatusBadRequest, code)
 	assert.Contains(t, body, "RFC 3339")
+}
+
+// Pools in /metrics: live members, and the jobs each member holds.
+func TestUIMetricsPools(t *testing.T) {
+	now := time.Now()
+	pool := uiPool{Name: "tenants", Members: []uiMember{
+		{"a", now.Add(time.Minute), []string{"t1", "t2", "t3"}}, {"b", now.Add(time.Minute), nil}, {"c", now.Add(-time.Minute), nil}}}
+	reg := prometheus.NewRegistry()
+	require.NoError(t, reg.Register(uiCollector{uiState{Now: now, Pools: []uiPoolView{poolView(pool, now, time.Second)}}}))
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	got := map[string]float64{}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			key := f.GetName()
+			for _, l := range m.GetLabel() {
+				key += "," + l.GetName() + "=" + l.GetValue()
+			}
+			got[key] = m.GetGauge().GetValue()
+		}
+	}
+	assert.Equal(t, map[string]float64{
+		"ddblease_pool_members,ddblease_pool=tenants":                      2,
+		"ddblease_pool_member_jobs,ddblease_owner=a,ddblease_pool=tenants": 3,
+		"ddblease_pool_member_jobs,ddblease_owner=b,ddblease_pool=tenants": 0,
+		"ddblease_pool_member_jobs,ddblease_owner=c,ddblease_pool=tenants": 0,
+		"ddblease_pool_jobs_off_balance,ddblease_pool=tenants":             1,
+		"ddblease_table_read_ok":                                           1,
+	}, got)
 }

@@ -11,6 +11,7 @@ let selected = null; // the run shown in #detail: {job, key, run}
 let timer = 0;
 let token = '';
 let pending = null;  // the action awaiting confirmation
+const tenures = {};  // job -> fence -> the tenure's start, as this page saw the lease
 
 // el makes an element: attributes (class, on<event>, others) and children.
 function el(tag, attrs, ...kids) {
@@ -72,6 +73,7 @@ function render() {
   $('#mode').textContent = state.actions ? 'actions allowed' : 'read-only';
   $('#updated').replaceChildren('read ', both(state.now));
   $('#span').textContent = 'from ' + utc(state.from) + ' to ' + utc(state.to);
+  if (!$('#range').value) $('#range').options[0].textContent = span(Date.parse(state.to) - Date.parse(state.from)) + ' (default)';
   showErrors(state.errors);
   $('#jobs tbody').replaceChildren(...state.jobs.map(jobRow));
   if (!state.jobs.length) $('#jobs tbody').append(el('tr', {}, el('td', {colspan: 10}, 'no jobs in this table')));
@@ -142,15 +144,31 @@ function renderTimelines() {
         'data-slot': r.slot, onclick: () => select(j.job, r)},
       el('svg:title', {}, r.status + (r.trigger ? ' (triggered)' : '') + ', slot ' + utc(r.slot) + ', fence ' + r.fence + ', ' + r.owner)));
     }
-    for (const h of j.handovers) {
-      g.append(el('svg:line', {class: 'handover', x1: x(h.at), x2: x(h.at), y1: 0, y2: 34},
-        el('svg:title', {}, 'fence ' + h.fromFence + ' → ' + h.fence + ': ' + h.owner + (h.exact ? ' took the lease at ' : ' ran by ') + utc(h.at))),
+    for (const h of tenureStarts(j)) {
+      const from = h.fromFence ? 'fence ' + h.fromFence + ' → ' + h.fence : 'fence ' + h.fence;
+      g.append(el('svg:line', {class: 'handover', 'data-fence': h.fence, x1: x(h.at), x2: x(h.at), y1: 0, y2: 34},
+        el('svg:title', {}, from + ': ' + h.owner + (h.exact ? ' took the lease at ' : ' ran first at ') + utc(h.at))),
       el('svg:text', {class: 'handover', x: x(h.at) + 2, y: 9}, 'f' + h.fence));
     }
     const note = j.error ? el('small', {class: 'err'}, j.error)
       : j.truncated ? el('small', {}, 'the newest ' + state.limit + ' runs; older ones in the range not read') : null;
     return el('div', {class: 'tl'}, el('span', {class: 'tl-name', title: j.job}, j.job), g, note);
   }));
+}
+
+// tenureStarts merges the tenure starts the server found (in the runs,
+// and the current lease's acquisition) with those this page saw while
+// open, which tenures too short to run a slot leave nowhere else; it
+// keeps those in the range.
+function tenureStarts(j) {
+  const seen = tenures[j.job] = tenures[j.job] || {};
+  for (const h of j.handovers) if (h.exact) seen[h.fence] = h;
+  const all = {...seen};
+  for (const h of j.handovers) if (!all[h.fence]) all[h.fence] = h;
+  const list = Object.values(all).sort((a, b) => a.fence - b.fence);
+  list.forEach((h, i) => { if (!h.fromFence && i > 0) h.fromFence = list[i - 1].fence; });
+  const from = Date.parse(state.from), to = Date.parse(state.to);
+  return list.filter((h) => Date.parse(h.at) >= from && Date.parse(h.at) <= to);
 }
 
 function select(job, run) {
@@ -175,14 +193,21 @@ function showRun(job, r) {
 function renderPools() {
   const box = $('#pools');
   if (!state.pools.length) return box.replaceChildren(el('p', {}, 'no pools in this table'));
-  box.replaceChildren(...state.pools.map((p) => el('div', {class: 'pool', 'data-pool': p.name},
+  box.replaceChildren(...state.pools.map(poolBox));
+}
+
+function poolBox(p) {
+  const share = p.low === p.high ? p.low : p.low + '–' + p.high;
+  const member = (m) => el('tr', {class: m.live ? '' : 'dead'},
+    el('td', {}, m.owner + (m.live ? '' : ' (expired)')), el('td', {}, both(m.expiresAt)),
+    el('td', {}, m.jobs.length + ': ' + m.jobs.join(', ')));
+  return el('div', {class: 'pool', 'data-pool': p.name},
     el('h3', {}, p.name),
-    el('p', {}, p.jobs + ' jobs; each live member should hold ' + (p.low === p.high ? p.low : p.low + '–' + p.high) + '; ',
+    el('p', {}, p.jobs + ' jobs; each live member should hold ' + share + '; ',
       p.offBy ? badge(p.offBy + ' job(s) to move', 'warn') : badge('balanced', 's-succeeded'),
       p.unheld.length ? ' not held: ' + p.unheld.join(', ') : ''),
     el('table', {}, el('tr', {}, el('th', {}, 'member'), el('th', {}, 'expires'), el('th', {}, 'jobs')),
-      p.members.map((m) => el('tr', {class: m.live ? '' : 'dead'}, el('td', {}, m.owner + (m.live ? '' : ' (expired)')),
-        el('td', {}, both(m.expiresAt)), el('td', {}, m.jobs.length + ': ' + m.jobs.join(', ')))))));
+      p.members.map(member)));
 }
 
 const what = {
