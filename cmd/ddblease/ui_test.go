@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -162,12 +163,12 @@ func TestUIReadsPerRefresh(t *testing.T) {
 	assert.Len(t, st.Jobs[0].Runs, 10)
 	assert.Equal(t, 1+len(st.Jobs), small, "one read for the jobs, one per job: %v", f.Counts())
 
-	history(t, table, "billing", now.Add(-23*time.Hour), 300)
+	history(t, table, "billing", now.Add(-23*time.Hour), 100)
 	large, st := perRefresh()
-	assert.Len(t, st.Jobs[0].Runs, 310)
-	assert.Equal(t, small, large, "reads per refresh with 10 and with 310 runs")
+	assert.Len(t, st.Jobs[0].Runs, 110)
+	assert.Equal(t, small, large, "reads per refresh with 10 and with 110 runs")
 	_, st = perRefresh() // the default range and limit
-	assert.Len(t, st.Jobs[0].Runs, 310)
+	assert.Len(t, st.Jobs[0].Runs, 110)
 }
 
 // Read-only by default: the page offers no action and the server refuses
@@ -376,4 +377,36 @@ func TestUIMetricsPools(t *testing.T) {
 		"ddblease_pool_jobs_off_balance,ddblease_pool=tenants":             1,
 		"ddblease_table_read_ok":                                           1,
 	}, got)
+}
+
+// docs/observability.md lists the metrics /metrics serves, and its alert
+// rules use only those.
+func TestUIMetricsInDocs(t *testing.T) {
+	b, err := os.ReadFile("../../docs/observability.md")
+	require.NoError(t, err)
+	doc := string(b)
+	i := strings.Index(doc, "### `/metrics`")
+	require.GreaterOrEqual(t, i, 0, "the /metrics section")
+	doc = doc[i:]
+	doc = doc[:strings.Index(doc, "\n## ")]
+	ch := make(chan *prometheus.Desc, 32)
+	uiCollector{}.Describe(ch)
+	close(ch)
+	var served []string
+	for d := range ch {
+		served = append(served, regexp.MustCompile(`fqName: "([a-z_]+)"`).FindStringSubmatch(d.String())[1])
+	}
+	var listed []string
+	for _, m := range regexp.MustCompile("(?m)^\\| `([a-z_]+)").FindAllStringSubmatch(doc, -1) {
+		listed = append(listed, m[1])
+	}
+	assert.ElementsMatch(t, served, listed, "the table of metrics")
+	rules := doc[strings.Index(doc, "```yaml"):]
+	rules = rules[:strings.Index(rules[3:], "```")]
+	for _, name := range regexp.MustCompile(`ddblease_[a-z_]+`).FindAllString(rules, -1) {
+		if !strings.HasPrefix(name, "ddblease_job_") && !strings.HasPrefix(name, "ddblease_table_") {
+			continue // a label or a group's name
+		}
+		assert.Contains(t, served, name, "a metric the alert rules use")
+	}
 }
