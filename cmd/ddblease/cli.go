@@ -40,6 +40,7 @@ commands:
   trigger JOB [--wait]               run the job once now, as an extra run
   watch JOB                          follow holder and run changes until interrupted
   exec JOB [--every D] -- COMMAND    run COMMAND while leading, or once per slot (see docs/exec.md)
+  ui [--addr A] [--allow-actions]    serve a page of the jobs, their runs and pools, and /metrics
 
 flags (before or after the command):
 `

@@ -74,6 +74,7 @@ func commands() map[string]*command {
 			long: true,
 		},
 		"exec": execCommand(),
+		"ui":   uiCommand(),
 		"watch": {
 			name: "watch", args: "JOB",
 			flags: func(fs *flag.FlagSet) {

@@ -20,6 +20,7 @@
 //	trigger JOB [--wait]            run the job once now, outside its schedule
 //	watch JOB                       follow holder and run changes until interrupted
 //	exec JOB [--every D] -- COMMAND run COMMAND while leading, or once per slot
+//	ui [--addr A] [--allow-actions] serve a page of the jobs, their runs and pools, and /metrics
 //
 // Flags, accepted before or after the command: --table (or DDBLEASE_TABLE),
 // --endpoint (or the SDK's AWS_ENDPOINT_URL_DYNAMODB / AWS_ENDPOINT_URL),
