@@ -350,7 +350,7 @@ func (x *execer) wait(ctx context.Context, fence int64, c *proc) procEnd {
 		if time.Now().Before(killAt) {
 			continue
 		}
-		c.signal(syscall.SIGKILL)
+		c.kill()
 		<-c.done
 		x.logf("COMMAND (pid %d) did not exit in time: killed", c.pid)
 		return c.end
