@@ -121,7 +121,8 @@ func (c utcCron) Next(t time.Time) time.Time { return c.s.Next(t.UTC()) }
 type exitStatus struct {
 	job  string
 	code int
-	why  string // "exited with status 3", "was killed by SIGTERM"
+	sig  syscall.Signal // the signal that ended COMMAND; 0 if none
+	why  string         // "exited with status 3", "was killed by SIGTERM"
 }
 
 func (x *exitStatus) Error() string { return fmt.Sprintf("exec %s: COMMAND %s", x.job, x.why) }
@@ -135,7 +136,7 @@ func status(job string, end procEnd) *exitStatus {
 	case end.err != nil:
 		return &exitStatus{job: job, code: end.code, why: "failed to run: " + end.err.Error()}
 	case end.sig != 0:
-		return &exitStatus{job: job, code: end.code, why: "was killed by " + sigName(end.sig)}
+		return &exitStatus{job: job, code: end.code, sig: end.sig, why: "was killed by " + sigName(end.sig)}
 	case end.code != 0:
 		return &exitStatus{job: job, code: end.code, why: fmt.Sprintf("exited with status %d", end.code)}
 	}
@@ -214,6 +215,32 @@ func (e *env) exec(ctx context.Context, args []string, f execFlags) error {
 		err = x.l.RunSchedule(quit, s.sched, x.runSlot)
 	} else {
 		err = x.l.Run(quit, x.runLong)
+	}
+	return x.exitWith(err)
+}
+
+// exitWith applies the exit status rule (docs/exec.md, "Exit status") to
+// what Run or RunSchedule returned: a stop asked for by SIGTERM or SIGINT
+// that went as asked is status 0; a lease not handed over is not; without
+// a schedule, COMMAND's own status counts unless the signal ended it.
+func (x *execer) exitWith(err error) error {
+	var st *exitStatus
+	switch {
+	case err == nil, x.quit.Err() == nil, errors.Is(err, ddblease.ErrNotResigned):
+		return err
+	case errors.As(err, &st):
+		if st.sig == syscall.SIGTERM || st.sig == syscall.SIGINT {
+			return nil // ended by the signal passed on to it, as asked
+		}
+		return err
+	case errors.Is(err, context.Canceled):
+		// Standing by, and every attempt since the last tenure had failed.
+		x.logf("stopped while standing by; the last attempt had failed: %v", err)
+		return nil
+	case x.s.sched != nil && errors.Is(err, ddblease.ErrDrainTimeout):
+		// The run in flight was killed, and recorded as failed.
+		x.logf("stopped; the run in flight outlasted the drain timeout: %v", err)
+		return nil
 	}
 	return err
 }
