@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -29,7 +31,8 @@ func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(f
 const usage = `usage: ddblease [flags] <command> [command flags] [args]
 
 commands:
-  status [JOB...]                    holder, fence, held for, expiry, draining, paused
+  status [JOB...]                    holder, fence, held for, expiry, draining, paused, last run
+                                     and last failure
   runs JOB [--since D] [--status S]  the job's runs, newest last
   create-table [--print]             create the lease table, or print its CloudFormation and Terraform
   resign JOB                         ask the holder to hand the lease over at its next heartbeat
@@ -40,6 +43,9 @@ commands:
   trigger JOB [--wait]               run the job once now, as an extra run
   watch JOB                          follow holder and run changes until interrupted
   exec JOB [--every D] -- COMMAND    run COMMAND while leading, or once per slot (see docs/exec.md)
+  local [--addr HOST:PORT]           serve the in-process test server on 127.0.0.1:8000, for
+                                     development only
+  version                            the command's version and the commit it was built from
 
 flags (before or after the command):
 `
@@ -53,6 +59,7 @@ type globals struct {
 	skew     time.Duration
 	timeout  time.Duration
 	debug    bool
+	logs     string // --log-format: text or json
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
@@ -63,6 +70,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.DurationVar(&g.skew, "max-clock-skew", ddblease.DefaultMaxClockSkew, "the replicas' MaxClockSkew, shown with expiry times")
 	fs.BoolVar(&g.debug, "debug", false, "log the SDK's requests, responses and retries on stderr")
 	fs.DurationVar(&g.timeout, "timeout", 30*time.Second, "bound on each command but watch and trigger --wait (0: none)")
+	fs.StringVar(&g.logs, "log-format", "text", "what goes to stderr: text, or json (one object per line); exec's text is slog's key=value lines")
 }
 
 // command is one subcommand: its flags and its action.
@@ -72,12 +80,16 @@ type command struct {
 	about string // what the command does, for its -h (optional)
 	flags func(fs *flag.FlagSet)
 	run   func(e *env, ctx context.Context, args []string) error
-	// noTable marks a command that needs no table (create-table --print).
+	// needsAPI reports whether the command needs the table's client (nil:
+	// it does; create-table --print, local and version do not).
 	needsAPI func() bool
 	long     bool // not bounded by --timeout
 	// dashDash keeps "--" among the positional arguments, where it ends
 	// the flags (exec: what follows is a command line).
 	dashDash bool
+	// stream marks a command whose stderr is a log (exec): in the text
+	// format, slog's key=value lines rather than plain ones.
+	stream bool
 }
 
 // env is what a command runs with.
@@ -88,12 +100,15 @@ type env struct {
 	db    *dynamodb.Client
 	admin *ddblease.Admin
 	now   func() time.Time
+	// log is where messages to the user go (stderr), in the --log-format.
+	log *slog.Logger
 	// region is the AWS region the client uses.
 	region string
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	err := dispatch(ctx, args, stdout, stderr)
+	log := plainLogger(stderr) // until the command line says otherwise
+	err := dispatch(ctx, args, stdout, stderr, &log)
 	if err == nil {
 		return 0
 	}
@@ -104,7 +119,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if !strings.HasPrefix(msg, "ddblease: ") {
 		msg = "ddblease: " + msg
 	}
-	fmt.Fprintln(stderr, msg)
+	log.Error(msg)
 	var u *usageError
 	if errors.As(err, &u) {
 		return 2
@@ -116,7 +131,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 1
 }
 
-func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// dispatch parses the command line and runs the command. It sets *log to
+// the logger the command line asks for as soon as it is known, for the
+// error dispatch returns.
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, log **slog.Logger) error {
 	var g globals
 	top := flag.NewFlagSet("ddblease", flag.ContinueOnError)
 	top.SetOutput(io.Discard)
@@ -154,19 +172,25 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		cmd.flags(fs)
 	}
 	pos, err := parseInterspersed(fs, rest[1:], cmd.dashDash)
+	if cmd.stream {
+		stderr = &lockedWriter{w: stderr}
+	}
+	if l, lerr := newLogger(stderr, g.logs, cmd.stream, slog.LevelInfo); lerr == nil {
+		*log = l
+	} else if err == nil {
+		err = lerr
+	}
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(stdout, "usage: ddblease %s %s\n", name, cmd.args)
-			if cmd.about != "" {
-				fmt.Fprintf(stdout, "\n%s\n\n", cmd.about)
-			}
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
+			printCommandHelp(stdout, fs, cmd)
 			return err
+		}
+		if cmd.dashDash && !slices.Contains(rest, "--") {
+			return usagef("%s: %v; %s", name, err, commandAfterDashes)
 		}
 		return usagef("%s: %v", name, err)
 	}
-	e := &env{g: g, out: stdout, errw: stderr, now: time.Now}
+	e := &env{g: g, out: stdout, errw: stderr, now: time.Now, log: *log}
 	if cmd.needsAPI == nil || cmd.needsAPI() {
 		if e.g.table == "" {
 			return usagef("%s: no table given: use --table or DDBLEASE_TABLE", name)
@@ -229,8 +253,55 @@ func parseInterspersed(fs *flag.FlagSet, args []string, keepDash bool) ([]string
 
 func printUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprint(w, usage)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
+	printFlags(w, fs, func(string) bool { return true })
+}
+
+// printCommandHelp is a command's -h: its synopsis, what it does, its own
+// flags, then the global ones.
+func printCommandHelp(w io.Writer, fs *flag.FlagSet, cmd *command) {
+	fmt.Fprintf(w, "usage: ddblease %s %s\n", cmd.name, cmd.args)
+	if cmd.about != "" {
+		fmt.Fprintf(w, "\n%s\n", cmd.about)
+	}
+	global := globalNames()
+	var own bool
+	fs.VisitAll(func(f *flag.Flag) { own = own || !global[f.Name] })
+	if own {
+		fmt.Fprint(w, "\nflags:\n")
+		printFlags(w, fs, func(name string) bool { return !global[name] })
+	}
+	fmt.Fprint(w, "\nglobal flags (before or after the command):\n")
+	printFlags(w, fs, func(name string) bool { return global[name] })
+}
+
+// globalNames returns the names of the flags every command takes.
+func globalNames() map[string]bool {
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	(&globals{}).register(fs)
+	names := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { names[f.Name] = true })
+	return names
+}
+
+// printFlags writes the flags of fs whose names keep accepts, in order,
+// as the docs write them: --name ARG, then what it does and its default.
+func printFlags(w io.Writer, fs *flag.FlagSet, keep func(name string) bool) {
+	fs.VisitAll(func(f *flag.Flag) {
+		if !keep(f.Name) {
+			return
+		}
+		arg, about := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if arg != "" {
+			line += " " + arg
+		}
+		switch f.DefValue {
+		case "", "0", "0s", "false":
+		default:
+			about += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(w, "%s\n    \t%s\n", line, about)
+	})
 }
 
 // connect loads the AWS default configuration, checks that credentials can
