@@ -107,8 +107,7 @@ type env struct {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	log := plainLogger(stderr) // until the command line says otherwise
-	err := dispatch(ctx, args, stdout, stderr, &log)
+	log, err := dispatch(ctx, args, stdout, stderr)
 	if err == nil {
 		return 0
 	}
@@ -131,10 +130,38 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 1
 }
 
-// dispatch parses the command line and runs the command. It sets *log to
-// the logger the command line asks for as soon as it is known, for the
-// error dispatch returns.
-func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, log **slog.Logger) error {
+// dispatch parses the command line and runs the command. It returns the
+// logger to report its error with: the one the command line asks for once
+// it is known, plain lines before.
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (*slog.Logger, error) {
+	cmd, e, pos, err := parse(args, stdout, stderr)
+	switch {
+	case e == nil:
+		return plainLogger(stderr), err
+	case err != nil:
+		return e.log, err
+	}
+	if cmd.needsAPI == nil || cmd.needsAPI() {
+		if e.g.table == "" {
+			return e.log, usagef("%s: no table given: use --table or DDBLEASE_TABLE", cmd.name)
+		}
+		if err := e.connect(ctx); err != nil {
+			return e.log, err
+		}
+	}
+	if e.g.timeout > 0 && !cmd.long {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, e.g.timeout)
+		defer cancel()
+	}
+	return e.log, e.tableMissing(cmd.run(e, ctx, pos))
+}
+
+// parse reads the command line: the command, its env (without a client)
+// and its positional arguments. The env is nil when the command line could
+// not be read as far as the log format; a -h prints the help and returns
+// flag.ErrHelp.
+func parse(args []string, stdout, stderr io.Writer) (*command, *env, []string, error) {
 	var g globals
 	top := flag.NewFlagSet("ddblease", flag.ContinueOnError)
 	top.SetOutput(io.Discard)
@@ -142,22 +169,22 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, log 
 	if err := top.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			printUsage(stdout, top)
-			return err
+			return nil, nil, nil, err
 		}
-		return usagef("%v", err)
+		return nil, nil, nil, usagef("%v", err)
 	}
 	rest := top.Args()
 	if len(rest) == 0 {
-		return usagef("no command given (try ddblease -h)")
+		return nil, nil, nil, usagef("no command given (try ddblease -h)")
 	}
 	name := rest[0]
 	if name == "help" {
 		printUsage(stdout, top)
-		return nil
+		return nil, nil, nil, flag.ErrHelp
 	}
 	cmd, ok := commands()[name]
 	if !ok {
-		return usagef("unknown command %q (try ddblease -h)", name)
+		return nil, nil, nil, usagef("unknown command %q (try ddblease -h)", name)
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -166,45 +193,30 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, log 
 	given := globalArgs(top)
 	g.register(fs)
 	if err := fs.Parse(given); err != nil {
-		return usagef("%v", err)
+		return nil, nil, nil, usagef("%v", err)
 	}
 	if cmd.flags != nil {
 		cmd.flags(fs)
 	}
-	pos, err := parseInterspersed(fs, rest[1:], cmd.dashDash)
+	pos, perr := parseInterspersed(fs, rest[1:], cmd.dashDash)
 	if cmd.stream {
 		stderr = &lockedWriter{w: stderr}
 	}
-	if l, lerr := newLogger(stderr, g.logs, cmd.stream, slog.LevelInfo); lerr == nil {
-		*log = l
-	} else if err == nil {
-		err = lerr
-	}
+	log, err := newLogger(stderr, g.logs, cmd.stream, slog.LevelInfo)
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printCommandHelp(stdout, fs, cmd)
-			return err
-		}
-		if cmd.dashDash && !slices.Contains(rest, "--") {
-			return usagef("%s: %v; %s", name, err, commandAfterDashes)
-		}
-		return usagef("%s: %v", name, err)
+		return nil, nil, nil, err
 	}
-	e := &env{g: g, out: stdout, errw: stderr, now: time.Now, log: *log}
-	if cmd.needsAPI == nil || cmd.needsAPI() {
-		if e.g.table == "" {
-			return usagef("%s: no table given: use --table or DDBLEASE_TABLE", name)
-		}
-		if err := e.connect(ctx); err != nil {
-			return err
-		}
+	e := &env{g: g, out: stdout, errw: stderr, now: time.Now, log: log}
+	switch {
+	case errors.Is(perr, flag.ErrHelp):
+		printCommandHelp(stdout, fs, cmd)
+		return cmd, e, nil, perr
+	case perr != nil && cmd.dashDash && !slices.Contains(rest, "--"):
+		return cmd, e, nil, usagef("%s: %v; %s", name, perr, commandAfterDashes)
+	case perr != nil:
+		return cmd, e, nil, usagef("%s: %v", name, perr)
 	}
-	if g.timeout > 0 && !cmd.long {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, e.g.timeout)
-		defer cancel()
-	}
-	return e.tableMissing(cmd.run(e, ctx, pos))
+	return cmd, e, pos, nil
 }
 
 // tableMissing replaces an error that says the table does not exist with
