@@ -201,6 +201,9 @@ func (e *env) status(ctx context.Context, args []string) error {
 		}
 		views = append(views, v)
 	}
+	if len(views) == 0 && len(errs) > 0 {
+		return errors.Join(errs...) // nothing to show
+	}
 	if err := e.printStatus(views, len(args) == 0); err != nil {
 		return err
 	}

@@ -96,6 +96,9 @@ func TestStatusUnknownAmongKnown(t *testing.T) {
 	fails(t, r, 1, `unknown job: "nosuchjob"`)
 	assert.Contains(t, lineWith(t, r.stdout, "billing"), "replica-a", "the known job is shown")
 	assert.NotContains(t, r.stdout, "nosuchjob")
+	r = cli(t, env, "--table", table, "status", "nosuchjob")
+	fails(t, r, 1, `unknown job: "nosuchjob"`)
+	assert.Empty(t, r.stdout, "no table of no job")
 }
 
 // After a force-release, status says "released" and names who released
