@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -29,7 +31,8 @@ func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(f
 const usage = `usage: ddblease [flags] <command> [command flags] [args]
 
 commands:
-  status [JOB...]                    holder, fence, held for, expiry, draining, paused
+  status [JOB...]                    holder, fence, held for, expiry, draining, paused, last run
+                                     and last failure
   runs JOB [--since D] [--status S]  the job's runs, newest last
   create-table [--print]             create the lease table, or print its CloudFormation and Terraform
   resign JOB                         ask the holder to hand the lease over at its next heartbeat
@@ -41,6 +44,9 @@ commands:
   watch JOB                          follow holder and run changes until interrupted
   exec JOB [--every D] -- COMMAND    run COMMAND while leading, or once per slot (see docs/exec.md)
   ui [--addr A] [--allow-actions]    serve a page of the jobs, their runs and pools, and /metrics
+  local [--addr HOST:PORT]           serve the in-process test server on 127.0.0.1:8000, for
+                                     development only
+  version                            the command's version and the commit it was built from
 
 flags (before or after the command):
 `
@@ -55,6 +61,7 @@ type globals struct {
 	timeout  time.Duration
 	debug    bool
 	layout   ddblease.Layout
+	logs     string // --log-format: text or json
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
@@ -71,6 +78,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 		"the table's sort key `attribute` (default sk, or $DDBLEASE_SORT_KEY)")
 	fs.StringVar(&g.layout.Prefix, "key-prefix", os.Getenv("DDBLEASE_KEY_PREFIX"),
 		"`prefix` of the library's partition keys, as the replicas' Layout.Prefix (default none, or $DDBLEASE_KEY_PREFIX)")
+	fs.StringVar(&g.logs, "log-format", "text", "what goes to stderr: text, or json (one object per line); exec's text is slog's key=value lines")
 }
 
 // command is one subcommand: its flags and its action.
@@ -80,12 +88,16 @@ type command struct {
 	about string // what the command does, for its -h (optional)
 	flags func(fs *flag.FlagSet)
 	run   func(e *env, ctx context.Context, args []string) error
-	// noTable marks a command that needs no table (create-table --print).
+	// needsAPI reports whether the command needs the table's client (nil:
+	// it does; create-table --print, local and version do not).
 	needsAPI func() bool
 	long     bool // not bounded by --timeout
 	// dashDash keeps "--" among the positional arguments, where it ends
 	// the flags (exec: what follows is a command line).
 	dashDash bool
+	// stream marks a command whose stderr is a log (exec): in the text
+	// format, slog's key=value lines rather than plain ones.
+	stream bool
 }
 
 // env is what a command runs with.
@@ -96,12 +108,14 @@ type env struct {
 	db    *dynamodb.Client
 	admin *ddblease.Admin
 	now   func() time.Time
+	// log is where messages to the user go (stderr), in the --log-format.
+	log *slog.Logger
 	// region is the AWS region the client uses.
 	region string
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	err := dispatch(ctx, args, stdout, stderr)
+	log, err := dispatch(ctx, args, stdout, stderr)
 	if err == nil {
 		return 0
 	}
@@ -112,7 +126,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if !strings.HasPrefix(msg, "ddblease: ") {
 		msg = "ddblease: " + msg
 	}
-	fmt.Fprintln(stderr, msg)
+	log.Error(msg)
 	var u *usageError
 	if errors.As(err, &u) {
 		return 2
@@ -124,7 +138,38 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 1
 }
 
-func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// dispatch parses the command line and runs the command. It returns the
+// logger to report its error with: the one the command line asks for once
+// it is known, plain lines before.
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (*slog.Logger, error) {
+	cmd, e, pos, err := parse(args, stdout, stderr)
+	switch {
+	case e == nil:
+		return plainLogger(stderr), err
+	case err != nil:
+		return e.log, err
+	}
+	if cmd.needsAPI == nil || cmd.needsAPI() {
+		if e.g.table == "" {
+			return e.log, usagef("%s: no table given: use --table or DDBLEASE_TABLE", cmd.name)
+		}
+		if err := e.connect(ctx); err != nil {
+			return e.log, err
+		}
+	}
+	if e.g.timeout > 0 && !cmd.long {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, e.g.timeout)
+		defer cancel()
+	}
+	return e.log, e.tableMissing(cmd.run(e, ctx, pos))
+}
+
+// parse reads the command line: the command, its env (without a client)
+// and its positional arguments. The env is nil when the command line could
+// not be read as far as the log format; a -h prints the help and returns
+// flag.ErrHelp.
+func parse(args []string, stdout, stderr io.Writer) (*command, *env, []string, error) {
 	var g globals
 	top := flag.NewFlagSet("ddblease", flag.ContinueOnError)
 	top.SetOutput(io.Discard)
@@ -132,22 +177,22 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := top.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			printUsage(stdout, top)
-			return err
+			return nil, nil, nil, err
 		}
-		return usagef("%v", err)
+		return nil, nil, nil, usagef("%v", err)
 	}
 	rest := top.Args()
 	if len(rest) == 0 {
-		return usagef("no command given (try ddblease -h)")
+		return nil, nil, nil, usagef("no command given (try ddblease -h)")
 	}
 	name := rest[0]
 	if name == "help" {
 		printUsage(stdout, top)
-		return nil
+		return nil, nil, nil, flag.ErrHelp
 	}
 	cmd, ok := commands()[name]
 	if !ok {
-		return usagef("unknown command %q (try ddblease -h)", name)
+		return nil, nil, nil, usagef("unknown command %q (try ddblease -h)", name)
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -156,39 +201,30 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	given := globalArgs(top)
 	g.register(fs)
 	if err := fs.Parse(given); err != nil {
-		return usagef("%v", err)
+		return nil, nil, nil, usagef("%v", err)
 	}
 	if cmd.flags != nil {
 		cmd.flags(fs)
 	}
-	pos, err := parseInterspersed(fs, rest[1:], cmd.dashDash)
+	pos, perr := parseInterspersed(fs, rest[1:], cmd.dashDash)
+	if cmd.stream {
+		stderr = &lockedWriter{w: stderr}
+	}
+	log, err := newLogger(stderr, g.logs, cmd.stream, slog.LevelInfo)
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(stdout, "usage: ddblease %s %s\n", name, cmd.args)
-			if cmd.about != "" {
-				fmt.Fprintf(stdout, "\n%s\n\n", cmd.about)
-			}
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
-			return err
-		}
-		return usagef("%s: %v", name, err)
+		return nil, nil, nil, err
 	}
-	e := &env{g: g, out: stdout, errw: stderr, now: time.Now}
-	if cmd.needsAPI == nil || cmd.needsAPI() {
-		if e.g.table == "" {
-			return usagef("%s: no table given: use --table or DDBLEASE_TABLE", name)
-		}
-		if err := e.connect(ctx); err != nil {
-			return err
-		}
+	e := &env{g: g, out: stdout, errw: stderr, now: time.Now, log: log}
+	switch {
+	case errors.Is(perr, flag.ErrHelp):
+		printCommandHelp(stdout, fs, cmd)
+		return cmd, e, nil, perr
+	case perr != nil && cmd.dashDash && !slices.Contains(rest, "--"):
+		return cmd, e, nil, usagef("%s: %v; %s", name, perr, commandAfterDashes)
+	case perr != nil:
+		return cmd, e, nil, usagef("%s: %v", name, perr)
 	}
-	if g.timeout > 0 && !cmd.long {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, e.g.timeout)
-		defer cancel()
-	}
-	return e.tableMissing(cmd.run(e, ctx, pos))
+	return cmd, e, pos, nil
 }
 
 // tableMissing replaces an error that says the table does not exist with
@@ -237,8 +273,55 @@ func parseInterspersed(fs *flag.FlagSet, args []string, keepDash bool) ([]string
 
 func printUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprint(w, usage)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
+	printFlags(w, fs, func(string) bool { return true })
+}
+
+// printCommandHelp is a command's -h: its synopsis, what it does, its own
+// flags, then the global ones.
+func printCommandHelp(w io.Writer, fs *flag.FlagSet, cmd *command) {
+	fmt.Fprintf(w, "usage: ddblease %s %s\n", cmd.name, cmd.args)
+	if cmd.about != "" {
+		fmt.Fprintf(w, "\n%s\n", cmd.about)
+	}
+	global := globalNames()
+	var own bool
+	fs.VisitAll(func(f *flag.Flag) { own = own || !global[f.Name] })
+	if own {
+		fmt.Fprint(w, "\nflags:\n")
+		printFlags(w, fs, func(name string) bool { return !global[name] })
+	}
+	fmt.Fprint(w, "\nglobal flags (before or after the command):\n")
+	printFlags(w, fs, func(name string) bool { return global[name] })
+}
+
+// globalNames returns the names of the flags every command takes.
+func globalNames() map[string]bool {
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	(&globals{}).register(fs)
+	names := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { names[f.Name] = true })
+	return names
+}
+
+// printFlags writes the flags of fs whose names keep accepts, in order,
+// as the docs write them: --name ARG, then what it does and its default.
+func printFlags(w io.Writer, fs *flag.FlagSet, keep func(name string) bool) {
+	fs.VisitAll(func(f *flag.Flag) {
+		if !keep(f.Name) {
+			return
+		}
+		arg, about := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if arg != "" {
+			line += " " + arg
+		}
+		switch f.DefValue {
+		case "", "0", "0s", "false":
+		default:
+			about += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(w, "%s\n    \t%s\n", line, about)
+	})
 }
 
 // connect loads the AWS default configuration, checks that credentials can

@@ -40,7 +40,7 @@ func commands() map[string]*command {
 	return map[string]*command{
 		"status": {name: "status", args: "[JOB...]", run: (*env).status},
 		"runs": {
-			name: "runs", args: "JOB",
+			name: "runs", args: "JOB [--since D] [--status S]",
 			flags: func(fs *flag.FlagSet) {
 				fs.DurationVar(&since, "since", 24*time.Hour, "show runs whose slot is at most this old (0: all)")
 				fs.StringVar(&status, "status", "", "show only runs with this status (running, succeeded, failed, abandoned, skipped-by-pause)")
@@ -73,8 +73,10 @@ func commands() map[string]*command {
 			run:  func(e *env, ctx context.Context, args []string) error { return e.trigger(ctx, args, wait) },
 			long: true,
 		},
-		"exec": execCommand(),
-		"ui":   uiCommand(),
+		"exec":    execCommand(),
+		"ui":      uiCommand(),
+		"local":   localCommand(),
+		"version": {name: "version", needsAPI: func() bool { return false }, run: (*env).version},
 		"watch": {
 			name: "watch", args: "JOB",
 			flags: func(fs *flag.FlagSet) {
@@ -116,6 +118,8 @@ type jobView struct {
 	ReleasedBy   string     `json:"releasedBy,omitempty"`
 	ReleasedAt   *time.Time `json:"releasedAt,omitempty"`
 	Triggers     int        `json:"pendingTriggers,omitempty"`
+	LastRun      *runView   `json:"lastRun,omitempty"`     // the run of the latest slot, any status
+	LastFailure  *runView   `json:"lastFailure,omitempty"` // the latest failed run among the 20 latest
 }
 
 func tp(t time.Time) *time.Time {
@@ -144,7 +148,7 @@ func (e *env) view(s ddblease.JobStatus) jobView {
 		Paused: c.Paused, PausedBy: c.PausedBy, PausedAt: tp(c.PausedAt), ResumedBy: c.ResumedBy, ResumedAt: tp(c.ResumedAt),
 		CatchUp: c.CatchUpPending, Triggers: c.Triggers, ExpiresAt: tp(r.ExpiresAt),
 	}
-	if c.ReleasedFence != 0 {
+	if s.Released() { // until a new holder leads
 		v.ReleasedBy, v.ReleasedAt = c.ReleasedBy, tp(c.ReleasedAt)
 	}
 	switch {
@@ -174,49 +178,129 @@ func (e *env) view(s ddblease.JobStatus) jobView {
 }
 
 func (e *env) status(ctx context.Context, args []string) error {
-	var jobs []ddblease.JobStatus
-	var listErr error
-	if len(args) == 0 {
-		jobs, listErr = e.admin.Jobs(ctx)
-		if listErr != nil && !errors.Is(listErr, ddblease.ErrMalformedItem) {
-			return listErr
-		}
-	} else {
-		for _, j := range args {
-			s, err := e.admin.Job(ctx, j)
-			if err != nil {
-				return err
-			}
-			jobs = append(jobs, s)
-		}
+	jobs, errs, err := e.jobs(ctx, args)
+	if err != nil {
+		return err
 	}
 	views := make([]jobView, 0, len(jobs))
 	for _, s := range jobs {
-		views = append(views, e.view(s))
+		v := e.view(s)
+		last, failed, err := lastRuns(ctx, e.admin, s.Job)
+		switch {
+		case errors.Is(err, ddblease.ErrMalformedItem):
+			errs = append(errs, err)
+		case err != nil:
+			return err
+		}
+		if last != nil {
+			lv := viewRun(*last)
+			v.LastRun = &lv
+		}
+		if failed != nil {
+			fv := viewRun(*failed)
+			v.LastFailure = &fv
+		}
+		views = append(views, v)
 	}
+	if len(views) == 0 && len(errs) > 0 {
+		return errors.Join(errs...) // nothing to show
+	}
+	if err := e.printStatus(views, len(args) == 0); err != nil {
+		return err
+	}
+	return errors.Join(errs...)
+}
+
+// jobs reads the named jobs, or every job of the table. The jobs it could
+// not read, unknown or malformed, are left out and reported in errs; err is
+// an error that stops status.
+func (e *env) jobs(ctx context.Context, names []string) (jobs []ddblease.JobStatus, errs []error, err error) {
+	if len(names) == 0 {
+		jobs, err = e.admin.Jobs(ctx)
+		if errors.Is(err, ddblease.ErrMalformedItem) {
+			return jobs, []error{err}, nil
+		}
+		return jobs, nil, err
+	}
+	for _, j := range names {
+		s, err := e.admin.Job(ctx, j)
+		switch {
+		case errors.Is(err, ddblease.ErrUnknownJob), errors.Is(err, ddblease.ErrMalformedItem):
+			errs = append(errs, err)
+		case err != nil:
+			return nil, nil, err
+		default:
+			jobs = append(jobs, s)
+		}
+	}
+	return jobs, errs, nil
+}
+
+// statusRuns is how many of a job's latest runs status reads: its last
+// failure is the latest among them.
+const statusRuns = 20
+
+// lastRuns returns job's run of the latest slot and its latest failed run
+// among its statusRuns latest (nil when there is none), read with one
+// Query whatever the job's history. It is the one place where status
+// reads runs. Runs it could not decode are left out and reported in an
+// error wrapping ErrMalformedItem.
+func lastRuns(ctx context.Context, admin *ddblease.Admin, job string) (last, failed *ddblease.RunRecord, err error) {
+	runs, err := admin.Runs(ctx, job, ddblease.RunRange{Newest: true, Limit: statusRuns})
+	for i := range runs { // latest first
+		if last == nil {
+			last = &runs[i]
+		}
+		if runs[i].Status == ddblease.RunFailed {
+			failed = &runs[i]
+			break
+		}
+	}
+	return last, failed, err
+}
+
+// printStatus prints the views; all says that they are every job of the
+// table.
+func (e *env) printStatus(views []jobView, all bool) error {
 	if e.g.json {
-		if err := writeJSON(e.out, views); err != nil {
-			return err
-		}
-	} else {
-		tw := tabwriter.NewWriter(e.out, 2, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "JOB\tSTATE\tHOLDER\tFENCE\tHELD FOR\tEXPIRES IN (±%v)\tDRAINING\tPAUSED\tNOTES\n", e.g.skew)
-		for _, v := range views {
-			paused := "no"
-			if v.Paused {
-				paused = "yes, by " + v.PausedBy + " at " + v.PausedAt.Format(time.RFC3339)
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", v.Job, v.State, v.Holder, v.Fence,
-				dash(v.HeldFor), dash(v.ExpiresIn), yesNo(v.Draining), paused, dash(notes(v)))
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		if len(views) == 0 {
-			fmt.Fprintf(e.errw, "no jobs in table %q\n", e.g.table)
-		}
+		return writeJSON(e.out, views)
 	}
-	return listErr
+	tw := tabwriter.NewWriter(e.out, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "JOB\tSTATE\tHOLDER\tFENCE\tHELD FOR\tEXPIRES IN (±%v)\tDRAINING\tPAUSED\tLAST RUN\tLAST FAILURE\tNOTES\n", e.g.skew)
+	for _, v := range views {
+		paused := "no"
+		if v.Paused {
+			paused = "yes, by " + v.PausedBy + " at " + v.PausedAt.Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.Job, v.State, v.Holder, v.Fence,
+			dash(v.HeldFor), dash(v.ExpiresIn), yesNo(v.Draining), paused, lastRun(v.LastRun, false),
+			lastRun(v.LastFailure, true), dash(notes(v)))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if all && len(views) == 0 {
+		e.log.Info(fmt.Sprintf("no jobs in table %q", e.g.table))
+	}
+	return nil
+}
+
+// lastRun is a run as a status column shows it: its status and slot, and,
+// for a failure, the start of its error.
+func lastRun(r *runView, withError bool) string {
+	if r == nil {
+		return "-"
+	}
+	s := r.Status + " " + r.Slot.Format(time.RFC3339)
+	if withError && r.Error != "" {
+		const max = 60
+		msg := []rune(oneLine(r.Error))
+		if len(msg) > max {
+			msg = append(msg[:max-1], '…')
+		}
+		s += ": " + string(msg)
+	}
+	return s
 }
 
 func notes(v jobView) string {
@@ -331,7 +415,7 @@ func (e *env) runs(ctx context.Context, args []string, since time.Duration, stat
 		return err
 	}
 	if len(views) == 0 {
-		fmt.Fprintf(e.errw, "no runs of %q match\n", job)
+		e.log.Info(fmt.Sprintf("no runs of %q match", job))
 	}
 	return listErr
 }
@@ -373,7 +457,7 @@ func (e *env) createTable(ctx context.Context, args []string, print bool) error 
 		},
 	})
 	if err != nil {
-		fmt.Fprintf(e.errw, "warning: time to live not enabled on %q: %s\n", spec.TTLAttribute, oneLine(err.Error()))
+		e.log.Warn(fmt.Sprintf("time to live not enabled on %q: %s", spec.TTLAttribute, oneLine(err.Error())))
 	}
 	fmt.Fprintf(e.out, "table %q is ready\n", table)
 	return nil
@@ -564,7 +648,7 @@ func (e *env) watch(ctx context.Context, args []string, interval time.Duration) 
 		} else if ctx.Err() != nil {
 			return nil
 		} else {
-			fmt.Fprintf(e.errw, "ddblease: watch: %s\n", oneLine(err.Error()))
+			e.log.Error("ddblease: watch: " + oneLine(err.Error()))
 		}
 	}
 }

@@ -35,6 +35,9 @@ type execFlags struct {
 
 const execArgs = "JOB [--every D | --schedule CRON] [--restart] [--health ADDR] -- COMMAND [ARGS...]"
 
+// commandAfterDashes ends the error of an exec command line without "--".
+const commandAfterDashes = "COMMAND goes after --: ddblease exec JOB [flags] -- COMMAND [ARGS...]"
+
 func execCommand() *command {
 	var f execFlags
 	return &command{
@@ -52,6 +55,7 @@ func execCommand() *command {
 		run:      func(e *env, ctx context.Context, args []string) error { return e.exec(ctx, args, f) },
 		long:     true,
 		dashDash: true,
+		stream:   true,
 	}
 }
 
@@ -74,7 +78,7 @@ func parseExec(args []string, f execFlags) (execSpec, error) {
 		}
 	}
 	if i < 0 {
-		return execSpec{}, usagef("exec: no -- before the command: ddblease exec %s", execArgs)
+		return execSpec{}, usagef("exec: %s", commandAfterDashes)
 	}
 	if i != 1 {
 		return execSpec{}, usagef("exec: want exactly one JOB before --, got %d arguments", i)
@@ -121,7 +125,8 @@ func (c utcCron) Next(t time.Time) time.Time { return c.s.Next(t.UTC()) }
 type exitStatus struct {
 	job  string
 	code int
-	why  string // "exited with status 3", "was killed by SIGTERM"
+	sig  syscall.Signal // the signal that ended COMMAND; 0 if none
+	why  string         // "exited with status 3", "was killed by SIGTERM"
 }
 
 func (x *exitStatus) Error() string { return fmt.Sprintf("exec %s: COMMAND %s", x.job, x.why) }
@@ -135,7 +140,7 @@ func status(job string, end procEnd) *exitStatus {
 	case end.err != nil:
 		return &exitStatus{job: job, code: end.code, why: "failed to run: " + end.err.Error()}
 	case end.sig != 0:
-		return &exitStatus{job: job, code: end.code, why: "was killed by " + sigName(end.sig)}
+		return &exitStatus{job: job, code: end.code, sig: end.sig, why: "was killed by " + sigName(end.sig)}
 	case end.code != 0:
 		return &exitStatus{job: job, code: end.code, why: fmt.Sprintf("exited with status %d", end.code)}
 	}
@@ -147,6 +152,7 @@ type execer struct {
 	e    *env
 	s    execSpec
 	l    *ddblease.Lease
+	log  *slog.Logger
 	quit context.Context // ended by SIGTERM or SIGINT to ddblease exec
 
 	mu       sync.Mutex
@@ -162,7 +168,12 @@ func (e *env) exec(ctx context.Context, args []string, f execFlags) error {
 	if err != nil {
 		return err
 	}
-	x := &execer{e: e, s: s, changed: make(chan struct{}, 1)}
+	x := &execer{e: e, s: s, log: e.log.With("job", s.job), changed: make(chan struct{}, 1)}
+	// The library's log: its warnings, in the same format.
+	libLog, err := newLogger(e.errw, e.g.logs, true, slog.LevelWarn)
+	if err != nil {
+		return err
+	}
 	x.l, err = ddblease.New(e.db, e.g.table, s.job, func(o *ddblease.Options) {
 		o.Owner = f.owner
 		o.Layout = e.g.layout
@@ -170,7 +181,7 @@ func (e *env) exec(ctx context.Context, args []string, f execFlags) error {
 		o.DrainTimeout = f.drain
 		o.RetryInterval = f.retry
 		o.MaxClockSkew = e.g.skew
-		o.Logger = slog.New(slog.NewTextHandler(e.errw, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		o.Logger = libLog
 		o.Observer = x.observe
 	})
 	if err != nil {
@@ -210,11 +221,37 @@ func (e *env) exec(ctx context.Context, args []string, f execFlags) error {
 	}()
 	defer func() { signal.Stop(sigc); close(done); <-forwarded; stop(nil) }()
 
-	x.logf("campaigning as %q", x.l.Owner())
+	x.logf(slog.LevelInfo, "campaigning as %s", x.l.Owner())
 	if s.sched != nil {
 		err = x.l.RunSchedule(quit, s.sched, x.runSlot)
 	} else {
 		err = x.l.Run(quit, x.runLong)
+	}
+	return x.exitWith(err)
+}
+
+// exitWith applies the exit status rule (docs/exec.md, "Exit status") to
+// what Run or RunSchedule returned: a stop asked for by SIGTERM or SIGINT
+// that went as asked is status 0; a lease not handed over is not; without
+// a schedule, COMMAND's own status counts unless the signal ended it.
+func (x *execer) exitWith(err error) error {
+	var st *exitStatus
+	switch {
+	case err == nil, x.quit.Err() == nil, errors.Is(err, ddblease.ErrNotResigned):
+		return err
+	case errors.As(err, &st):
+		if st.sig == syscall.SIGTERM || st.sig == syscall.SIGINT {
+			return nil // ended by the signal passed on to it, as asked
+		}
+		return err
+	case errors.Is(err, context.Canceled):
+		// Standing by, and every attempt since the last tenure had failed.
+		x.logf(slog.LevelWarn, "stopped while standing by; the last attempt had failed: %v", err)
+		return nil
+	case x.s.sched != nil && errors.Is(err, ddblease.ErrDrainTimeout):
+		// The run in flight was killed, and recorded as failed.
+		x.logf(slog.LevelWarn, "stopped; the run in flight outlasted the drain timeout: %v", err)
+		return nil
 	}
 	return err
 }
@@ -229,7 +266,7 @@ func (x *execer) received(sig syscall.Signal, stop context.CancelCauseFunc) {
 	c := x.child
 	x.mu.Unlock()
 	if first {
-		x.logf("received %s: stopping", sigName(sig))
+		x.logf(slog.LevelInfo, "received %s: stopping", sigName(sig))
 		stop(fmt.Errorf("received %v", sig))
 		return
 	}
@@ -255,15 +292,15 @@ func (x *execer) observe(ev ddblease.Event) {
 	}
 	switch ev.Kind {
 	case ddblease.EventAcquired:
-		x.logf("leading with fence %d", ev.Fence)
+		x.logf(slog.LevelInfo, "leading with fence %d", ev.Fence)
 	case ddblease.EventLost:
-		x.logf("lost the lease (fence %d, %s): %v", ev.Fence, ev.Reason, ev.Err)
+		x.logf(slog.LevelWarn, "lost the lease (fence %d, %s): %v", ev.Fence, ev.Reason, ev.Err)
 	case ddblease.EventDraining:
-		x.logf("draining fence %d", ev.Fence)
+		x.logf(slog.LevelInfo, "draining fence %d", ev.Fence)
 	case ddblease.EventResigned:
-		x.logf("resigned fence %d", ev.Fence)
+		x.logf(slog.LevelInfo, "resigned fence %d", ev.Fence)
 	case ddblease.EventLeaderSeen:
-		x.logf("standing by: %q leads with fence %d", ev.Holder, ev.Fence)
+		x.logf(slog.LevelInfo, "standing by: %s leads with fence %d", ev.Holder, ev.Fence)
 	}
 }
 
@@ -274,8 +311,8 @@ func (x *execer) poke() {
 	}
 }
 
-func (x *execer) logf(format string, args ...any) {
-	fmt.Fprintf(x.e.errw, "%s ddblease exec %s: %s\n", time.Now().UTC().Format(time.RFC3339Nano), x.s.job, fmt.Sprintf(format, args...))
+func (x *execer) logf(level slog.Level, format string, args ...any) {
+	x.log.Log(context.Background(), level, fmt.Sprintf(format, args...))
 }
 
 // environ is the child's environment: ddblease exec's own, and its tenure.
@@ -351,9 +388,9 @@ func (x *execer) wait(ctx context.Context, fence int64, c *proc) procEnd {
 		if time.Now().Before(killAt) {
 			continue
 		}
-		c.signal(syscall.SIGKILL)
+		c.kill()
 		<-c.done
-		x.logf("COMMAND (pid %d) did not exit in time: killed", c.pid)
+		x.logf(slog.LevelWarn, "COMMAND (pid %d) did not exit in time: killed", c.pid)
 		return c.end
 	}
 }
@@ -395,13 +432,13 @@ func (x *execer) runLong(ctx context.Context, fence int64) error {
 		if err != nil {
 			return err
 		}
-		x.logf("started COMMAND (pid %d) with fence %d", c.pid, fence)
+		x.logf(slog.LevelInfo, "started COMMAND (pid %d) with fence %d", c.pid, fence)
 		st := status(x.s.job, x.wait(ctx, fence, c))
 		how := "exited with status 0"
 		if st != nil {
 			how = st.why
 		}
-		x.logf("COMMAND (pid %d) %s", c.pid, how)
+		x.logf(slog.LevelInfo, "COMMAND (pid %d) %s", c.pid, how)
 		switch {
 		case x.quit.Err() != nil:
 			// A shutdown: ddblease exec exits with COMMAND's status.

@@ -29,3 +29,5 @@ func startProc(argv, env []string, stdout, stderr io.Writer, keep int) (*proc, e
 func (p *proc) tail() string { return "" }
 
 func (p *proc) signal(sig syscall.Signal) {}
+
+func (p *proc) kill() {}

@@ -20,6 +20,7 @@ import (
 // goes to the whole group, so that a shell's children get it too.
 type proc struct {
 	pid  int           // the process group's leader
+	sup  *os.Process   // that process
 	done chan struct{} // closed once COMMAND has exited and its group is gone
 	end  procEnd       // how COMMAND ended; set before done closes
 
@@ -43,7 +44,7 @@ const stderrDrain = time.Second
 // startProc starts argv with env in a new process group. Its stdout goes
 // to stdout, its stderr to stderr, and the last keep bytes of its stderr
 // are kept (tail). When COMMAND exits, whatever it left running in its
-// process group is killed.
+// process group is killed (on Linux, whatever it left running anywhere).
 func startProc(argv, env []string, stdout, stderr io.Writer, keep int) (*proc, error) {
 	cmd, status, err := childCommand(argv, env)
 	if err != nil {
@@ -80,7 +81,7 @@ func startProc(argv, env []string, stdout, stderr io.Writer, keep int) (*proc, e
 			started <- err
 			return
 		}
-		p.pid = cmd.Process.Pid
+		p.pid, p.sup = cmd.Process.Pid, cmd.Process
 		go func() {
 			defer close(copied)
 			p.copy(r, stderr)
@@ -186,7 +187,8 @@ func (p *proc) tail() string {
 	return string(p.last)
 }
 
-// signal sends sig to COMMAND's process group.
+// signal sends sig to COMMAND's process group (on Linux, the supervisor
+// passes SIGTERM and SIGINT on to the processes that left the group).
 func (p *proc) signal(sig syscall.Signal) {
 	select {
 	case <-p.done:

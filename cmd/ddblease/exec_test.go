@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -111,16 +110,6 @@ func newTable(t *testing.T) string {
 // tests.
 func withFast(args ...string) []string {
 	return append([]string{"--lease-duration", "2s", "--retry-interval", "200ms", "--max-clock-skew", "150ms"}, args...)
-}
-
-// freeAddr returns a local address no one listens on.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return addr
 }
 
 // Two replicas run a job every second; the leader is sent SIGTERM in the
@@ -293,7 +282,7 @@ wait`
 	r1 := startExec(t, faultProxy(t, faults), table, "r1", args...)
 	waitFor(t, "r1's COMMAND starts", func() bool { return len(lines(t, out)) == 1 })
 	r2 := startExec(t, srv.URL, table, "r2", args...)
-	waitFor(t, "r2 stands by", func() bool { return strings.Contains(r2.stderr.String(), `standing by: "r1" leads with fence 1`) })
+	waitFor(t, "r2 stands by", func() bool { return strings.Contains(r2.stderr.String(), "standing by: r1 leads with fence 1") })
 
 	faults.Set(func(op string) ddbleasetest.Action {
 		if op == "UpdateItem" {
@@ -388,6 +377,28 @@ while :; do sleep 0.05; done`
 	assert.Equal(t, c[0], c[len(c)-1], "the same tenure")
 }
 
+// failsLogged checks exec's clear one-line error naming want, in its log's
+// format (slog's text), and the exit status.
+func failsLogged(t *testing.T, r result, code int, want string) {
+	t.Helper()
+	assert.Equal(t, code, r.code, "exit status; stdout %q stderr %q", r.stdout, r.stderr)
+	lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n")
+	require.Len(t, lines, 1, "one line on stderr: %q", r.stderr)
+	require.Regexp(t, slogText, lines[0])
+	assert.Contains(t, lines[0], " level=ERROR ")
+	_, m, _ := strings.Cut(lines[0], " msg=")
+	msg, err := strconv.QuotedPrefix(m)
+	if err == nil {
+		msg, err = strconv.Unquote(msg)
+	} else {
+		msg, _, _ = strings.Cut(m, " ") // a message without spaces is not quoted
+		err = nil
+	}
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(msg, "ddblease: "), "msg %q", msg)
+	assert.Contains(t, msg, want)
+}
+
 // Bad input: one line on stderr, exit status 2, and nothing run.
 func TestExecBadInput(t *testing.T) {
 	table := newTable(t)
@@ -397,7 +408,8 @@ func TestExecBadInput(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"no --", []string{"exec", "job", "true"}, "no -- before the command"},
+		{"no --", []string{"exec", "job", "true"}, "COMMAND goes after --: ddblease exec JOB"},
+		{"no -- and COMMAND's flags", []string{"exec", "job", "sh", "-c", "true"}, "flag provided but not defined: -c; COMMAND goes after --"},
 		{"no job", []string{"exec", "--", "true"}, "want exactly one JOB"},
 		{"two jobs", []string{"exec", "a", "b", "--", "true"}, "want exactly one JOB before --, got 2"},
 		{"no command", []string{"exec", "job", "--"}, "no command after --"},
@@ -411,7 +423,7 @@ func TestExecBadInput(t *testing.T) {
 		{"bad lease", []string{"exec", "job", "--lease-duration", "1ms", "--", "true"}, "LeaseDuration 1ms"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			fails(t, cli(t, env, append([]string{"--table", table}, c.args...)...), 2, c.want)
+			failsLogged(t, cli(t, env, append([]string{"--table", table}, c.args...)...), 2, c.want)
 		})
 	}
 	assert.Contains(t, ok(t, cli(t, env, "-h")), "exec JOB [--every D] -- COMMAND")

@@ -8,7 +8,8 @@
 //
 // Commands:
 //
-//	status [JOB...]                 holder, fence, held for, expiry, draining, paused
+//	status [JOB...]                 holder, fence, held for, expiry, draining, paused,
+//	                                last run and last failure
 //	runs JOB [--since D] [--status S]
 //	create-table [--print]          create the table, or print CloudFormation and Terraform
 //	resign JOB                      ask the holder to hand the lease over
@@ -21,15 +22,20 @@
 //	watch JOB                       follow holder and run changes until interrupted
 //	exec JOB [--every D] -- COMMAND run COMMAND while leading, or once per slot
 //	ui [--addr A] [--allow-actions] serve a page of the jobs, their runs and pools, and /metrics
+//	local [--addr HOST:PORT]        serve the in-process test server, for development only
+//	version                         the command's version and the commit it was built from
 //
 // Flags, accepted before or after the command: --table (or DDBLEASE_TABLE),
 // --endpoint (or the SDK's AWS_ENDPOINT_URL_DYNAMODB / AWS_ENDPOINT_URL),
 // --region (or AWS_REGION, AWS_DEFAULT_REGION, the profile's region),
-// --json, --max-clock-skew, --timeout. Credentials come from the AWS default
-// chain: environment, shared files and profile (AWS_PROFILE), SSO, web
-// identity, container and instance roles.
+// --json, --max-clock-skew, --timeout, --log-format. Credentials come from
+// the AWS default chain: environment, shared files and profile
+// (AWS_PROFILE), SSO, web identity, container and instance roles.
 //
-// Errors are one line on stderr, and the exit status is 1 (2 for bad usage).
+// Errors are one line on stderr, and the exit status is 1 (2 for bad usage;
+// exec has its own rule, in docs/exec.md).
+// With --log-format json, everything on stderr is one JSON object per line;
+// exec's stderr is a log in slog's text format by default (logs.go).
 package main
 
 import (
