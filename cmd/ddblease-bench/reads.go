@@ -164,10 +164,24 @@ func (r *runner) reads() {
 	}
 	add("status (every job)",
 		func() int { return must(scanPrefix(ctx, db, oldTable, "lease#")) },
-		func() int { js, err := admin.Jobs(ctx); return must(len(js), err) })
+		func() int {
+			// The command also shows each job's last run and last failure,
+			// from its 20 latest runs.
+			js, err := admin.Jobs(ctx)
+			for _, j := range js {
+				_, err := admin.Runs(ctx, j.Job, ddblease.RunRange{Newest: true, Limit: 20})
+				must(0, err)
+			}
+			return must(len(js), err)
+		})
 	add("status "+job,
 		func() int { return must(getOld(ctx, db, oldTable, "lease#"+job)) },
-		func() int { _, err := admin.Job(ctx, job); return must(1, err) })
+		func() int {
+			_, err := admin.Job(ctx, job)
+			must(0, err)
+			_, err = admin.Runs(ctx, job, ddblease.RunRange{Newest: true, Limit: 20})
+			return must(1, err)
+		})
 	add("runs "+job+" --since 1h",
 		func() int {
 			must(getOld(ctx, db, oldTable, "lease#"+job))
