@@ -1,4 +1,4 @@
-module github.com/ddblease/ddblease/gocron
+module github.com/ddblease/ddblease/ddbleasegocron
 
 go 1.26.8
 
