@@ -1,4 +1,4 @@
-module github.com/ddblease/ddblease/robfigcron
+module github.com/ddblease/ddblease/ddbleaserobfig
 
 go 1.26.8
 
