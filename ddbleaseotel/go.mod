@@ -1,4 +1,4 @@
-module github.com/ddblease/ddblease/otel
+module github.com/ddblease/ddblease/ddbleaseotel
 
 go 1.26.8
 
