@@ -102,7 +102,7 @@ func itemKey(pk string) map[string]types.AttributeValue {
 // New returns a handle on the lease of job in table. It makes no call; the
 // table must exist (see CreateTable) when the handle is used.
 func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, error) {
-	o, err := checkNew(db, table, "job name", job, optFns)
+	o, err := checkNew(db, table, "job name", job, []string{"job\x00" + job}, optFns)
 	if err != nil {
 		return nil, err
 	}
@@ -122,8 +122,10 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 }
 
 // checkNew checks what New and NewPool are given (the client, the table,
-// the job's or pool's name) and returns the options with their defaults.
-func checkNew(db DynamoDBAPI, table, what, name string, optFns []func(*Options)) (Options, error) {
+// the job's or pool's name) and returns the options with their defaults;
+// the default owner is numbered by the items the handle contends for
+// (defaultOwner).
+func checkNew(db DynamoDBAPI, table, what, name string, contends []string, optFns []func(*Options)) (Options, error) {
 	var o Options
 	if err := CheckClient(db); err != nil {
 		return o, err
@@ -139,7 +141,13 @@ func checkNew(db DynamoDBAPI, table, what, name string, optFns []func(*Options))
 			fn(&o)
 		}
 	}
-	return o, o.setDefaults()
+	if err := o.setDefaults(); err != nil {
+		return o, err
+	}
+	if o.Owner == "" {
+		o.Owner = defaultOwner(table, contends)
+	}
+	return o, nil
 }
 
 // writeLock is held across every write to the lease item. Events are
