@@ -91,6 +91,10 @@ type Options struct {
 	// time.Now's results do (offsets added with Add keep it). Default
 	// time.Now. Tests inject offset or drifting clocks here.
 	Now func() time.Time
+
+	// Health configures what CheckHealth judges besides the lease: by
+	// default, nothing (see HealthOptions).
+	Health HealthOptions
 }
 
 // margin is how much earlier than the written expiry a holder stops
@@ -145,6 +149,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.CallTimeout >= o.HeartbeatInterval {
 		return invalid("CallTimeout %v must be below HeartbeatInterval %v", o.CallTimeout, o.HeartbeatInterval)
+	}
+	if o.Health.FailedRuns < 0 {
+		return invalid("Health.FailedRuns %d is negative", o.Health.FailedRuns)
 	}
 	if o.Owner != "" { // else New or NewPool sets the default
 		if err := checkName("Owner", o.Owner, 256); err != nil {
