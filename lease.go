@@ -189,19 +189,21 @@ func (l *Lease) Owner() string { return l.opts.Owner }
 // Options returns the options in force, defaults filled in.
 func (l *Lease) Options() Options { return l.opts }
 
-// State is this handle's view of its own leadership.
+// State is this handle's view of its own leadership. Its JSON form has
+// the field names of ddblease's other JSON output (job, owner, leader,
+// fence, acquiredAt, ...), RFC 3339 times, and no zero time.
 type State struct {
-	Job    string
-	Owner  string
-	Leader bool  // held and the local deadline has not passed
-	Fence  int64 // fence of the current or last tenure; 0 if none
+	Job    string `json:"job"`
+	Owner  string `json:"owner"`
+	Leader bool   `json:"leader"` // held and the local deadline has not passed
+	Fence  int64  `json:"fence"`  // fence of the current or last tenure; 0 if none
 	// AcquiredAt and RenewedAt are the wall-clock times of the tenure's
 	// acquisition and latest successful renewal.
-	AcquiredAt time.Time
-	RenewedAt  time.Time
+	AcquiredAt time.Time `json:"acquiredAt,omitzero"`
+	RenewedAt  time.Time `json:"renewedAt,omitzero"`
 	// Deadline is when this replica stops believing it leads unless a
 	// heartbeat succeeds first; zero when not leader.
-	Deadline time.Time
+	Deadline time.Time `json:"deadline,omitzero"`
 }
 
 // State returns this handle's view of its leadership.
