@@ -158,7 +158,7 @@ const (
 	// attrTriggers maps the id of each pending trigger request to its
 	// slot (N, Unix ms). Handled requests are removed from the map with a
 	// nested REMOVE. The map keeps a placeholder entry, triggerKeep, so
-	// that it is never emptied: minidyn v0.8.2 cannot store an empty map,
+	// that it is never emptied: minidyn v0.8.2 cannot return an empty map,
 	// and ignores top-level REMOVE actions (which is why no other control
 	// is cleared by removing an attribute).
 	attrTriggers = "triggers" // M

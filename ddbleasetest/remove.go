@@ -59,7 +59,7 @@ func (e errValidation) Error() string { return string(e) }
 
 // serveWrite serves a write (PutItem, UpdateItem, TransactWriteItems,
 // BatchWriteItem) through h when the server alone would get it wrong: it
-// refuses an empty map or list value (errEmptyValue), and applies the
+// refuses to store an empty map or list value (errEmptyValue), and applies the
 // REMOVE clauses of updates itself. It reports false, having written
 // nothing, for any other request.
 func serveWrite(h http.Handler, w http.ResponseWriter, op string, body []byte) bool {
@@ -313,9 +313,10 @@ func (u *update) rollBack(h http.Handler) error {
 }
 
 // errEmptyValue refuses a write that would store an empty map or list:
-// minidyn v0.8.2 stores NULL, or the value of another attribute, instead.
+// minidyn v0.8.2 returns one as {}, which the SDK reads as NULL or as the
+// value of another attribute.
 const errEmptyValue = errValidation("ddbleasetest: the in-process server (minidyn v0.8.2) cannot store an empty map or list " +
-	"(it would store NULL, or another attribute's value); DynamoDB can: run this test on another server " +
+	"(it would return NULL, or another attribute's value); DynamoDB can: run this test on another server " +
 	"(DDBLEASE_TEST_ENDPOINT), or keep an entry in the map or list")
 
 // emptyValue reports whether a request body or item holds an empty map

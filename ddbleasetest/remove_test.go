@@ -82,7 +82,12 @@ func TestRemove(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			assert.Equal(t, tc.want, readItem(t, db, table, tc.name))
+			got := readItem(t, db, table, tc.name)
+			if tc.name == "list elements" && !srv.InProcess() && assert.ObjectsAreEqual([]any{2, 3}, got["l"]) {
+				t.Skipf("server %s removes list elements one after another, so that the indexes shift "+
+					"(dynalite 4.0.0 does); DynamoDB removes the elements the indexes name", srv.Name)
+			}
+			assert.Equal(t, tc.want, got)
 			if tc.returned != nil {
 				assert.Equal(t, tc.returned, plain(t, out.Attributes))
 			}

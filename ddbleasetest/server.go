@@ -24,8 +24,9 @@
 // could pass on and a service fail on, the in-process server applies
 // DynamoDB's rule or refuses the request: it applies the REMOVE clause of
 // an update as DynamoDB does (minidyn ignores a top-level one), and
-// answers a write of an empty map or list, which minidyn cannot store,
-// with a ValidationException that says so. Its other gaps (numbers in
+// answers a write that would store an empty map or list, which minidyn
+// returns as a value the SDK misreads, with a ValidationException that
+// says so. Its other gaps (numbers in
 // float64, no TTL calls) are listed in the repository's docs/testing.md.
 //
 // The client this package builds has a fixed region and static dummy
@@ -127,8 +128,8 @@ func (s *Server) Close() {
 // serialized runs one request at a time: minidyn guards items with a lock
 // but not its table map, which CreateTable writes. It applies the REMOVE
 // clauses of updates itself, which minidyn ignores or mishandles, and
-// refuses writes of empty maps and lists, which minidyn stores wrong
-// (remove.go). It also adds the X-Amz-Crc32 header that DynamoDB sends and
+// refuses writes that would store empty maps and lists, which minidyn
+// returns wrong (remove.go). It also adds the X-Amz-Crc32 header that DynamoDB sends and
 // minidyn does not: without it, an SDK client that logs
 // (config.LoadDefaultConfig's) warns on every response that the checksum
 // did not match.
