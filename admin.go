@@ -364,8 +364,8 @@ func (a *Admin) Resume(ctx context.Context, job string, catchUp bool) (Record, e
 
 // JobStatus is one job's lease item as an operator sees it.
 type JobStatus struct {
-	Job   string
-	Lease Record // Lease.Control holds the operator state
+	Job   string `json:"job"`
+	Lease Record `json:"lease"` // Lease.Control holds the operator state
 }
 
 // Free reports whether no tenure holds the lease by its recorded expiry
@@ -417,9 +417,9 @@ func (a *Admin) status(ctx context.Context, job string, item map[string]types.At
 
 // Trigger is a request to run a job once, outside its schedule.
 type Trigger struct {
-	Job string
-	ID  string    // 16 hex digits
-	At  time.Time // when it was requested: the run's slot, in UTC, to the millisecond
+	Job string    `json:"job"`
+	ID  string    `json:"id"` // 16 hex digits
+	At  time.Time `json:"at"` // when it was requested: the run's slot, in UTC, to the millisecond
 }
 
 // RunID is the run's id: the slot, then "#trigger-" and the id.

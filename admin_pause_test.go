@@ -196,3 +196,68 @@ func TestPauseUnderFaults(t *testing.T) {
 			"slot %v skipped by the pause ran", s.Slot)
 	}
 }
+
+// A resumption's catch-up claims again a run recorded skipped by the
+// pause: while it runs, its item has no finish time, and once it is done
+// it finished after it started, on a server that ignores REMOVE too
+// (minidyn v0.8.2 ignored a top-level REMOVE, and the run kept the finish
+// time of its skip: the command printed it as having taken -6s).
+func TestCatchUpRunHasNoFinishTimeWhileRunning(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table := srv.NewTable(t)
+	admin := newAdmin(t, srv.Client(nil), table)
+	l := newLease(t, srv.Client(ddbtest.IgnoreRemove), table, "tack", fast("a"))
+	type seen struct {
+		slot time.Time
+		rec  ddblease.RunRecord
+	}
+	running := make(chan seen, 1000)
+	stop := runScheduleAsync(ctx, l, ddblease.Every(250*time.Millisecond), func(ctx context.Context, run *ddblease.JobRun) error {
+		runs, err := admin.Runs(ctx, "tack", ddblease.RunRange{From: run.Slot().Add(-time.Millisecond)})
+		if err != nil {
+			return err
+		}
+		for _, r := range runs {
+			if r.Slot.Equal(run.Slot()) && r.Trigger == "" {
+				running <- seen{run.Slot(), r}
+			}
+		}
+		return nil
+	})
+	defer func() { assert.NoError(t, stop()) }()
+	receive(t, running, "a first run")
+
+	_, err := admin.Pause(ctx, "tack")
+	require.NoError(t, err)
+	paused := time.Now()
+	eventually(t, "a slot skipped by the pause", func() bool {
+		return len(runsWith(t, admin, "tack", ddblease.RunSkippedByPause, paused)) >= 1
+	})
+	_, err = admin.Resume(ctx, "tack", true)
+	require.NoError(t, err)
+	var caught ddblease.RunRecord
+	eventually(t, "the catch-up's run", func() bool {
+		for _, r := range runsWith(t, admin, "tack", ddblease.RunSucceeded, paused) {
+			if r.Claims == 2 {
+				caught = r
+				return true
+			}
+		}
+		return false
+	})
+	assert.True(t, caught.FinishedAt.After(caught.StartedAt) || caught.FinishedAt.Equal(caught.StartedAt),
+		"the caught-up run finished at %v, before it started at %v", caught.FinishedAt, caught.StartedAt)
+	found := false
+	for len(running) > 0 {
+		s := <-running
+		if !s.slot.Equal(caught.Slot) {
+			continue
+		}
+		found = true
+		assert.Equal(t, ddblease.RunRunning, s.rec.Status)
+		assert.True(t, s.rec.FinishedAt.IsZero(), "the run, still running, has finish time %v (started %v)",
+			s.rec.FinishedAt, s.rec.StartedAt)
+	}
+	assert.True(t, found, "fn never ran the caught-up slot %v", caught.Slot)
+}

@@ -158,9 +158,9 @@ const (
 	// attrTriggers maps the id of each pending trigger request to its
 	// slot (N, Unix ms). Handled requests are removed from the map with a
 	// nested REMOVE. The map keeps a placeholder entry, triggerKeep, so
-	// that it is never emptied: the in-process test server mishandles the
-	// removal of a map's last entry, and ignores top-level REMOVE actions
-	// (which is why no other control is cleared by removing an attribute).
+	// that it is never emptied: minidyn v0.8.2 cannot return an empty map,
+	// and ignores top-level REMOVE actions (which is why no other control
+	// is cleared by removing an attribute).
 	attrTriggers = "triggers" // M
 	triggerKeep  = "-"
 )
@@ -171,29 +171,29 @@ const (
 type Control struct {
 	// Paused reports that RunSchedule fires no slot of the job; slots that
 	// fall due are recorded with status RunSkippedByPause.
-	Paused    bool
-	PausedBy  string    // who paused the job last
-	PausedAt  time.Time // when; zero if never paused
-	ResumedBy string    // who resumed it last
-	ResumedAt time.Time
+	Paused    bool      `json:"paused"`
+	PausedBy  string    `json:"pausedBy,omitempty"`  // who paused the job last
+	PausedAt  time.Time `json:"pausedAt,omitzero"`   // when; zero if never paused
+	ResumedBy string    `json:"resumedBy,omitempty"` // who resumed it last
+	ResumedAt time.Time `json:"resumedAt,omitzero"`
 	// CatchUpPending reports a resumption that asked for the latest slot
 	// skipped by the pause to be run, not yet handled by the leader.
-	CatchUpPending bool
+	CatchUpPending bool `json:"catchUpPending,omitempty"`
 
 	// ResignFence is the fence of the tenure an operator asked to resign;
 	// the request concerns only that tenure. Zero if none was made.
-	ResignFence int64
-	ResignBy    string
-	ResignAt    time.Time
+	ResignFence int64     `json:"resignRequestedFence,omitempty"`
+	ResignBy    string    `json:"resignRequestedBy,omitempty"`
+	ResignAt    time.Time `json:"resignRequestedAt,omitzero"`
 
 	// ReleasedFence is the fence of the tenure an operator released by
 	// force (the fence was raised past it). Zero if none.
-	ReleasedFence int64
-	ReleasedBy    string
-	ReleasedAt    time.Time
+	ReleasedFence int64     `json:"releasedFence,omitempty"`
+	ReleasedBy    string    `json:"releasedBy,omitempty"`
+	ReleasedAt    time.Time `json:"releasedAt,omitzero"`
 
 	// Triggers counts the trigger requests the leader has not taken up yet.
-	Triggers int
+	Triggers int `json:"pendingTriggers,omitempty"`
 
 	catchUp  string
 	triggers string // ids of the pending triggers, oldest first: a change wakes the runner

@@ -31,6 +31,9 @@ var ErrUnhealthy = errors.New("ddblease: unhealthy")
 //     Acquire having returned an error and no campaign having succeeded
 //     since.
 //
+// With Options.Health.FailedRuns set, it also fails once that many runs
+// in a row recorded by this handle failed (see HealthOptions).
+//
 // A standby that polls the lease is healthy, however long another replica
 // leads; so is a handle that never campaigned or whose Run returned
 // because its context ended. Tolerance zero means LeaseDuration; a
@@ -45,7 +48,22 @@ func (l *Lease) CheckHealth(tolerance time.Duration) error {
 	if tolerance == 0 {
 		tolerance = l.opts.LeaseDuration
 	}
-	return l.health.check(l.opts.Now(), l.job, l.opts.HeartbeatInterval, tolerance)
+	return l.health.check(l.opts.Now(), l.job, l.opts.HeartbeatInterval, tolerance, l.opts.Health.FailedRuns)
+}
+
+// HealthOptions configures what CheckHealth (and so HealthHandler) judges
+// of a Lease besides the lease itself (Options.Health).
+type HealthOptions struct {
+	// FailedRuns, when positive, makes CheckHealth fail once the last
+	// FailedRuns runs whose outcome this handle recorded all failed
+	// (RunFailed: fn returned an error or panicked, from RunSchedule, a
+	// trigger, a catch-up or JobRun.Finish), until a run it records
+	// succeeds. Runs skipped by a pause, and runs whose outcome was not
+	// recorded (the tenure ended first), neither count nor end the
+	// streak; a handle that stops leading keeps its streak. A job that
+	// fails every slot is then reported where a probe or an alarm sees
+	// it. Zero (the default): runs are not judged; negative: an error.
+	FailedRuns int
 }
 
 // HealthHandler returns an http.Handler for a liveness probe on leases:
@@ -79,6 +97,10 @@ type health struct {
 
 	failedCall string // DynamoDB operation of the last failed call, until one succeeds
 
+	failedRuns  int       // runs recorded failed in a row (EventRunFinished)
+	lastRunFail time.Time // when the latest of them was recorded
+	lastRunErr  error     // and its error
+
 	failing   bool
 	failKey   string    // step and cause of the failures in a row
 	failCall  string    // the DynamoDB operation that failed, "" if none did
@@ -91,13 +113,22 @@ type health struct {
 // for each, in order.
 func (h *health) observe(e Event) {
 	switch e.Kind {
-	case EventAcquired, EventRenewed, EventLost, EventResigned, EventRetry, EventStopped, EventCall, EventLeaderSeen:
+	case EventAcquired, EventRenewed, EventLost, EventResigned, EventRetry, EventStopped, EventCall, EventLeaderSeen,
+		EventRunFinished:
 	default:
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	switch e.Kind {
+	case EventRunFinished:
+		switch e.Status {
+		case RunSucceeded:
+			h.failedRuns = 0
+		case RunFailed:
+			h.failedRuns++
+			h.lastRunFail, h.lastRunErr = e.Time, e.Err
+		}
 	case EventAcquired, EventRenewed:
 		h.leading, h.confirmed = true, e.Time
 		h.failing = false
@@ -144,9 +175,13 @@ func (h *health) fail(at time.Time, op string, err error) {
 	h.failOp, h.failErr = op, err
 }
 
-func (h *health) check(now time.Time, job string, heartbeat, tolerance time.Duration) error {
+func (h *health) check(now time.Time, job string, heartbeat, tolerance time.Duration, failedRuns int) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if failedRuns > 0 && h.failedRuns >= failedRuns {
+		return fmt.Errorf("%w: job %q: its last %d runs failed (the latest %v ago): %s",
+			ErrUnhealthy, job, h.failedRuns, now.Sub(h.lastRunFail).Round(time.Millisecond), oneLine(h.lastRunErr))
+	}
 	if h.leading {
 		if late := now.Sub(h.confirmed) - heartbeat; late > tolerance {
 			return fmt.Errorf("%w: job %q: leading, but the lease was last renewed %v ago (renewals overdue by %v, tolerance %v)",

@@ -78,7 +78,7 @@ func TestHealthVerdicts(t *testing.T) {
 			for _, e := range tc.events {
 				h.observe(e)
 			}
-			err := h.check(at(tc.now), "job", time.Second, time.Second)
+			err := h.check(at(tc.now), "job", time.Second, time.Second, 0)
 			if tc.healthy {
 				assert.NoError(t, err)
 			} else {
@@ -95,3 +95,46 @@ func (e *smithyErr) Error() string                 { return e.code + ": bad" }
 func (e *smithyErr) ErrorCode() string             { return e.code }
 func (e *smithyErr) ErrorMessage() string          { return "bad" }
 func (e *smithyErr) ErrorFault() smithy.ErrorFault { return smithy.FaultClient }
+
+// TestHealthFailedRunsStreak: the runs a handle recorded, as events, and
+// the verdict with FailedRuns 2.
+func TestHealthFailedRunsStreak(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	run := func(s float64, st RunStatus) Event {
+		var err error
+		if st == RunFailed {
+			err = errors.New("boom")
+		}
+		return Event{Kind: EventRunFinished, Status: st, Err: err, Time: t0.Add(time.Duration(s * float64(time.Second)))}
+	}
+	for _, tc := range []struct {
+		name    string
+		events  []Event
+		healthy bool
+	}{
+		{"none", nil, true},
+		{"one failed", []Event{run(1, RunFailed)}, true},
+		{"two failed", []Event{run(1, RunFailed), run(2, RunFailed)}, false},
+		{"a success between", []Event{run(1, RunFailed), run(2, RunSucceeded), run(3, RunFailed)}, true},
+		{"a success after", []Event{run(1, RunFailed), run(2, RunFailed), run(3, RunSucceeded)}, true},
+		{"a skip does not end the streak", []Event{run(1, RunFailed), run(2, RunSkippedByPause), run(3, RunFailed)}, false},
+		{"the tenure ends, the streak stays", []Event{run(1, RunFailed), run(2, RunFailed),
+			{Kind: EventLost, Reason: LossDeposed, Time: t0.Add(3 * time.Second)}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h health
+			for _, e := range tc.events {
+				h.observe(e)
+			}
+			err := h.check(t0.Add(10*time.Second), "job", time.Second, time.Second, 2)
+			if tc.healthy {
+				assert.NoError(t, err)
+				return
+			}
+			assert.ErrorIs(t, err, ErrUnhealthy)
+			assert.Contains(t, err.Error(), `job "job": its last 2 runs failed (the latest`)
+			assert.Contains(t, err.Error(), "boom")
+			assert.NoError(t, h.check(t0.Add(10*time.Second), "job", time.Second, time.Second, 0), "not judged")
+		})
+	}
+}

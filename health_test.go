@@ -1,10 +1,13 @@
 package ddblease_test
 
 import (
+	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -132,4 +135,43 @@ func TestHealthToleranceValidation(t *testing.T) {
 	code, body := probe(t, ddblease.HealthHandler(-time.Second, l))
 	assert.Equal(t, http.StatusServiceUnavailable, code)
 	assert.Contains(t, body, "negative")
+}
+
+// A job that fails every slot is reported once Options.Health.FailedRuns
+// runs in a row failed, and healthy again once one succeeds; without it,
+// its failures are not judged.
+func TestHealthFailedRuns(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	judged := newLease(t, db, table, "report", fast("a"), func(o *ddblease.Options) { o.Health.FailedRuns = 3 })
+	unjudged := newLease(t, db, table, "sweep", fast("a"))
+	var failing atomic.Bool
+	failing.Store(true)
+	var failed atomic.Int32
+	fn := func(ctx context.Context, run *ddblease.JobRun) error {
+		if failing.Load() {
+			failed.Add(1)
+			return errors.New("the billing API answered 503")
+		}
+		return nil
+	}
+	stopJudged := runScheduleAsync(ctx, judged, ddblease.Every(100*time.Millisecond), fn)
+	defer func() { assert.NoError(t, stopJudged()) }()
+	stopUnjudged := runScheduleAsync(ctx, unjudged, ddblease.Every(100*time.Millisecond), fn)
+	defer func() { assert.NoError(t, stopUnjudged()) }()
+
+	h := ddblease.HealthHandler(0, judged)
+	last := untilUnhealthy(t, h)
+	assert.True(t, judged.IsLeader(), "the check failed because the tenure ended: %s", last)
+	assert.Regexp(t, `^ddblease: unhealthy: job "report": its last [0-9]+ runs failed \(the latest .* ago\): the billing API answered 503\n$`, last)
+	assert.GreaterOrEqual(t, failed.Load(), int32(3))
+	assert.NoError(t, unjudged.CheckHealth(0), "failed runs are judged only when asked for")
+
+	failing.Store(false)
+	require.Eventually(t, func() bool { code, _ := probe(t, h); return code == http.StatusOK }, 30*time.Second, 10*time.Millisecond)
+	assert.NoError(t, judged.CheckHealth(0))
+
+	_, err := ddblease.New(db, table, "report", func(o *ddblease.Options) { o.Health.FailedRuns = -1 })
+	assert.ErrorIs(t, err, ddblease.ErrInvalid)
 }

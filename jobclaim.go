@@ -196,8 +196,12 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 		cond += " OR (#status = :running AND #fence < :fence)"
 	}
 	// A run that may be claimed again is running, so it has none of the
-	// attributes a finished run has: nothing needs removing, except from a
-	// run skipped by a pause, claimed again for a catch-up.
+	// attributes a finished run has, except a run skipped by a pause: its
+	// finish time and pause are overwritten, with zero ("none", as
+	// decodeRun reads them) where the claim has none to write. They are
+	// not removed: a server that ignores REMOVE (minidyn v0.8.2 does) would
+	// keep them.
+	over := spec.reclaimed || spec.overSkip != 0
 	update := "SET #job = :job, #slot = :slot, #fence = :fence, #owner = :me, #claim = :claim, " +
 		"#status = :st, #start = :now, #ttl = :ttl, #missed = :missed, " +
 		"#claims = if_not_exists(#claims, :zero) + :one"
@@ -205,8 +209,12 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 	if o.Rerun != Rerun {
 		delete(values, ":running")
 	}
-	if spec.status != RunRunning {
+	switch {
+	case spec.status != RunRunning:
 		update += ", #fin = :now"
+		names["#fin"] = attrFinishedAt
+	case over:
+		update += ", #fin = :zero"
 		names["#fin"] = attrFinishedAt
 	}
 	if spec.trigger != "" {
@@ -217,11 +225,15 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 		update += ", #unswept = :unswept"
 		names["#unswept"], values[":unswept"] = attrUnswept, &types.AttributeValueMemberSS{Value: spec.unswept}
 	}
-	if spec.skippedIn != 0 {
+	switch {
+	case spec.skippedIn != 0:
 		update += ", #skin = :skin"
 		names["#skin"], values[":skin"] = attrSkippedIn, avN(spec.skippedIn)
+	case over:
+		update += ", #skin = :zero"
+		names["#skin"] = attrSkippedIn
 	}
-	if spec.reclaimed || spec.overSkip != 0 {
+	if over {
 		// A run skipped by a pause is claimed again: by the resumption's
 		// catch-up, or when it came due after that pause (claimSpec).
 		if spec.reclaimed {
@@ -231,8 +243,6 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 			values[":over"] = avN(spec.overSkip)
 		}
 		values[":skipped"] = avS(string(RunSkippedByPause))
-		update += " REMOVE #fin, #skin"
-		names["#fin"], names["#skin"] = attrFinishedAt, attrSkippedIn
 	}
 	upd := &types.Update{
 		TableName:                           aws.String(l.table),

@@ -48,35 +48,36 @@ func slotID(slot time.Time) (string, error) {
 	return fmtSlot(slot), nil
 }
 
-// RunRecord is a job-run item as stored in the table.
+// RunRecord is a job-run item as stored in the table. Its JSON form has
+// the field names of ddblease's other JSON output.
 type RunRecord struct {
-	Job        string
-	Slot       time.Time // the slot, in UTC
-	Fence      int64     // the claimant's fence
-	Owner      string    // the claimant's owner id
-	Status     RunStatus
-	StartedAt  time.Time // claim time, by the claimant's clock
-	FinishedAt time.Time // zero while running
-	Error      string    // the error of a failed run
+	Job        string    `json:"job"`
+	Slot       time.Time `json:"slot"`  // the slot, in UTC
+	Fence      int64     `json:"fence"` // the claimant's fence
+	Owner      string    `json:"owner"` // the claimant's owner id
+	Status     RunStatus `json:"status"`
+	StartedAt  time.Time `json:"startedAt"`           // claim time, by the claimant's clock
+	FinishedAt time.Time `json:"finishedAt,omitzero"` // zero while running
+	Error      string    `json:"error,omitempty"`     // the error of a failed run
 	// Claims counts the claims made on the slot: 1, plus one per re-run.
-	Claims int
+	Claims int `json:"claims"`
 	// Missed counts the slots that the catch-up before this run skipped
 	// and found without a run, after the latest earlier run (RunSchedule).
 	// Only slots within CatchUpWindow of the catch-up are looked at: after
 	// an outage longer than the window, older slots went unrun uncounted,
 	// and a run an old tenure left running there stays running until its
 	// item expires. ListRuns shows them.
-	Missed int
+	Missed int `json:"missed,omitempty"`
 	// MissedUnknown reports that the catch-up could not read the skipped
 	// slots back (Missed is then 0).
-	MissedUnknown bool
+	MissedUnknown bool `json:"missedUnknown,omitempty"`
 	// AbandonedBy is the fence of the tenure that marked the run abandoned.
-	AbandonedBy int64
+	AbandonedBy int64 `json:"abandonedBy,omitempty"`
 	// ExpiresAt is when the item may be deleted (its time to live).
-	ExpiresAt time.Time
+	ExpiresAt time.Time `json:"expiresAt,omitzero"`
 	// Trigger is the id of the trigger request (Admin.Trigger) of a run
 	// made outside the schedule; empty for a schedule slot.
-	Trigger string
+	Trigger string `json:"trigger,omitempty"`
 
 	claim     string
 	unswept   []string

@@ -94,7 +94,7 @@ type observation struct {
 // New returns a handle on the lease of job in table. It makes no call; the
 // table must exist (see CreateTable) when the handle is used.
 func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, error) {
-	o, err := checkNew(db, table, "job name", job, optFns)
+	o, err := checkNew(db, table, "job name", job, []string{"job\x00" + job}, optFns)
 	if err != nil {
 		return nil, err
 	}
@@ -113,8 +113,10 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 }
 
 // checkNew checks what New and NewPool are given (the client, the table,
-// the job's or pool's name) and returns the options with their defaults.
-func checkNew(db DynamoDBAPI, table, what, name string, optFns []func(*Options)) (Options, error) {
+// the job's or pool's name) and returns the options with their defaults;
+// the default owner is numbered by the items the handle contends for
+// (defaultOwner).
+func checkNew(db DynamoDBAPI, table, what, name string, contends []string, optFns []func(*Options)) (Options, error) {
 	var o Options
 	if err := CheckClient(db); err != nil {
 		return o, err
@@ -130,7 +132,13 @@ func checkNew(db DynamoDBAPI, table, what, name string, optFns []func(*Options))
 			fn(&o)
 		}
 	}
-	return o, o.setDefaults()
+	if err := o.setDefaults(); err != nil {
+		return o, err
+	}
+	if o.Owner == "" {
+		o.Owner = defaultOwner(table, contends)
+	}
+	return o, nil
 }
 
 // writeLock is held across every write to the lease item. Events are
@@ -172,19 +180,21 @@ func (l *Lease) Owner() string { return l.opts.Owner }
 // Options returns the options in force, defaults filled in.
 func (l *Lease) Options() Options { return l.opts }
 
-// State is this handle's view of its own leadership.
+// State is this handle's view of its own leadership. Its JSON form has
+// the field names of ddblease's other JSON output (job, owner, leader,
+// fence, acquiredAt, ...), RFC 3339 times, and no zero time.
 type State struct {
-	Job    string
-	Owner  string
-	Leader bool  // held and the local deadline has not passed
-	Fence  int64 // fence of the current or last tenure; 0 if none
+	Job    string `json:"job"`
+	Owner  string `json:"owner"`
+	Leader bool   `json:"leader"` // held and the local deadline has not passed
+	Fence  int64  `json:"fence"`  // fence of the current or last tenure; 0 if none
 	// AcquiredAt and RenewedAt are the wall-clock times of the tenure's
 	// acquisition and latest successful renewal.
-	AcquiredAt time.Time
-	RenewedAt  time.Time
+	AcquiredAt time.Time `json:"acquiredAt,omitzero"`
+	RenewedAt  time.Time `json:"renewedAt,omitzero"`
 	// Deadline is when this replica stops believing it leads unless a
 	// heartbeat succeeds first; zero when not leader.
-	Deadline time.Time
+	Deadline time.Time `json:"deadline,omitzero"`
 }
 
 // State returns this handle's view of its leadership.

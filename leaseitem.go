@@ -2,6 +2,7 @@ package ddblease
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -30,20 +31,56 @@ const (
 	attrListed = "listed" // BOOL
 )
 
-// Record is a lease item as stored in the table.
+// Record is a lease item as stored in the table. Its JSON form (see
+// MarshalJSON) has the field names of ddblease's other JSON output.
 type Record struct {
-	Owner      string
-	Fence      int64
-	ExpiresAt  time.Time     // recorded expiry, by the writer's clock; zero once resigned
-	Duration   time.Duration // lease duration the writer used
-	AcquiredAt time.Time
-	RenewedAt  time.Time
-	Draining   bool // the holder announced it is about to resign
+	Owner      string        `json:"owner"`
+	Fence      int64         `json:"fence"`
+	ExpiresAt  time.Time     `json:"expiresAt,omitzero"` // recorded expiry, by the writer's clock; zero once resigned
+	Duration   time.Duration `json:"-"`                  // lease duration the writer used ("leaseDuration" in JSON)
+	AcquiredAt time.Time     `json:"acquiredAt,omitzero"`
+	RenewedAt  time.Time     `json:"renewedAt,omitzero"`
+	Draining   bool          `json:"draining"` // the holder announced it is about to resign
 	// Control is the operator state kept in the item (see Admin).
-	Control Control
+	Control Control `json:"control"`
 
 	version string
 	listed  bool // attrListed
+}
+
+// recordJSON is Record's JSON form, with Duration as a Go duration text.
+type recordJSON struct {
+	plainRecord
+	Duration string `json:"leaseDuration,omitempty"`
+}
+
+type plainRecord Record // Record without its JSON methods
+
+// MarshalJSON encodes the record with the field names of its json tags
+// and Duration as "leaseDuration", a Go duration such as "30s".
+func (r Record) MarshalJSON() ([]byte, error) {
+	v := recordJSON{plainRecord: plainRecord(r)}
+	if r.Duration != 0 {
+		v.Duration = r.Duration.String()
+	}
+	return json.Marshal(v)
+}
+
+// UnmarshalJSON decodes what MarshalJSON encodes.
+func (r *Record) UnmarshalJSON(b []byte) error {
+	var v recordJSON
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*r = Record(v.plainRecord)
+	if v.Duration != "" {
+		d, err := time.ParseDuration(v.Duration)
+		if err != nil {
+			return fmt.Errorf("ddblease: record's leaseDuration: %w", err)
+		}
+		r.Duration = d
+	}
+	return nil
 }
 
 // leaseItem is the lease item as stored: the record that decodeLease

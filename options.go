@@ -29,7 +29,10 @@ type Options struct {
 	// Owner identifies this contender in the lease item. It must differ
 	// between contenders: two handles with the same Owner count as one.
 	// Default: DefaultOwner's id (the ECS task ARN, the Kubernetes pod or
-	// "<hostname>-<pid>", then a random suffix), unique per handle.
+	// "<hostname>-<pid>", then a random suffix drawn once per process),
+	// shared by the process's handles; a second handle of the process on
+	// the same job or pool gets it followed by "-2", a third "-3", and so
+	// on.
 	Owner string
 
 	// LeaseDuration is how long a written lease stays valid, from 10ms to
@@ -94,6 +97,10 @@ type Options struct {
 	// prefix). Every replica of a job, its Guard and Admin must use the
 	// same one.
 	Layout Layout
+
+	// Health configures what CheckHealth judges besides the lease: by
+	// default, nothing (see HealthOptions).
+	Health HealthOptions
 }
 
 // margin is how much earlier than the written expiry a holder stops
@@ -149,11 +156,13 @@ func (o *Options) setDefaults() error {
 	if o.CallTimeout >= o.HeartbeatInterval {
 		return invalid("CallTimeout %v must be below HeartbeatInterval %v", o.CallTimeout, o.HeartbeatInterval)
 	}
-	if o.Owner == "" {
-		o.Owner = defaultOwner()
+	if o.Health.FailedRuns < 0 {
+		return invalid("Health.FailedRuns %d is negative", o.Health.FailedRuns)
 	}
-	if err := checkName("Owner", o.Owner, 256); err != nil {
-		return err
+	if o.Owner != "" { // else New or NewPool sets the default
+		if err := checkName("Owner", o.Owner, 256); err != nil {
+			return err
+		}
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

@@ -77,7 +77,7 @@ func TestDefaults(t *testing.T) {
 	assert.NotNil(t, o.Now)
 	other, err := ddblease.New(srv.Client(nil), "leases", "job")
 	require.NoError(t, err)
-	assert.NotEqual(t, l.Owner(), other.Owner(), "default owners are unique per handle")
+	assert.NotEqual(t, l.Owner(), other.Owner(), "two handles on one job get different default owners")
 	assert.Contains(t, l.Owner(), "-")
 }
 

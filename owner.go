@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -32,9 +33,11 @@ const ownerMetadataTimeout = time.Second
 // environment, leaving room for the suffix under the 256-byte limit.
 const maxOwnerBase = 230
 
-// DefaultOwner returns an owner id that an operator can trace to the task,
-// pod or process that holds a lease, followed by a random suffix so that
-// two handles in one process differ:
+// DefaultOwner returns this process's owner id: one that an operator can
+// trace to the task, pod or process that holds a lease, followed by a
+// random suffix drawn once per process, so that a process restarted with
+// the same host name and pid (a container's pid 1, a pod restarted in
+// place) is not taken for its previous life:
 //
 //   - on Amazon ECS (ECS_CONTAINER_METADATA_URI_V4 set), the task ARN read
 //     from the task metadata endpoint, as in
@@ -46,13 +49,21 @@ const maxOwnerBase = 230
 //   - elsewhere "<hostname>-<pid>-<suffix>".
 //
 // The metadata request is bounded by ctx and by one second; if it fails,
-// DefaultOwner falls back to the hostname and pid without an error. Each
-// call returns a new suffix: to log the owner a Lease uses, pass the result
-// as Options.Owner, or read Lease.Owner. When Options.Owner is empty, New
-// uses DefaultOwner, looking the task up once per process.
+// DefaultOwner falls back to the hostname and pid without an error. Every
+// call in a process returns the same suffix. When Options.Owner is empty,
+// New and NewPool use this id, looking the task up once per process, for
+// every handle of the process, except that a handle on a job (or a pool)
+// for which the process already made one with the default owner gets the
+// id followed by "-2", "-3" and so on: two handles of one process that
+// contend for one job stay two contenders. So a process shows as one
+// owner in `ddblease status` whatever number of jobs it leads. To log the
+// owner a Lease uses, read Lease.Owner.
 func DefaultOwner(ctx context.Context) string {
-	return ownerBase(ctx) + "-" + randomID(4)
+	return ownerBase(ctx) + "-" + processSuffix()
 }
+
+// processSuffix returns the random suffix of this process's owner id.
+var processSuffix = sync.OnceValue(func() string { return randomID(4) })
 
 // ownerBase returns the traceable part of DefaultOwner.
 func ownerBase(ctx context.Context) string {
@@ -138,21 +149,43 @@ func truncate(s string, n int) string {
 }
 
 // processOwner caches the traceable part of the default owner for the
-// handles New makes; a failed metadata lookup is not cached.
+// handles New and NewPool make (a failed metadata lookup is not cached),
+// and numbers those handles by what they contend for.
 var processOwner struct {
 	sync.Mutex
 	base string
+	// taken holds, for each lease or pool item a handle with the default
+	// owner contends for (table and item), the highest number given to
+	// one: 1 for the process's own id, n for the id followed by "-n".
+	taken map[string]int
 }
 
-func defaultOwner() string {
+// defaultOwner returns the owner of a new handle on table that contends
+// for the items named (its job's lease, a pool's item and its jobs'): the
+// process's id, numbered past the handles already made for any of them.
+func defaultOwner(table string, contends []string) string {
 	processOwner.Lock()
 	defer processOwner.Unlock()
-	if processOwner.base == "" {
-		base := ownerBase(context.Background())
+	base := processOwner.base
+	if base == "" {
+		base = ownerBase(context.Background())
 		if os.Getenv(ECSMetadataEnv) == "" || strings.HasPrefix(base, "arn:") {
 			processOwner.base = base
 		}
-		return base + "-" + randomID(4)
 	}
-	return processOwner.base + "-" + randomID(4)
+	base += "-" + processSuffix()
+	if processOwner.taken == nil {
+		processOwner.taken = map[string]int{}
+	}
+	n := 1
+	for _, c := range contends {
+		n = max(n, processOwner.taken[table+"\x00"+c]+1)
+	}
+	for _, c := range contends {
+		processOwner.taken[table+"\x00"+c] = n
+	}
+	if n == 1 {
+		return base
+	}
+	return base + "-" + strconv.Itoa(n)
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/internal/ddbtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -60,7 +61,7 @@ func TestDefaultOwnerECS(t *testing.T) {
 	const arn = "arn:aws:ecs:us-west-2:111122223333:task/default/158d1c8083dd49d6b527399fd6414f5c"
 	assert.True(t, strings.HasPrefix(a, arn+"-"), a)
 	assert.Regexp(t, suffix, a)
-	assert.NotEqual(t, a, b, "two calls share a suffix")
+	assert.Equal(t, a, b, "one process, one owner id")
 	assert.Equal(t, []string{"/v4/0123abcd-metadata/task", "/v4/0123abcd-metadata/task"}, paths)
 }
 
@@ -162,12 +163,56 @@ func TestDefaultOwnerElsewhere(t *testing.T) {
 	owner := ddblease.DefaultOwner(context.Background())
 	assert.Regexp(t, "^"+regexp.QuoteMeta(fmt.Sprintf("%s-%d-", host, os.Getpid()))+"[0-9a-f]{8}$", owner)
 
-	// New's default is such an id, distinct per handle.
+	// New's default is such an id, distinct per handle on one job.
 	db := srv.Client(nil)
-	a, err := ddblease.New(db, "some-table", "job")
+	table := "some-table-" + ddbtest.RandomID()
+	a, err := ddblease.New(db, table, "job")
 	require.NoError(t, err)
-	b, err := ddblease.New(db, "some-table", "job")
+	b, err := ddblease.New(db, table, "job")
 	require.NoError(t, err)
 	assert.Regexp(t, suffix, a.Owner())
 	assert.NotEqual(t, a.Owner(), b.Owner())
+}
+
+// The handles a process makes with the default owner share one owner id,
+// so that an operator sees the process as one owner whatever jobs it
+// leads; handles of the process that contend for one job (or a pool and a
+// job of it) get numbered ids, and contend as two.
+func TestDefaultOwnerOnePerProcess(t *testing.T) {
+	ctx := withTimeout(t, 30*time.Second)
+	table, db := tableAndClient(t)
+	owner := func(l *ddblease.Lease, err error) string {
+		t.Helper()
+		require.NoError(t, err)
+		return l.Owner()
+	}
+	process := ddblease.DefaultOwner(ctx)
+	a := owner(ddblease.New(db, table, "billing"))
+	assert.Equal(t, process, a, "the default owner is DefaultOwner's")
+	assert.Equal(t, process, owner(ddblease.New(db, table, "report")), "another job, the same owner")
+	other, err := ddblease.New(db, table, "billing", func(o *ddblease.Options) { o.Logger = quiet })
+	require.NoError(t, err)
+	assert.Equal(t, process+"-2", other.Owner(), "a second handle on one job")
+	assert.Equal(t, process+"-3", owner(ddblease.New(db, table, "billing")), "a third")
+	assert.Equal(t, process, owner(ddblease.New(db, "other-"+table, "billing")), "the same job in another table")
+
+	pool, err := ddblease.NewPool(db, table, "tenants", []string{"t1", "report"})
+	require.NoError(t, err)
+	assert.Equal(t, process+"-2", pool.Lease("t1").Owner(), "the pool contends for report with a handle of the process")
+	assert.Equal(t, process+"-3", owner(ddblease.New(db, table, "t1")))
+	assert.Equal(t, process, owner(ddblease.New(db, table, "t2")))
+
+	// Two handles on one job are two contenders: the second finds the lease
+	// held by the first.
+	first, err := ddblease.New(db, table, "billing", func(o *ddblease.Options) { o.Logger = quiet })
+	require.NoError(t, err)
+	_, err = first.TryAcquire(ctx)
+	require.NoError(t, err)
+	_, err = other.TryAcquire(ctx)
+	var held *ddblease.HeldError
+	require.ErrorAs(t, err, &held)
+	assert.Equal(t, first.Owner(), held.Owner)
+	assert.True(t, first.IsLeader())
+	assert.False(t, other.IsLeader())
+	require.NoError(t, first.Resign(ctx))
 }

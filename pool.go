@@ -83,7 +83,11 @@ type watchedEntry struct {
 // given; the pool's name and the jobs' names follow the rules of job names.
 // It makes no call.
 func NewPool(db DynamoDBAPI, table, pool string, jobs []string, optFns ...func(*Options)) (*Pool, error) {
-	o, err := checkNew(db, table, "pool name", pool, optFns)
+	contends := []string{"pool\x00" + pool}
+	for _, job := range jobs {
+		contends = append(contends, "job\x00"+job)
+	}
+	o, err := checkNew(db, table, "pool name", pool, contends, optFns)
 	if err != nil {
 		return nil, err
 	}

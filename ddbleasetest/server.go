@@ -20,6 +20,15 @@
 // With DDBLEASE_TEST_ENDPOINT=http://host:port set, the same tests run
 // against that server instead (DynamoDB Local, dynalite, LocalStack).
 //
+// Where minidyn v0.8.2 alone would differ from DynamoDB in ways a test
+// could pass on and a service fail on, the in-process server applies
+// DynamoDB's rule or refuses the request: it applies the REMOVE clause of
+// an update as DynamoDB does (minidyn ignores a top-level one), and
+// answers a write that would store an empty map or list, which minidyn
+// returns as a value the SDK misreads, with a ValidationException that
+// says so. Its other gaps (numbers in
+// float64, no TTL calls) are listed in the repository's docs/testing.md.
+//
 // The client this package builds has a fixed region and static dummy
 // credentials, so the SDK never looks for real credentials (no instance
 // metadata calls).
@@ -33,6 +42,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -116,16 +126,32 @@ func (s *Server) Close() {
 }
 
 // serialized runs one request at a time: minidyn guards items with a lock
-// but not its table map, which CreateTable writes. It also adds the
-// X-Amz-Crc32 header that DynamoDB sends and minidyn does not: without it,
-// an SDK client that logs (config.LoadDefaultConfig's) warns on every
-// response that the checksum did not match.
+// but not its table map, which CreateTable writes. It applies the REMOVE
+// clauses of updates itself, which minidyn ignores or mishandles, and
+// refuses writes that would store empty maps and lists, which minidyn
+// returns wrong (remove.go). It also adds the X-Amz-Crc32 header that DynamoDB sends and
+// minidyn does not: without it, an SDK client that logs
+// (config.LoadDefaultConfig's) warns on every response that the checksum
+// did not match.
 func serialized(h http.Handler) http.Handler {
 	var mu sync.Mutex
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body []byte
+		op := Op(r)
+		switch op {
+		case "UpdateItem", "TransactWriteItems", "PutItem", "BatchWriteItem":
+			var err error
+			if body, err = io.ReadAll(r.Body); err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
 		mu.Lock()
 		rec := &recorder{header: http.Header{}, status: http.StatusOK}
-		h.ServeHTTP(rec, r)
+		if body == nil || !serveWrite(h, rec, op, body) {
+			h.ServeHTTP(rec, r)
+		}
 		mu.Unlock()
 		for k, v := range rec.header {
 			w.Header()[k] = v

@@ -4,12 +4,12 @@ go 1.26.8
 
 replace (
 	github.com/ddblease/ddblease => ../..
-	github.com/ddblease/ddblease/otel => ../../otel
+	github.com/ddblease/ddblease/ddbleaseotel => ../../ddbleaseotel
 )
 
 require (
 	github.com/ddblease/ddblease v0.1.0
-	github.com/ddblease/ddblease/otel v0.1.0
+	github.com/ddblease/ddblease/ddbleaseotel v0.1.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.0

@@ -27,8 +27,8 @@ import (
 	"time"
 
 	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/ddbleaseotel"
 	"github.com/ddblease/ddblease/ddbleasetest"
-	ddbleaseotel "github.com/ddblease/ddblease/otel"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"

@@ -39,7 +39,7 @@ func main() {
 	check(err)
 
 	n := 0
-	err = lease.RunSchedule(ctx, ddblease.Every(*every), func(ctx context.Context, run *ddblease.JobRun) error {
+	invoice := func(ctx context.Context, run *ddblease.JobRun) error {
 		// Only the leader gets here, once per slot, with its tenure's fence.
 		_, err := guard.Put(ctx, run.Fence(), &dynamodb.PutItemInput{
 			TableName: aws.String("invoices"),
@@ -58,8 +58,8 @@ func main() {
 			stop() // shut down as on SIGTERM: Run resigns once fn returns
 		}
 		return nil
-	})
-	check(err)
+	}
+	check(lease.RunSchedule(ctx, ddblease.Every(*every), invoice))
 	fmt.Println("stopped and resigned the lease")
 }
 

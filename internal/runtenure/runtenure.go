@@ -1,4 +1,4 @@
-// Package runtenure gives the scheduler adapters (gocron/, robfigcron/)
+// Package runtenure gives the scheduler adapters (ddbleasegocron/, ddbleaserobfig/)
 // one implementation of a run's context: the runs claimed under a tenure
 // keep a context that lives through a shutdown's drain, and the lease is
 // resigned only after their outcome is recorded. It is internal to this

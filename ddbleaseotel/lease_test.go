@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/ddbleaseotel"
 	"github.com/ddblease/ddblease/ddbleasetest"
 	"github.com/ddblease/ddblease/internal/leakcheck"
-	ddbleaseotel "github.com/ddblease/ddblease/otel"
 )
 
 var srv *ddbleasetest.Server

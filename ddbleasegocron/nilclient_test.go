@@ -5,7 +5,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/ddblease/ddblease"
-	ddbleasegocron "github.com/ddblease/ddblease/gocron"
+	"github.com/ddblease/ddblease/ddbleasegocron"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )

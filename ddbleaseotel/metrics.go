@@ -28,7 +28,7 @@ import (
 )
 
 // ScopeName is the instrumentation scope of the meter Metrics uses.
-const ScopeName = "github.com/ddblease/ddblease/otel"
+const ScopeName = "github.com/ddblease/ddblease/ddbleaseotel"
 
 // Attribute keys of the instruments.
 const (

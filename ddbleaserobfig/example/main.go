@@ -6,7 +6,7 @@
 // resigns, and another replica carries on. It needs no DynamoDB: it starts
 // an in-process DynamoDB-compatible server unless -endpoint names one.
 //
-//	go run ./example                  (from the robfigcron directory)
+//	go run ./example                  (from the ddbleaserobfig directory)
 //	go run ./example -endpoint http://127.0.0.1:8000
 package main
 
@@ -24,8 +24,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/ddbleaserobfig"
 	"github.com/ddblease/ddblease/ddbleasetest"
-	ddbleaserobfig "github.com/ddblease/ddblease/robfigcron"
 	"github.com/robfig/cron/v3"
 )
 

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/ddbleaserobfig"
 	"github.com/ddblease/ddblease/ddbleasetest"
-	ddbleaserobfig "github.com/ddblease/ddblease/robfigcron"
 	"github.com/robfig/cron/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"

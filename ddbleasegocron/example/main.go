@@ -6,7 +6,7 @@
 // lease, the lease is resigned, and another replica carries on. It needs no DynamoDB: it starts an in-process
 // DynamoDB-compatible server unless -endpoint names one.
 //
-//	go run ./example                  (from the gocron directory)
+//	go run ./example                  (from the ddbleasegocron directory)
 //	go run ./example -endpoint http://127.0.0.1:8000
 package main
 
@@ -25,8 +25,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/ddbleasegocron"
 	"github.com/ddblease/ddblease/ddbleasetest"
-	ddbleasegocron "github.com/ddblease/ddblease/gocron"
 	"github.com/go-co-op/gocron/v2"
 )
 

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ddblease/ddblease"
-	ddbleasegocron "github.com/ddblease/ddblease/gocron"
+	"github.com/ddblease/ddblease/ddbleasegocron"
 	"github.com/go-co-op/gocron/v2"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"

@@ -11,7 +11,7 @@ import (
 // TestDocSnippets checks that the code shown in docs/schedulers.md for
 // this module is the code between "// snippet: NAME" and "// snippet: end"
 // in the file the doc names, one tab of indentation less.
-func TestDocSnippets(t *testing.T) { checkSnippets(t, "gocron/") }
+func TestDocSnippets(t *testing.T) { checkSnippets(t, "ddbleasegocron/") }
 
 var snippetRE = regexp.MustCompile("(?s)<!-- snippet: (\\S+) (\\S+) -->\n```go\n(.*?)\n```")
 

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/ddblease/ddblease"
-	ddbleaserobfig "github.com/ddblease/ddblease/robfigcron"
+	"github.com/ddblease/ddblease/ddbleaserobfig"
 	"github.com/robfig/cron/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
