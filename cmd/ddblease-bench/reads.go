@@ -123,16 +123,21 @@ func (e *examined) take() (items, requests int, units float64) {
 	return items, requests, units
 }
 
+// reads measures the reads figure and records it in the results.
 func (r *runner) reads() {
-	runs := r.cfg.readsRuns
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	counter := &examined{base: newTransport(8)}
 	db := newClient(r.cfg.endpoint, counter)
 	oldTable, newTable := r.cfg.table+"-reads-old-"+r.runID, r.cfg.table+"-reads-"+r.runID
 	now := time.Now().UTC().Truncate(time.Minute)
-	r.logf("reads: filling two tables with %d jobs and %d runs", readsJobs, runs)
-	if err := fillReads(ctx, db, oldTable, newTable, runs, now); err != nil {
+	r.logf("reads: filling two tables with %d jobs and %d runs", readsJobs, r.cfg.readsRuns)
+	defer func() {
+		for _, t := range []string{oldTable, newTable} {
+			_, _ = db.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(t)})
+		}
+	}()
+	if err := fillReads(ctx, db, oldTable, newTable, r.cfg.readsRuns, now); err != nil {
 		r.fail("reads", err)
 		return
 	}
@@ -141,75 +146,85 @@ func (r *runner) reads() {
 		r.fail("reads", err)
 		return
 	}
-	job := "job03"
-	since := now.Add(-time.Hour)
-	measure := func(f func() int) (items, reqs int, units float64, n int) {
-		counter.take()
-		n = f()
-		items, reqs, units = counter.take()
-		return items, reqs, units, n
-	}
-	var res []readsResult
-	add := func(read string, oldRead, newRead func() int) {
-		oi, or, ou, _ := measure(oldRead)
-		ni, nr, nu, n := measure(newRead)
-		res = append(res, readsResult{Read: read, OldExamined: oi, OldRequests: or, NewExamined: ni, NewRequests: nr, Returned: n,
-			OldUnits: ou, NewUnits: nu})
-	}
-	must := func(n int, err error) int {
-		if err != nil {
-			r.fail("reads", err)
-		}
-		return n
-	}
-	add("status (every job)",
-		func() int { return must(scanPrefix(ctx, db, oldTable, "lease#")) },
+	rd := readings{ctx: ctx, db: db, admin: admin, oldTable: oldTable, counter: counter, fail: func(err error) { r.fail("reads", err) }}
+	res := rd.all("job03", now)
+	r.mu.Lock()
+	r.res.Reads, r.res.ReadsItems = res, r.cfg.readsRuns
+	r.mu.Unlock()
+}
+
+// readings makes the reads of the figure on both tables and counts them.
+type readings struct {
+	ctx      context.Context
+	db       *dynamodb.Client
+	admin    *ddblease.Admin
+	oldTable string
+	counter  *examined
+	fail     func(error)
+	res      []readsResult
+}
+
+// all makes each read, on job where it names one; now is the latest slot.
+func (rd *readings) all(job string, now time.Time) []readsResult {
+	ctx, admin, old := rd.ctx, rd.admin, rd.oldTable
+	// The command's status also shows each job's last run and last
+	// failure, from its 20 latest runs.
+	latest := ddblease.RunRange{Newest: true, Limit: 20}
+	rd.add("status (every job)",
+		func() int { return rd.must(scanPrefix(ctx, rd.db, old, "lease#")) },
 		func() int {
-			// The command also shows each job's last run and last failure,
-			// from its 20 latest runs.
 			js, err := admin.Jobs(ctx)
 			for _, j := range js {
-				_, err := admin.Runs(ctx, j.Job, ddblease.RunRange{Newest: true, Limit: 20})
-				must(0, err)
+				_, err := admin.Runs(ctx, j.Job, latest)
+				rd.must(0, err)
 			}
-			return must(len(js), err)
+			return rd.must(len(js), err)
 		})
-	add("status "+job,
-		func() int { return must(getOld(ctx, db, oldTable, "lease#"+job)) },
+	rd.add("status "+job,
+		func() int { return rd.must(getOld(ctx, rd.db, old, "lease#"+job)) },
 		func() int {
 			_, err := admin.Job(ctx, job)
-			must(0, err)
-			_, err = admin.Runs(ctx, job, ddblease.RunRange{Newest: true, Limit: 20})
-			return must(1, err)
+			rd.must(0, err)
+			_, err = admin.Runs(ctx, job, latest)
+			return rd.must(1, err)
 		})
-	add("runs "+job+" --since 1h",
-		func() int {
-			must(getOld(ctx, db, oldTable, "lease#"+job))
-			return must(scanPrefix(ctx, db, oldTable, "jobrun#"+job+"#"))
-		},
-		func() int {
-			_, err := admin.Job(ctx, job)
-			must(0, err)
-			rs, err := admin.Runs(ctx, job, ddblease.RunRange{From: since})
-			return must(len(rs), err)
-		})
-	add("watch "+job+": one interval",
-		func() int {
-			must(getOld(ctx, db, oldTable, "lease#"+job))
-			return must(scanPrefix(ctx, db, oldTable, "jobrun#"+job+"#"))
-		},
-		func() int {
-			_, err := admin.Job(ctx, job)
-			must(0, err)
-			rs, err := admin.Runs(ctx, job, ddblease.RunRange{From: now}) // the latest run seen
-			return must(len(rs), err)
-		})
-	r.mu.Lock()
-	r.res.Reads, r.res.ReadsItems = res, runs
-	r.mu.Unlock()
-	for _, t := range []string{oldTable, newTable} {
-		_, _ = db.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(t)})
+	oldRuns := func() int {
+		rd.must(getOld(ctx, rd.db, old, "lease#"+job))
+		return rd.must(scanPrefix(ctx, rd.db, old, "jobrun#"+job+"#"))
 	}
+	newRuns := func(from time.Time) func() int {
+		return func() int {
+			_, err := admin.Job(ctx, job)
+			rd.must(0, err)
+			rs, err := admin.Runs(ctx, job, ddblease.RunRange{From: from})
+			return rd.must(len(rs), err)
+		}
+	}
+	rd.add("runs "+job+" --since 1h", oldRuns, newRuns(now.Add(-time.Hour)))
+	rd.add("watch "+job+": one interval", oldRuns, newRuns(now)) // from the latest run seen
+	return rd.res
+}
+
+// add makes a read on the previous layout and on this one, counting each.
+func (rd *readings) add(read string, oldRead, newRead func() int) {
+	oi, or, ou, _ := rd.measure(oldRead)
+	ni, nr, nu, n := rd.measure(newRead)
+	rd.res = append(rd.res, readsResult{Read: read, OldExamined: oi, OldRequests: or, NewExamined: ni, NewRequests: nr,
+		Returned: n, OldUnits: ou, NewUnits: nu})
+}
+
+func (rd *readings) measure(f func() int) (items, reqs int, units float64, n int) {
+	rd.counter.take()
+	n = f()
+	items, reqs, units = rd.counter.take()
+	return items, reqs, units, n
+}
+
+func (rd *readings) must(n int, err error) int {
+	if err != nil {
+		rd.fail(err)
+	}
+	return n
 }
 
 // fillReads makes the two tables and writes, into each, readsJobs jobs
