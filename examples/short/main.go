@@ -45,7 +45,7 @@ func main() {
 			TableName: aws.String("invoices"),
 			Item: map[string]types.AttributeValue{
 				"pk":     &types.AttributeValueMemberS{Value: run.IdempotencyKey()}, // job#slot
-				"sk":     &types.AttributeValueMemberS{Value: "invoice"},
+				"sk":     &types.AttributeValueMemberS{Value: "invoice"}, // a lease-shaped table: pk, sk
 				"amount": &types.AttributeValueMemberN{Value: "42"},
 			},
 			ConditionExpression: aws.String("attribute_not_exists(pk)"), // one invoice per slot
