@@ -10,9 +10,11 @@ import (
 	"github.com/ddblease/ddblease"
 )
 
-// Recorder remembers the last UpdateItem request the library sent, so that
-// a raw call can send the very same request (expressions, names, values
-// and return-value settings), whatever the library's expressions become.
+// Recorder remembers the last UpdateItem request of the lease protocol
+// the library sent (each sets the renewal version; the write that marks a
+// new job listed does not), so that a raw call can send the very same
+// request (expressions, names, values and return-value settings),
+// whatever the library's expressions become.
 type Recorder struct {
 	ddblease.DynamoDBAPI
 	mu   sync.Mutex
@@ -21,9 +23,11 @@ type Recorder struct {
 
 // UpdateItem records in and forwards it.
 func (r *Recorder) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
-	r.mu.Lock()
-	r.last = in
-	r.mu.Unlock()
+	if in.ExpressionAttributeValues[":rv"] != nil {
+		r.mu.Lock()
+		r.last = in
+		r.mu.Unlock()
+	}
 	return r.DynamoDBAPI.UpdateItem(ctx, in, optFns...)
 }
 
