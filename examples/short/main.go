@@ -44,8 +44,9 @@ func main() {
 		_, err := guard.Put(ctx, run.Fence(), &dynamodb.PutItemInput{
 			TableName: aws.String("invoices"),
 			Item: map[string]types.AttributeValue{
+				// CreateTable made "invoices" with a lease table's keys: pk and sk.
 				"pk":     &types.AttributeValueMemberS{Value: run.IdempotencyKey()}, // job#slot
-				"sk":     &types.AttributeValueMemberS{Value: "invoice"}, // a lease-shaped table: pk, sk
+				"sk":     &types.AttributeValueMemberS{Value: "invoice"},
 				"amount": &types.AttributeValueMemberN{Value: "42"},
 			},
 			ConditionExpression: aws.String("attribute_not_exists(pk)"), // one invoice per slot
