@@ -176,6 +176,8 @@ func TestUIBrowser(t *testing.T) {
 	waitFor(t, "a leads", a.l.IsLeader)
 	b := startScheduled(t, table, "billing", "replica-b", ddblease.Every(time.Second), fn)
 	startReplica(t, table, "nightly-report", "replica-a", func(context.Context, *ddblease.JobRun) error { return nil })
+	pool := startPool(t, table, "tenants", []string{"tenant-1", "tenant-2"}, "replica-a")
+	waitFor(t, "the pool leads its jobs", func() bool { return pool.Lease("tenant-1").IsLeader() && pool.Lease("tenant-2").IsLeader() })
 	fenceA := a.l.State().Fence
 
 	endpoint, reads := relay(t)
@@ -198,6 +200,12 @@ func TestUIBrowser(t *testing.T) {
 	p.click(failed)
 	p.until("the failed run's error", `document.querySelector('#detail pre.error')?.textContent === '`+failure+`'`)
 	assert.Contains(t, js[string](p, `document.querySelector('#detail').textContent`), "replica-a")
+
+	// The pool: its member and the jobs it holds.
+	p.until("the pool with its member and jobs", `document.querySelector('[data-pool="tenants"]')?.textContent.includes('replica-a')`)
+	poolText := js[string](p, `document.querySelector('[data-pool="tenants"]').textContent`)
+	assert.Contains(t, poolText, "2: tenant-1, tenant-2")
+	assert.Contains(t, poolText, "balanced")
 
 	// Pause, resume, trigger, each through the page and recorded as tester's.
 	p.act("billing", "pause")
@@ -238,8 +246,9 @@ func TestUIBrowser(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	n1, r1 := js[int](p, fetched), total(reads.Counts())
 	t.Logf("%d refreshes, %d reads in 2 s", n1-n0, r1-r0)
-	assert.GreaterOrEqual(t, r1-r0, (n1-n0-1)*(1+2), "at least one read per job and refresh: %v", reads.Counts())
-	assert.LessOrEqual(t, r1-r0, (n1-n0+1)*(3+2), "at most the listings and one read per job per refresh: %v", reads.Counts())
+	const jobs, pools = 4, 1
+	assert.GreaterOrEqual(t, r1-r0, (n1-n0-1)*(1+jobs), "at least one read per job and refresh: %v", reads.Counts())
+	assert.LessOrEqual(t, r1-r0, (n1-n0+1)*(3+jobs+pools), "at most the listings and one read per job and pool per refresh: %v", reads.Counts())
 	names := js[[]string](p, `performance.getEntriesByType('resource').map(e => e.name)`)
 	for _, u := range names {
 		path := strings.TrimPrefix(u, strings.TrimSuffix(ui.url, "/"))

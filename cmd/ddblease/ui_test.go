@@ -422,20 +422,10 @@ func TestUIMetricsInDocs(t *testing.T) {
 // members and the jobs each holds, balanced, and /metrics says so.
 func TestUIPoolOfTwoReplicas(t *testing.T) {
 	table := srv.NewTable(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	jobs := []string{"tenant-1", "tenant-2", "tenant-3", "tenant-4"}
 	var pools []*ddblease.Pool
 	for _, owner := range []string{"replica-a", "replica-b"} {
-		p, err := ddblease.NewPool(srv.Client(nil), table, "tenants", jobs, fast(owner))
-		require.NoError(t, err)
-		pools = append(pools, p)
-		pctx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() {
-			done <- p.Run(pctx, func(ctx context.Context, _ string, _ int64) error { <-ctx.Done(); return nil })
-		}()
-		t.Cleanup(func() { stop(); assert.NoError(t, <-done) })
+		pools = append(pools, startPool(t, table, "tenants", jobs, owner))
 	}
 	waitFor(t, "each replica leads two jobs", func() bool {
 		n := map[int]int{}
@@ -475,4 +465,19 @@ func TestUIPoolOfTwoReplicas(t *testing.T) {
 	assert.Contains(t, body, `ddblease_pool_members{ddblease_pool="tenants"} 2`)
 	assert.Contains(t, body, `ddblease_pool_member_jobs{ddblease_owner="replica-a",ddblease_pool="tenants"} 2`)
 	assert.Contains(t, body, `ddblease_pool_jobs_off_balance{ddblease_pool="tenants"} 0`)
+}
+
+// startPool runs a pool of jobs in table as owner until the test ends;
+// its function holds each job until it is stopped.
+func startPool(t *testing.T, table, name string, jobs []string, owner string) *ddblease.Pool {
+	t.Helper()
+	p, err := ddblease.NewPool(srv.Client(nil), table, name, jobs, fast(owner))
+	require.NoError(t, err)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- p.Run(ctx, func(ctx context.Context, _ string, _ int64) error { <-ctx.Done(); return nil })
+	}()
+	t.Cleanup(func() { stop(); assert.NoError(t, <-done) })
+	return p
 }
