@@ -304,8 +304,10 @@ func batchWrite(ctx context.Context, db *dynamodb.Client, table string, items []
 }
 
 // scanPrefix is a read of the previous layout: a strongly consistent Scan
-// of the whole table filtered to keys starting with prefix. It returns the
-// items found.
+// of the whole table filtered to keys starting with prefix, as the
+// previous release read it. It returns the items found. It is the only
+// Scan of the repository's non-test code, there to measure what the
+// previous layout cost; the library and the command never scan.
 func scanPrefix(ctx context.Context, db *dynamodb.Client, table, prefix string) (int, error) {
 	in := &dynamodb.ScanInput{
 		TableName:                 aws.String(table),
