@@ -168,7 +168,10 @@
 //     (a crash, a replica cut off: a LeaseDuration + MaxClockSkew for the
 //     membership to expire, concurrently with the lease) is taken as in
 //     LiveBound once the view lag has shown the membership gone
-//     (LiveBound + view lag); or a replica whose membership lapsed in the
+//     (LiveBound + view lag; twice LiveBound + view lag under a stepped
+//     clock, where the membership is seen gone only by watching it for a
+//     lease, and the lease is then watched for another); or a replica
+//     whose membership lapsed in the
 //     faults renews (CallTimeout + HeartbeatInterval), the others see it
 //     (view lag), the job's former assignee resigns (CallTimeout) and the
 //     new one takes it as a standby (RetryInterval + 2*CallTimeout +

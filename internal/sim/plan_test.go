@@ -696,8 +696,19 @@ func (p *Plan) viewLag() time.Duration {
 //     job it gets resigns (a CallTimeout), and it takes the lease as a
 //     standby (a RetryInterval, a read and a write), with the margin
 //     liveBound has (LeaseDuration/20).
+//
+// Where a replica's wall clock is stepped ahead, the lapse path waits
+// twice (seed 332471): a crashed replica whose clock was ahead when it
+// last wrote left a membership expiry and lease expiries too far out, so
+// the job's new assignee sees the membership gone only by watching it
+// unchanged for a lease (as in liveBound), and only then, once the job is
+// assigned to it, starts watching its lease as a standby does (docs/pool.md:
+// a job waits for its replica to be seen gone, then for its lease).
 func (p *Plan) poolLiveBound() time.Duration {
 	lapse := p.liveBound() + p.viewLag()
+	if p.stepped() {
+		lapse += p.liveBound()
+	}
 	rejoin := p.CallTimeout + p.Heartbeat + p.viewLag() + p.CallTimeout + p.Retry + 2*p.CallTimeout + p.Lease/20
 	return max(lapse, rejoin)
 }
