@@ -138,9 +138,9 @@ func TestLogLines(t *testing.T) {
 	t.Parallel()
 
 	// logged runs RunSchedule on one slot, calls during once it leads and
-	// returns the log and the slot's text.
+	// returns the log and the slot's text. during gets the log so far.
 	logged := func(t *testing.T, db ddblease.DynamoDBAPI, table string, fn func(context.Context, *ddblease.JobRun) error,
-		during func(l *ddblease.Lease)) (*logCapture, string) {
+		during func(l *ddblease.Lease, logs *logCapture)) (*logCapture, string) {
 		t.Helper()
 		ctx := withTimeout(t, 30*time.Second)
 		logs := newLogCapture()
@@ -165,7 +165,7 @@ func TestLogLines(t *testing.T) {
 		}()
 		eventually(t, "a leads", l.IsLeader)
 		if during != nil {
-			during(l)
+			during(l, logs)
 		}
 		// Wait for the slot to be recorded, then stop.
 		admin := newAdmin(t, srv.Client(nil), table)
@@ -185,7 +185,7 @@ func TestLogLines(t *testing.T) {
 		logs, slot := logged(t, db, table, func(context.Context, *ddblease.JobRun) error {
 			t.Error("a paused slot ran")
 			return nil
-		}, func(*ddblease.Lease) {
+		}, func(*ddblease.Lease, *logCapture) {
 			_, err := newAdmin(t, db, table).Pause(context.Background(), "billing")
 			require.NoError(t, err)
 		})
@@ -223,9 +223,19 @@ func TestLogLines(t *testing.T) {
 		table := srv.NewTable(t)
 		faults := ddbtest.NewFaults(nil)
 		db := srv.Client(faults.Wrap)
-		logs, _ := logged(t, db, table, func(context.Context, *ddblease.JobRun) error { return nil }, func(l *ddblease.Lease) {
+		logs, _ := logged(t, db, table, func(context.Context, *ddblease.JobRun) error { return nil }, func(_ *ddblease.Lease, logs *logCapture) {
 			// Heartbeats are the lease's UpdateItems while it waits for
-			// the slot: fail two of them.
+			// the slot: fail two of them. The first acquisition's own
+			// UpdateItem (marking the job listed) is sent before the first
+			// heartbeat, which is awaited first.
+			eventually(t, "a first heartbeat", func() bool {
+				for _, r := range logs.all() {
+					if r.msg == "ddblease: renewed the lease" {
+						return true
+					}
+				}
+				return false
+			})
 			faults.Fail("UpdateItem", ddbtest.ServerError, 2)
 			eventually(t, "two heartbeats fail", func() bool { return faults.Faulted("UpdateItem") == 2 })
 		})
