@@ -66,14 +66,20 @@ type HealthOptions struct {
 	FailedRuns int
 }
 
-// HealthHandler returns an http.Handler for a liveness probe on leases:
-// it answers 200 and "ok" when CheckHealth(tolerance) returns nil for every
-// lease, else 503 and the reasons on one line. Mount it on, say, /healthz.
-func HealthHandler(tolerance time.Duration, leases ...*Lease) http.Handler {
+// HealthChecker is what HealthHandler probes: a *Lease or a *Pool.
+type HealthChecker interface {
+	CheckHealth(tolerance time.Duration) error
+}
+
+// HealthHandler returns an http.Handler for a liveness probe on leases and
+// pools: it answers 200 and "ok" when CheckHealth(tolerance) returns nil
+// for every one, else 503 and the reasons on one line. Mount it on, say,
+// /healthz.
+func HealthHandler(tolerance time.Duration, checks ...HealthChecker) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var why []string
-		for _, l := range leases {
-			if err := l.CheckHealth(tolerance); err != nil {
+		for _, c := range checks {
+			if err := c.CheckHealth(tolerance); err != nil {
 				why = append(why, err.Error())
 			}
 		}
@@ -236,4 +242,76 @@ func oneLine(err error) string {
 		return "<nil>"
 	}
 	return strings.Join(strings.Fields(err.Error()), " ")
+}
+
+// CheckHealth reports whether this replica's share of the pool is in a
+// state that restarting its process could cure. It returns nil, or an
+// error wrapping ErrUnhealthy that says why in one line, when the
+// membership's renewals have failed for longer than tolerance with no
+// success since, when Run returned an error and has not run again since,
+// or when CheckHealth of one of the pool's leases (Pool.Lease) fails.
+// Tolerance zero means LeaseDuration; a negative tolerance is an error
+// wrapping ErrInvalid. It needs no call to DynamoDB.
+func (p *Pool) CheckHealth(tolerance time.Duration) error {
+	if tolerance < 0 {
+		return invalid("health tolerance is negative (%v)", tolerance)
+	}
+	if tolerance == 0 {
+		tolerance = p.opts.LeaseDuration
+	}
+	errs := []error{p.health.check(p.opts.Now(), p.name, tolerance)}
+	for _, job := range p.jobs {
+		errs = append(errs, p.leases[job].CheckHealth(tolerance))
+	}
+	return errors.Join(errs...)
+}
+
+// stepMembership names, among the steps of EventRetry, a pool's
+// membership renewal.
+const stepMembership = "membership"
+
+// poolHealth tracks what Pool.CheckHealth reports of the membership.
+type poolHealth struct {
+	mu      sync.Mutex
+	failing bool
+	since   time.Time // the first failed renewal since the last success
+	err     error     // the latest
+	stop    error     // the error Run last returned, until it runs again
+	stopAt  time.Time
+}
+
+func (h *poolHealth) ok() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.failing, h.err, h.stop = false, nil, nil
+}
+
+func (h *poolHealth) fail(at time.Time, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.failing {
+		h.failing, h.since = true, at
+	}
+	h.err = err
+}
+
+// stopped records what Run returned.
+func (h *poolHealth) stopped(at time.Time, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.failing, h.stop, h.stopAt = false, err, at
+}
+
+func (h *poolHealth) check(now time.Time, pool string, tolerance time.Duration) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case h.stop != nil:
+		return fmt.Errorf("%w: pool %q: Run stopped with an error %v ago: %s",
+			ErrUnhealthy, pool, now.Sub(h.stopAt).Round(time.Millisecond), oneLine(h.stop))
+	case h.failing && now.Sub(h.since) > tolerance:
+		return fmt.Errorf("%w: pool %q: the membership's renewals have failed for %v (tolerance %v): %s",
+			ErrUnhealthy, pool, now.Sub(h.since).Round(time.Millisecond), tolerance, oneLine(h.err))
+	}
+	return nil
 }

@@ -95,7 +95,7 @@ var itemAttributes = map[string]bool{
 	attrJob: true, attrSlot: true, attrClaim: true, attrStatus: true, attrStartedAt: true, attrFinishedAt: true,
 	attrError: true, attrClaims: true, attrMissed: true, attrAbandonedBy: true, attrTrigger: true,
 	attrUnswept: true, attrSkippedIn: true, RunTTLAttribute: true,
-	attrPool: true, attrPoolJobs: true, memberExpiry: true, memberView: true,
+	attrPool: true, attrPoolJobs: true, memberExpiry: true, memberView: true, memberJobs: true, memberDeclined: true,
 }
 
 // Sort keys and partition key parts of the library's items.

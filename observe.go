@@ -18,7 +18,8 @@ import (
 type EventKind uint8
 
 // The kinds of Event. The fields each kind sets are listed beside it; Job,
-// Owner and Time are always set.
+// Owner and Time are always set, but for a pool's membership events (Pool
+// set, Job empty).
 const (
 	// EventCampaign: Run, RunSchedule or Acquire began to campaign.
 	EventCampaign EventKind = iota + 1
@@ -138,6 +139,7 @@ type Event struct {
 	Duration time.Duration // EventRunFinished
 	Missed   int           // EventSlotsMissed
 	Current  int64         // EventStaleFence
+	Pool     string        // EventRetry of a pool's membership (Op "membership"): the pool; Job is empty
 }
 
 // notifier delivers events to an observer in the order they were queued,

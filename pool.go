@@ -3,6 +3,7 @@ package ddblease
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -51,25 +52,34 @@ import (
 // replica's expiry; a join, up to two), then for its lease as any standby
 // does.
 type Pool struct {
-	db      DynamoDBAPI
-	table   string
-	name    string
-	jobs    []string // sorted, unique
-	leases  map[string]*Lease
-	opts    Options // resolved: the same for every job's lease
-	log     *slog.Logger
-	running atomic.Bool
+	db       DynamoDBAPI
+	table    string
+	name     string
+	jobs     []string // sorted, unique
+	jobsHash string   // names the job list in the member item (listHash)
+	leases   map[string]*Lease
+	opts     Options // resolved: the same for every job's lease
+	log      *slog.Logger
+	running  atomic.Bool
+	notify   notifier   // the membership's events, to Options.Observer
+	health   poolHealth // what CheckHealth reports of the membership
+	declines chan struct{}
 
 	mu   sync.Mutex
-	live []string // the live replicas last seen, sorted; nil before the first look
-	// views holds, for each live replica, the view it last wrote it acts
-	// on (viewOf its live replicas): a job is handed over only to a replica
-	// that acts on the same view, so that it campaigns for the job.
-	views map[string]string
+	seen poolView // the live members last read; live is nil before the first look
+	// declined holds the jobs an operator asked this replica to resign
+	// during this Run: it declines them (its member item says so).
+	declined map[string]bool
 
 	// watched holds each member's expiry as last read, and when it was
 	// first read so by the runtime clock (renew's alone: no lock).
 	watched map[string]watchedEntry
+}
+
+// poolView is the pool as one renewal read it: the live members.
+type poolView struct {
+	live    []string          // sorted; nil before the first look
+	members map[string]member // the live members' items
 }
 
 // watchedEntry is a member's expiry as last read, and since when.
@@ -95,7 +105,7 @@ func NewPool(db DynamoDBAPI, table, pool string, jobs []string, optFns ...func(*
 		return nil, invalid("pool %q has no jobs", pool)
 	}
 	p := &Pool{db: db, table: table, name: pool, opts: o, leases: make(map[string]*Lease, len(jobs)),
-		log: lineLogger(o.Logger, "pool", pool, o.Owner)}
+		log: lineLogger(o.Logger, "pool", pool, o.Owner), notify: notifier{fn: o.Observer}, declines: make(chan struct{}, 1)}
 	for _, job := range jobs {
 		if _, dup := p.leases[job]; dup {
 			return nil, invalid("pool %q: job %q is listed twice", pool, job)
@@ -108,6 +118,7 @@ func NewPool(db DynamoDBAPI, table, pool string, jobs []string, optFns ...func(*
 		p.jobs = append(p.jobs, job)
 	}
 	slices.Sort(p.jobs)
+	p.jobsHash = listHash(p.jobs)
 	return p, nil
 }
 
@@ -116,26 +127,41 @@ func NewPool(db DynamoDBAPI, table, pool string, jobs []string, optFns ...func(*
 func (p *Pool) Lease(job string) *Lease { return p.leases[job] }
 
 // Members returns the replicas the pool last saw live, sorted (nil before
-// Run's first look at the pool's item).
+// Run's first look at the pool's members).
 func (p *Pool) Members() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return slices.Clone(p.live)
+	seen, _ := p.view()
+	return slices.Clone(seen.live)
 }
 
 // Assigned returns the jobs assigned to this replica by the replicas last
-// seen live, sorted: those it leads or campaigns for.
+// seen live, sorted: those it leads or campaigns for as its share.
 func (p *Pool) Assigned() []string {
-	p.mu.Lock()
-	live := p.live
-	p.mu.Unlock()
-	return Assign(p.jobs, live)[p.opts.Owner]
+	seen, _ := p.view()
+	owners, _ := p.assignment(seen)
+	var mine []string
+	for _, job := range p.jobs {
+		if owners[job] == p.opts.Owner {
+			mine = append(mine, job)
+		}
+	}
+	return mine
 }
 
 // Assign returns the assignment of jobs to replicas that every replica of a
 // pool computes from the same live replicas: owner -> its jobs, sorted.
-// Each replica gets len(jobs)/len(replicas) jobs, or one more.
+// Each replica gets len(jobs)/len(replicas) jobs, or one more. A replica
+// that joins or leaves moves few jobs besides the ones it must (rendezvous
+// hashing: each job goes to the replica ranked highest for it that has
+// room).
 func Assign(jobs, replicas []string) map[string][]string {
+	return assign(jobs, replicas, nil)
+}
+
+// assign is Assign, with the jobs each replica declines (declined[replica]
+// [job]): a replica that declines a job ranks last for it, and the jobs
+// some replica declines are placed first, so that a decline moves its job
+// whenever another replica can take it.
+func assign(jobs, replicas []string, declined map[string]map[string]bool) map[string][]string {
 	out := make(map[string][]string, len(replicas))
 	if len(replicas) == 0 {
 		return out
@@ -147,22 +173,31 @@ func Assign(jobs, replicas []string) map[string][]string {
 	slices.Sort(js)
 	js = slices.Compact(js)
 	hashes := make(map[string]uint64, len(js))
+	someDecline := map[string]bool{}
 	for _, j := range js {
 		hashes[j] = hash64(j)
+		for _, r := range reps {
+			someDecline[j] = someDecline[j] || declined[r][j]
+		}
 	}
-	slices.SortFunc(js, func(a, b string) int { return cmp.Or(cmp.Compare(hashes[a], hashes[b]), cmp.Compare(a, b)) })
+	slices.SortFunc(js, func(a, b string) int {
+		return cmp.Or(cmp.Compare(b2i(someDecline[b]), b2i(someDecline[a])), cmp.Compare(hashes[a], hashes[b]), cmp.Compare(a, b))
+	})
 	limit := (len(js) + len(reps) - 1) / len(reps)
 	spare := len(js) - (limit-1)*len(reps) // replicas that may get the extra job
 	type rank struct {
-		rep string
-		h   uint64
+		rep      string
+		declines bool
+		h        uint64
 	}
 	ranks := make([]rank, len(reps))
 	for _, j := range js {
 		for i, r := range reps {
-			ranks[i] = rank{r, hash64(j + "\x00" + r)}
+			ranks[i] = rank{r, declined[r][j], hash64(j + "\x00" + r)}
 		}
-		slices.SortFunc(ranks, func(a, b rank) int { return cmp.Or(cmp.Compare(b.h, a.h), cmp.Compare(a.rep, b.rep)) })
+		slices.SortFunc(ranks, func(a, b rank) int {
+			return cmp.Or(cmp.Compare(b2i(a.declines), b2i(b.declines)), cmp.Compare(b.h, a.h), cmp.Compare(a.rep, b.rep))
+		})
 		for _, r := range ranks {
 			n := len(out[r.rep])
 			if n < limit-1 || n == limit-1 && spare > 0 {
@@ -178,6 +213,13 @@ func Assign(jobs, replicas []string) map[string][]string {
 		slices.Sort(v)
 	}
 	return out
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func hash64(s string) uint64 {
@@ -197,12 +239,34 @@ func hash64(s string) uint64 {
 // drains and resigns, and the job's new replica takes it). fn is called as
 // Lease.Run calls it, with the job's name.
 //
-// When ctx ends, Run removes this replica from the pool's item, then drains
-// and resigns every job it leads, and returns nil. An error fn returns
-// while it leads (not after its tenure ended), or a panic in fn (as a
-// *PanicError), stops the pool on this replica the same way, and is
-// returned, naming its job. A second Run on
-// the same pool while one is active is an error.
+// A job whose fn returns nil on its own, while it leads, is resigned (as
+// Lease.Run does) and campaigned for again at the pool's next membership
+// renewal, up to a HeartbeatInterval later; it stays assigned to this
+// replica. An operator's resign request (Admin.RequestResign) on a job
+// this replica leads is drained like a hand-over and moves the job: this
+// replica declines it (its member item says so) for as long as this Run
+// lasts, and the others assign it elsewhere at their next renewal (with a
+// single replica, or every replica declining it, it comes back). To keep
+// the shares even, another job may move to this replica in its place.
+//
+// Replicas may run different job lists for a while (a deploy that adds or
+// removes jobs): each member item names its list (a hash), and a replica
+// campaigns, besides its own share, for every job of its list assigned to
+// a replica that runs another list, so that no job is left without a
+// leader while the lists differ; it never hands a job over to such a
+// replica.
+//
+// When ctx ends, Run removes this replica from the pool, then drains and
+// resigns every job it leads, and returns nil. It stops the same way, and
+// returns the error, naming its job, when fn returns an error while it
+// leads (not after its tenure ended) or panics (a *PanicError); and, naming
+// the table and the member item, when a membership renewal fails with an
+// error that retrying cannot mend (a missing table, a wrong key schema,
+// denied access, bad credentials). Other renewal failures are retried each
+// HeartbeatInterval: each is logged at Warn and reported to
+// Options.Observer as EventRetry with Op "membership" and Pool set, and
+// CheckHealth fails once they have lasted longer than its tolerance. A
+// second Run on the same pool while one is active is an error.
 func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string, fence int64) error) error {
 	if fn == nil {
 		return invalid("pool %q: Run: fn is nil", p.name)
@@ -214,132 +278,207 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 	if ctx.Err() != nil {
 		return fmt.Errorf("ddblease: pool %q: %w", p.name, ended(ctx))
 	}
+	p.begin()
 	p.list(ctx)
-	type jobRun struct {
-		cancel    context.CancelFunc
-		cancelled bool // handed over, or stopped with the pool
-		done      chan struct{}
-		err       error
-	}
-	runs := map[string]*jobRun{}
-	finished := make(chan string, len(p.jobs))
-	runCtx, stopAll := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopAll()
-	// stop leaves the pool, then drains and resigns every job, and returns
-	// their errors (a drain timeout, a resignation that failed) with the
-	// one that stopped the pool, if any.
-	stop := func(failed error) error {
-		p.leave()
-		for _, r := range runs {
-			r.cancel()
-		}
-		errs := []error{failed}
-		for _, job := range slices.Sorted(maps.Keys(runs)) {
-			r := runs[job]
-			<-r.done
-			if r.err != nil {
-				errs = append(errs, fmt.Errorf("ddblease: pool %q: job %q: %w", p.name, job, r.err))
-			}
-		}
-		return errors.Join(errs...)
-	}
-	var seenAt time.Time // when this replica's membership was last renewed
+	r := &poolRun{p: p, fn: fn, runs: map[string]*jobRun{}, finished: make(chan string, len(p.jobs))}
+	var cancel context.CancelFunc
+	r.runCtx, cancel = context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	err := r.loop(ctx)
+	p.health.stopped(p.opts.Now(), err)
+	return err
+}
+
+// poolRun is one Run of a pool: the Runs of the jobs it started.
+type poolRun struct {
+	p        *Pool
+	fn       func(ctx context.Context, job string, fence int64) error
+	runs     map[string]*jobRun
+	finished chan string     // a job's Run returned
+	runCtx   context.Context // the jobs' Runs' parent: ends when Run returns
+	seenAt   time.Time       // when this replica's membership was last renewed
+	unsentAt time.Time       // the first renewal never sent, while none has reached the table
+	reached  bool            // a renewal reached the table
+}
+
+// jobRun is the Run of one job of a pool.
+type jobRun struct {
+	cancel    context.CancelFunc
+	cancelled bool // handed over, declined, or stopped with the pool
+	done      chan struct{}
+	err       error
+}
+
+// loop renews the membership and acts on it every HeartbeatInterval, or
+// at once after a decline, until ctx ends or the pool must stop.
+func (r *poolRun) loop(ctx context.Context) error {
+	p := r.p
 	for {
-		live, views, err := p.renew(ctx)
-		now := p.opts.Now()
-		switch {
-		case err == nil:
-			seenAt = now
-		case ctx.Err() != nil:
-		default:
-			p.log.Warn("ddblease: could not renew the pool membership", "err", err)
-			if !seenAt.IsZero() && now.Sub(seenAt) > p.opts.LeaseDuration-p.opts.margin() {
-				// The others count this replica gone: lead nothing they
-				// may have taken on.
-				live = []string{}
-			}
+		if err := r.renew(ctx); err != nil {
+			return r.stop(err)
 		}
-		if live != nil {
-			p.mu.Lock()
-			p.live, p.views = live, views
-			p.mu.Unlock()
-		}
-		live, views = p.seen()
-		mine, owners := viewOf(live), map[string]string{}
-		for rep, jobs := range Assign(p.jobs, live) {
-			for _, job := range jobs {
-				owners[job] = rep
-			}
-		}
-		for job, r := range runs {
-			to := owners[job]
-			if to == p.opts.Owner || r.cancelled {
-				continue
-			}
-			if to != "" && views[to] != mine && p.leases[job].IsLeader() {
-				// Its replica does not act on this view yet, and may not
-				// campaign for the job: keep leading it until it does.
-				continue
-			}
-			r.cancelled = true
-			r.cancel() // a hand-over: the job's Run drains and resigns
-		}
-		want := map[string]bool{}
-		for job, to := range owners {
-			if to == p.opts.Owner {
-				want[job] = true
-			}
-		}
-		for job := range want {
-			if _, ok := runs[job]; ok || ctx.Err() != nil {
-				continue
-			}
-			jctx, cancel := context.WithCancel(runCtx)
-			r := &jobRun{cancel: cancel, done: make(chan struct{})}
-			runs[job] = r
-			l := p.leases[job]
-			go func() {
-				defer close(r.done)
-				defer func() { finished <- job }()
-				defer func() {
-					// A panic in fn (Run resigned, then panicked again) ends
-					// the pool like fn's error: nothing above this
-					// goroutine could recover it.
-					if v := recover(); v != nil {
-						pe, ok := v.(*PanicError)
-						if !ok {
-							pe = &PanicError{Value: v, Stack: debug.Stack()}
-						}
-						r.err = pe
-					}
-				}()
-				r.err = runJob(jctx, l, job, fn)
-			}()
-		}
+		r.act(ctx)
 		wait := time.NewTimer(jitter(p.opts.HeartbeatInterval))
-	waiting:
-		for {
-			select {
-			case <-ctx.Done():
-				wait.Stop()
-				return stop(nil)
-			case job := <-finished:
-				r := runs[job]
-				delete(runs, job)
-				switch {
-				case r.err == nil:
-				case r.cancelled:
-					p.log.Warn("ddblease: a job handed over did not end cleanly", "job", job, "err", r.err)
-				default:
-					// fn failed while it led: the pool stops, as Run does.
-					wait.Stop()
-					return stop(fmt.Errorf("ddblease: pool %q: job %q: %w", p.name, job, r.err))
-				}
-			case <-wait.C:
-				break waiting
-			}
+		err, again := r.wait(ctx, wait.C)
+		wait.Stop()
+		if !again {
+			return r.stop(err)
 		}
 	}
+}
+
+// renew renews this replica's membership and records the members read. It
+// returns an error that retrying cannot mend; it reports and logs others.
+func (r *poolRun) renew(ctx context.Context) error {
+	p := r.p
+	seen, err := p.renew(ctx)
+	now := p.opts.Now()
+	switch {
+	case err == nil:
+		r.seenAt, r.reached = now, true
+		p.health.ok()
+		p.mu.Lock()
+		p.seen = seen
+		p.mu.Unlock()
+		return nil
+	case ctx.Err() != nil:
+		return nil
+	case !retryable(err):
+		return err
+	case unsent(err) && !r.reached && !p.opts.mayPassAtStart(err, &r.unsentAt):
+		return fmt.Errorf("ddblease: pool %q: no request could be sent to table %q (check the client's credentials and region): %w",
+			p.name, p.table, err)
+	}
+	p.log.Warn("ddblease: could not renew the pool membership", "err", err)
+	p.health.fail(now, err)
+	p.notify.emit(Event{Kind: EventRetry, Pool: p.name, Owner: p.opts.Owner, Time: now, Op: stepMembership, Err: err})
+	if !r.seenAt.IsZero() && now.Sub(r.seenAt) > p.opts.LeaseDuration-p.opts.margin() {
+		// The others count this replica gone: lead nothing they may have
+		// taken on.
+		p.mu.Lock()
+		p.seen = poolView{live: []string{}}
+		p.mu.Unlock()
+	}
+	return nil
+}
+
+// act hands over the jobs assigned elsewhere and starts the Runs of the
+// jobs this replica campaigns for.
+func (r *poolRun) act(ctx context.Context) {
+	p := r.p
+	seen, declined := p.view()
+	owners, mine := p.assignment(seen)
+	for job, run := range r.runs {
+		to := owners[job]
+		switch {
+		case run.cancelled || to == p.opts.Owner || p.alsoFor(seen, to):
+			continue
+		case !declined[job] && to != "" && seen.members[to].view != mine && p.leases[job].IsLeader():
+			// Its replica does not act on this view yet, and may not
+			// campaign for the job: keep leading it until it does.
+			continue
+		}
+		run.cancelled = true
+		run.cancel() // a hand-over: the job's Run drains and resigns
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	for _, job := range p.jobs {
+		to := owners[job]
+		if _, ok := r.runs[job]; ok || declined[job] && len(seen.live) > 1 ||
+			to != p.opts.Owner && !p.alsoFor(seen, to) {
+			continue
+		}
+		r.start(job)
+	}
+}
+
+// start runs the lease of job.
+func (r *poolRun) start(job string) {
+	p := r.p
+	jctx, cancel := context.WithCancel(r.runCtx)
+	run := &jobRun{cancel: cancel, done: make(chan struct{})}
+	r.runs[job] = run
+	l := p.leases[job]
+	go func() {
+		defer close(run.done)
+		defer func() { r.finished <- job }()
+		defer func() {
+			// A panic in fn (Run resigned, then panicked again) ends the
+			// pool like fn's error: nothing above this goroutine could
+			// recover it.
+			if v := recover(); v != nil {
+				pe, ok := v.(*PanicError)
+				if !ok {
+					pe = &PanicError{Value: v, Stack: debug.Stack()}
+				}
+				run.err = pe
+			}
+		}()
+		run.err = runJob(jctx, l, job, func(ctx context.Context, job string, fence int64) error {
+			err := r.fn(ctx, job, fence)
+			if errors.Is(context.Cause(ctx), ErrResignRequested) {
+				p.decline(job)
+			}
+			return err
+		})
+	}()
+}
+
+// wait waits for the next renewal: the timer, or a decline. It returns
+// again false, with the error that stops the pool if any, when ctx ended
+// or a job's fn failed.
+func (r *poolRun) wait(ctx context.Context, timer <-chan time.Time) (err error, again bool) {
+	p := r.p
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, false
+		case job := <-r.finished:
+			run := r.runs[job]
+			delete(r.runs, job)
+			switch {
+			case run.err == nil:
+			case run.cancelled:
+				p.log.Warn("ddblease: a job handed over did not end cleanly", "job", job, "err", run.err)
+			default:
+				// fn failed while it led: the pool stops, as Run does.
+				return fmt.Errorf("ddblease: pool %q: job %q: %w", p.name, job, run.err), false
+			}
+		case <-p.declines:
+			_, declined := p.view()
+			for job, run := range r.runs {
+				if declined[job] && !run.cancelled {
+					run.cancelled = true
+					run.cancel()
+				}
+			}
+			return nil, true
+		case <-timer:
+			return nil, true
+		}
+	}
+}
+
+// stop leaves the pool, then drains and resigns every job, and returns
+// their errors (a drain timeout, a resignation that failed) with the one
+// that stopped the pool, if any.
+func (r *poolRun) stop(failed error) error {
+	p := r.p
+	p.leave()
+	for _, run := range r.runs {
+		run.cancel()
+	}
+	errs := []error{failed}
+	for _, job := range slices.Sorted(maps.Keys(r.runs)) {
+		run := r.runs[job]
+		<-run.done
+		if run.err != nil {
+			errs = append(errs, fmt.Errorf("ddblease: pool %q: job %q: %w", p.name, job, run.err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // runJob runs the lease of job until jctx ends. A job started as the pool
@@ -353,22 +492,95 @@ func runJob(jctx context.Context, l *Lease, job string, fn func(context.Context,
 	return err
 }
 
-// seen returns the live replicas last seen and the view each acts on.
-func (p *Pool) seen() ([]string, map[string]string) {
+// begin readies the pool's state for a Run: nothing seen, nothing
+// declined, no decline pending.
+func (p *Pool) begin() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.live, p.views
+	p.seen, p.declined = poolView{}, nil
+	p.mu.Unlock()
+	select {
+	case <-p.declines:
+	default:
+	}
 }
 
-// viewOf names a set of live replicas (sorted): the same set, the same
-// name; "" for none.
-func viewOf(live []string) string {
-	if len(live) == 0 {
+// view returns the pool as last seen, and the jobs this replica declines.
+func (p *Pool) view() (poolView, map[string]bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.seen, maps.Clone(p.declined)
+}
+
+// decline records an operator's resign request on job: this replica
+// declines it, and renews its membership at once to say so.
+func (p *Pool) decline(job string) {
+	p.mu.Lock()
+	if p.declined == nil {
+		p.declined = map[string]bool{}
+	}
+	p.declined[job] = true
+	p.mu.Unlock()
+	p.log.Info("ddblease: an operator asked this replica to resign the job: it declines it while the pool runs", "job", job)
+	select {
+	case p.declines <- struct{}{}:
+	default:
+	}
+}
+
+// assignment returns the owner of each job by the live members seen, and
+// the view this replica acts on (viewOf).
+func (p *Pool) assignment(seen poolView) (owners map[string]string, view string) {
+	declined := map[string]map[string]bool{}
+	for _, r := range seen.live {
+		for _, job := range seen.members[r].declined {
+			if declined[r] == nil {
+				declined[r] = map[string]bool{}
+			}
+			declined[r][job] = true
+		}
+	}
+	owners = map[string]string{}
+	for rep, jobs := range assign(p.jobs, seen.live, declined) {
+		for _, job := range jobs {
+			owners[job] = rep
+		}
+	}
+	return owners, p.viewOf(seen)
+}
+
+// alsoFor reports whether this replica campaigns for the jobs of its list
+// assigned to replica to besides its own share: to runs another job list,
+// and may not campaign for them.
+func (p *Pool) alsoFor(seen poolView, to string) bool {
+	m, ok := seen.members[to]
+	return to != "" && to != p.opts.Owner && ok && m.jobs != p.jobsHash
+}
+
+// viewOf names what this replica's assignment depends on: its job list,
+// and each live member with the jobs it declines. Replicas that act on
+// the same view compute the same assignment.
+func (p *Pool) viewOf(seen poolView) string {
+	if len(seen.live) == 0 {
 		return ""
 	}
 	h := fnv.New64a()
-	for _, r := range live {
+	_, _ = h.Write([]byte(p.jobsHash))
+	for _, r := range seen.live {
+		_, _ = h.Write([]byte{0})
 		_, _ = h.Write([]byte(r))
+		for _, job := range seen.members[r].declined {
+			_, _ = h.Write([]byte{1})
+			_, _ = h.Write([]byte(job))
+		}
+	}
+	return strconv.FormatUint(h.Sum64(), 36)
+}
+
+// listHash names a job list (sorted) in a member item.
+func listHash(jobs []string) string {
+	h := fnv.New64a()
+	for _, j := range jobs {
+		_, _ = h.Write([]byte(j))
 		_, _ = h.Write([]byte{0})
 	}
 	return strconv.FormatUint(h.Sum64(), 36)
@@ -378,52 +590,61 @@ func viewOf(live []string) string {
 // another view than the one written.
 const maxWrites = 3
 
-// renew writes this replica's entry in the pool's item (its expiry, and the
-// view it acts on) and returns the live replicas the answer lists, sorted,
-// with the view each acts on. An answer that shows another view than the
+// renew writes this replica's member item (its expiry, the view it acts
+// on, its job list and the jobs it declines) and returns the live members
+// the pool's partition holds. An answer that shows another view than the
 // one written is written again at once, so that the others learn within a
 // round trip which view this replica acts on.
-func (p *Pool) renew(ctx context.Context) ([]string, map[string]string, error) {
-	live, _ := p.seen()
-	view := viewOf(live)
-	var views map[string]string
+func (p *Pool) renew(ctx context.Context) (poolView, error) {
+	seen, declined := p.view()
+	view := p.viewOf(seen)
 	for range maxWrites {
-		members, err := p.write(ctx, view)
+		members, err := p.write(ctx, view, slices.Sorted(maps.Keys(declined)))
 		if err != nil {
-			return nil, nil, err
+			return poolView{}, err
 		}
 		now := p.opts.Now()
 		p.watch(members)
 		p.forgetDead(ctx, members, now)
-		live = p.liveIn(members, now)
-		views = make(map[string]string, len(live))
-		for _, r := range live {
-			views[r] = members[r].view
+		seen = poolView{live: p.liveIn(members, now), members: map[string]member{}}
+		for _, r := range seen.live {
+			seen.members[r] = members[r]
 		}
-		if viewOf(live) == view {
+		if p.viewOf(seen) == view {
 			break
 		}
-		view = viewOf(live)
+		view = p.viewOf(seen)
 	}
-	return live, views, nil
+	return seen, nil
 }
 
-// write renews this replica's member item (its expiry, and the view it
-// acts on), then reads the pool's member items, and returns the members
-// they list.
-func (p *Pool) write(ctx context.Context, view string) (map[string]member, error) {
+// write renews this replica's member item, then reads the pool's member
+// items, and returns the members they list.
+func (p *Pool) write(ctx context.Context, view string, declined []string) (map[string]member, error) {
 	y := p.opts.Layout
+	key := y.memberKey(p.name, p.opts.Owner)
+	list, err := json.Marshal(declined)
+	if err != nil {
+		return nil, err
+	}
+	if declined == nil {
+		list = []byte("[]")
+	}
 	cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
-	_, err := p.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
-		TableName:                 aws.String(p.table),
-		Key:                       y.memberKey(p.name, p.opts.Owner),
-		UpdateExpression:          aws.String("SET #x = :x, #v = :v"),
-		ExpressionAttributeNames:  map[string]string{"#x": memberExpiry, "#v": memberView},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":x": avN(p.opts.Now().Add(p.opts.LeaseDuration).UnixMilli()), ":v": avS(view)},
+	_, err = p.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
+		TableName:        aws.String(p.table),
+		Key:              key,
+		UpdateExpression: aws.String("SET #x = :x, #v = :v, #j = :j, #d = :d"),
+		ExpressionAttributeNames: map[string]string{"#x": memberExpiry, "#v": memberView, "#j": memberJobs,
+			"#d": memberDeclined},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":x": avN(p.opts.Now().Add(p.opts.LeaseDuration).UnixMilli()), ":v": avS(view),
+			":j": avS(p.jobsHash), ":d": avS(string(list)),
+		},
 	})
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("ddblease: pool %q: renew membership: %w", p.name, explainTableError(ctx, p.db, p.table, y, err))
+		return nil, fmt.Errorf("ddblease: pool %q: renew its member item %q: %w", p.name, y.describe(key), explainTableError(ctx, p.db, p.table, y, err))
 	}
 	lo, hi := prefixRange(skMember)
 	items, err := query(ctx, p.db, p.table, y, y.poolPartition(p.name), lo, hi, 0, false, p.opts.CallTimeout,
@@ -446,15 +667,19 @@ func (p *Pool) write(ctx context.Context, view string) (map[string]member, error
 
 // Attributes of a pool's member item.
 const (
-	memberExpiry = "exp"  // N: the member's expiry, Unix ms, by its clock
-	memberView   = "view" // S: the view it acts on (viewOf)
+	memberExpiry   = "exp"      // N: the member's expiry, Unix ms, by its clock
+	memberView     = "view"     // S: the view it acts on (viewOf)
+	memberJobs     = "list"     // S: its job list (listHash)
+	memberDeclined = "declined" // S: the jobs it declines, a JSON array of names
 )
 
 // member is a pool's member item.
 type member struct {
-	owner string
-	exp   int64 // Unix ms; -1 if the item is malformed
-	view  string
+	owner    string
+	exp      int64 // Unix ms; -1 if the item is malformed
+	view     string
+	jobs     string
+	declined []string // sorted
 }
 
 // decodeMember reads a member item. A malformed one is returned with
@@ -468,10 +693,19 @@ func decodeMember(y Layout, item map[string]types.AttributeValue) (member, error
 	}
 	exp, eerr := num(item, memberExpiry)
 	view, verr := str(item, memberView)
-	if err = errors.Join(err, eerr, verr); err != nil || exp < 0 {
+	jobs, jerr := str(item, memberJobs)
+	list, lerr := str(item, memberDeclined)
+	var declined []string
+	if lerr == nil {
+		if derr := json.Unmarshal([]byte(list), &declined); derr != nil {
+			lerr = fmt.Errorf("attribute %q is not a JSON array of names: %v", memberDeclined, derr)
+		}
+	}
+	if err = errors.Join(err, eerr, verr, jerr, lerr); err != nil || exp < 0 {
 		return m, fmt.Errorf("%w: member item %q: %v", ErrMalformedItem, y.describe(item), errors.Join(err, fmt.Errorf("expiry %d", exp)))
 	}
-	m.exp, m.view = exp, view
+	slices.Sort(declined)
+	m.exp, m.view, m.jobs, m.declined = exp, view, jobs, declined
 	return m, nil
 }
 
@@ -566,7 +800,7 @@ func (p *Pool) leave() {
 		p.log.Warn("ddblease: could not leave the pool; the others take its jobs at its expiry", "err", err)
 	}
 	p.mu.Lock()
-	p.live = nil
+	p.seen = poolView{}
 	p.mu.Unlock()
 }
 

@@ -405,13 +405,16 @@ func poolView(t *testing.T, db *dynamodb.Client, table, member string) string {
 }
 
 // writeFakeMember writes an entry for member in pool "reports", expiring
-// in an hour, acting on view: a replica that runs no pool.
+// in an hour, acting on view, with a's job list and no job declined: a
+// replica that runs no pool.
 func writeFakeMember(ctx context.Context, t *testing.T, db *dynamodb.Client, table, member, view string) {
 	t.Helper()
+	a := poolMembers(t, db, table)["a"]
+	require.NotNil(t, a, "a's member item")
 	_, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table), Item: map[string]types.AttributeValue{
 		"pk": sAttr("pool#reports"), "sk": sAttr("member#" + member),
 		"exp":  nAttr(strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)),
-		"view": sAttr(view),
+		"view": sAttr(view), "list": a["list"], "declined": sAttr("[]"),
 	}})
 	require.NoError(t, err)
 }

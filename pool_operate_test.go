@@ -1,0 +1,228 @@
+package ddblease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/internal/ddbtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// leader returns the replica whose fn leads job, "" if none.
+func (w *poolWatch) leader(job string) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.active[job]
+}
+
+// A deploy that changes the job list runs replicas with two lists at once.
+// Each job of either list has a leader all along, even a job that the
+// replica with the new list would assign to one running the old list (which
+// does not know the job), and a job that the old list assigns to the
+// replica with the new list (which no longer runs it).
+func TestPoolJobListsThatDifferLeaveNoJobUnled(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	common := poolJobs(4)
+	// added: a job of the new list only, which the new list assigns to a
+	// (the old list's replica); removed: a job of the old list only, which
+	// the old list assigns to b (the new list's replica).
+	var added, removed string
+	for i := 0; added == "" || removed == ""; i++ {
+		if c := fmt.Sprintf("new-%d", i); added == "" && slices.Contains(ddblease.Assign(append(slices.Clone(common), c), []string{"a", "b"})["a"], c) {
+			added = c
+		}
+		if c := fmt.Sprintf("old-%d", i); removed == "" && slices.Contains(ddblease.Assign(append(slices.Clone(common), c), []string{"a", "b"})["b"], c) {
+			removed = c
+		}
+	}
+	oldList, newList := append(slices.Clone(common), removed), append(slices.Clone(common), added)
+	w := newPoolWatch(t)
+	a := newPool(t, db, table, oldList, fast("a"))
+	b := newPool(t, db, table, newList, fast("b"))
+	stopA := async(ctx, func(ctx context.Context) error { return a.Run(ctx, w.fn("a")) })
+	stopB := async(ctx, func(ctx context.Context) error { return b.Run(ctx, w.fn("b")) })
+	all := append(slices.Clone(common), added, removed)
+	everyJobLed := func() bool {
+		for _, job := range all {
+			if w.leader(job) == "" {
+				return false
+			}
+		}
+		return true
+	}
+	eventually(t, "every job of either list led", everyJobLed)
+	for range 8 { // four heartbeats: it stays so
+		time.Sleep(250 * time.Millisecond)
+		assert.True(t, everyJobLed(), "a job without a leader: %v", w.leads())
+	}
+	assert.Equal(t, "b", w.leader(added), "only b runs %s", added)
+	assert.Equal(t, "a", w.leader(removed), "only a runs %s", removed)
+	require.NoError(t, stopA())
+	// The deploy ends: b alone runs the new list, and leads all of it.
+	eventually(t, "b leads the new list", func() bool {
+		return assert.ObjectsAreEqual(map[string]int{"b": len(newList)}, w.leads())
+	})
+	require.NoError(t, stopB())
+}
+
+// An operator's resign request on a pool job moves it to another replica
+// within a heartbeat or two of the resignation, and it stays there; the
+// shares stay even.
+func TestPoolResignRequestMovesTheJob(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(4)
+	w := newPoolWatch(t)
+	a := newPool(t, db, table, jobs, fast("a"))
+	b := newPool(t, db, table, jobs, fast("b"))
+	stopA := async(ctx, func(ctx context.Context) error { return a.Run(ctx, w.fn("a")) })
+	stopB := async(ctx, func(ctx context.Context) error { return b.Run(ctx, w.fn("b")) })
+	defer func() { assert.NoError(t, stopB()) }()
+	defer func() { assert.NoError(t, stopA()) }()
+	eventually(t, "two jobs each", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2, "b": 2}, w.leads()) })
+	job := a.Assigned()[0]
+	require.True(t, a.Lease(job).IsLeader())
+	_, err := newAdmin(t, db, table).RequestResign(ctx, job, a.Lease(job).State().Fence)
+	require.NoError(t, err)
+	eventually(t, "b leads "+job, func() bool { return w.leader(job) == "b" })
+	eventually(t, "two jobs each again", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2, "b": 2}, w.leads()) })
+	for range 12 { // longer than a lease: a does not take it back
+		time.Sleep(250 * time.Millisecond)
+		assert.Equal(t, "b", w.leader(job))
+	}
+	assert.NotContains(t, a.Assigned(), job)
+}
+
+// A pool whose membership cannot be renewed for a reason retrying cannot
+// mend stops at once, with an error naming the table and the member item.
+func TestPoolStopsOnAnErrorRetryingCannotMend(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	db := srv.Client(nil)
+	called := atomic.Bool{}
+	p := newPool(t, db, "no-such-table", poolJobs(2), fast("a"))
+	err := p.Run(ctx, func(context.Context, string, int64) error { called.Store(true); return nil })
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `"no-such-table"`)
+	assert.Contains(t, err.Error(), "pool#reports/member#a")
+	assert.Contains(t, err.Error(), "not found")
+	assert.False(t, called.Load())
+	require.ErrorIs(t, p.CheckHealth(0), ddblease.ErrUnhealthy)
+	assert.Contains(t, p.CheckHealth(0).Error(), "Run stopped with an error")
+}
+
+// A membership renewal that keeps failing (here the read of the members)
+// is reported to the observer as EventRetry with Op "membership", and
+// fails CheckHealth (and a HealthHandler given the pool) once it has
+// lasted longer than the tolerance; a renewal that succeeds again clears
+// it.
+func TestPoolMembershipFailuresReported(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, faults, db := tableWithFaults(t)
+	var mu sync.Mutex
+	var retries []ddblease.Event
+	p := newPool(t, db, table, poolJobs(2), fast("a"), func(o *ddblease.Options) {
+		o.Observer = func(e ddblease.Event) {
+			if e.Kind == ddblease.EventRetry && e.Op == "membership" {
+				mu.Lock()
+				retries = append(retries, e)
+				mu.Unlock()
+			}
+		}
+	})
+	w := newPoolWatch(t)
+	stop := async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn("a")) })
+	defer func() { assert.NoError(t, stop()) }()
+	eventually(t, "a leads both jobs", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2}, w.leads()) })
+	h := ddblease.HealthHandler(300*time.Millisecond, p)
+	code, body := probe(t, h)
+	require.Equal(t, http.StatusOK, code, body)
+
+	faults.Fail("Query", ddbtest.ServerError, -1) // the members' read: only the membership uses Query
+	eventually(t, "the pool unhealthy", func() bool { code, _ := probe(t, h); return code == http.StatusServiceUnavailable })
+	_, body = probe(t, h)
+	assert.Contains(t, body, `pool "reports": the membership's renewals have failed for`)
+	mu.Lock()
+	require.NotEmpty(t, retries)
+	e := retries[0]
+	mu.Unlock()
+	assert.Equal(t, "reports", e.Pool)
+	assert.Equal(t, "a", e.Owner)
+	assert.Empty(t, e.Job)
+	assert.Contains(t, e.Err.Error(), "StatusCode: 500")
+
+	faults.Clear()
+	eventually(t, "healthy again", func() bool { return p.CheckHealth(300*time.Millisecond) == nil })
+}
+
+// A pool's fn that returns nil on its own, while it leads, resigns the
+// job; the pool campaigns for it again at its next membership renewal, and
+// fn is called again with a higher fence.
+func TestPoolFnReturningNilIsCalledAgain(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	p := newPool(t, db, table, []string{"only"}, fast("a"))
+	var mu sync.Mutex
+	var fences []int64
+	stop := async(ctx, func(ctx context.Context) error {
+		return p.Run(ctx, func(ctx context.Context, job string, fence int64) error {
+			mu.Lock()
+			fences = append(fences, fence)
+			n := len(fences)
+			mu.Unlock()
+			if n < 3 {
+				return nil
+			}
+			<-ctx.Done()
+			return nil
+		})
+	})
+	eventually(t, "fn called three times", func() bool { mu.Lock(); defer mu.Unlock(); return len(fences) == 3 })
+	require.NoError(t, stop())
+	assert.True(t, slices.IsSorted(fences) && fences[0] < fences[2], "fences %v", fences)
+}
+
+// A member item whose declined jobs are not a JSON array is malformed:
+// ignored, and removed.
+func TestPoolMalformedMemberIgnored(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	p := newPool(t, db, table, poolJobs(2), fast("a"))
+	w := newPoolWatch(t)
+	stop := async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn("a")) })
+	defer func() { assert.NoError(t, stop()) }()
+	eventually(t, "a leads both jobs", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2}, w.leads()) })
+	_, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table), Item: map[string]types.AttributeValue{
+		"pk": sAttr("pool#reports"), "sk": sAttr("member#b"),
+		"exp":  nAttr(strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)),
+		"view": sAttr("some view"), "list": sAttr("x"), "declined": sAttr("not json"),
+	}})
+	require.NoError(t, err)
+	for range 4 {
+		time.Sleep(250 * time.Millisecond)
+		assert.Equal(t, []string{"a"}, p.Members())
+	}
+	eventually(t, "b's item removed", func() bool { _, ok := poolMembers(t, db, table)["b"]; return !ok })
+	assert.False(t, errors.Is(p.CheckHealth(0), ddblease.ErrUnhealthy))
+	assert.False(t, strings.Contains(fmt.Sprint(w.leads()), "b"))
+}
