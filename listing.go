@@ -241,6 +241,9 @@ type PoolStatus struct {
 // PoolMember is a replica's member item in a pool.
 type PoolMember struct {
 	Owner string
+	// Declined are the jobs the replica declines, after an operator's
+	// resign request (docs/pool.md), sorted; nil if none.
+	Declined []string
 	// ExpiresAt is the expiry the replica wrote at its last renewal, by
 	// its clock: it is live while ExpiresAt is not older than
 	// MaxClockSkew.
@@ -286,7 +289,7 @@ func (a *Admin) members(ctx context.Context, pool string) ([]PoolMember, error) 
 	var out []PoolMember
 	for _, item := range items {
 		if m, err := decodeMember(y, item); err == nil {
-			out = append(out, PoolMember{Owner: m.owner, ExpiresAt: time.UnixMilli(m.exp)})
+			out = append(out, PoolMember{Owner: m.owner, ExpiresAt: time.UnixMilli(m.exp), Declined: m.declined})
 		}
 	}
 	return out, nil

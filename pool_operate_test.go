@@ -108,6 +108,14 @@ func TestPoolResignRequestMovesTheJob(t *testing.T) {
 		assert.Equal(t, "b", w.leader(job))
 	}
 	assert.NotContains(t, a.Assigned(), job)
+	pools, err := newAdmin(t, db, table).Pools(ctx)
+	require.NoError(t, err)
+	require.Len(t, pools, 1)
+	declined := map[string][]string{}
+	for _, m := range pools[0].Members {
+		declined[m.Owner] = m.Declined
+	}
+	assert.Equal(t, map[string][]string{"a": {job}, "b": nil}, declined, "what an operator sees of the decline")
 }
 
 // A pool whose membership cannot be renewed for a reason retrying cannot

@@ -35,6 +35,7 @@ type uiMember struct {
 	Owner     string
 	ExpiresAt time.Time
 	Jobs      []string
+	Declined  []string // after an operator's resign request
 }
 
 // uiActions is what the page's actions call: one call each.
@@ -77,7 +78,7 @@ func (s adminSource) Pools(ctx context.Context, jobs []ddblease.JobStatus) ([]ui
 	for _, p := range pools {
 		up, held := uiPool{Name: p.Name}, map[string]bool{}
 		for _, m := range p.Members {
-			um := uiMember{Owner: m.Owner, ExpiresAt: m.ExpiresAt}
+			um := uiMember{Owner: m.Owner, ExpiresAt: m.ExpiresAt, Declined: m.Declined}
 			for _, job := range p.Jobs {
 				if holder[job] == m.Owner {
 					um.Jobs = append(um.Jobs, job)

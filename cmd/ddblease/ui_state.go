@@ -209,6 +209,7 @@ type uiMemberView struct {
 	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
 	Live      bool       `json:"live"`
 	Jobs      []string   `json:"jobs"`
+	Declined  []string   `json:"declined"`
 }
 
 func poolView(p uiPool, now time.Time, skew time.Duration) uiPoolView {
@@ -216,7 +217,7 @@ func poolView(p uiPool, now time.Time, skew time.Duration) uiPoolView {
 	live := 0
 	for _, m := range p.Members {
 		mv := uiMemberView{Owner: m.Owner, ExpiresAt: tp(m.ExpiresAt), Live: !m.ExpiresAt.Before(now.Add(-skew)),
-			Jobs: append([]string{}, m.Jobs...)}
+			Jobs: append([]string{}, m.Jobs...), Declined: append([]string{}, m.Declined...)}
 		v.Members = append(v.Members, mv)
 		v.Jobs += len(m.Jobs)
 		if mv.Live {

@@ -325,12 +325,12 @@ func TestUIPoolBalance(t *testing.T) {
 		low, high int
 		off       int
 	}{
-		{"balanced", uiPool{Members: []uiMember{{"a", live, []string{"j1", "j2"}}, {"b", live, []string{"j3"}}}}, 1, 2, 0},
-		{"one holds all", uiPool{Members: []uiMember{{"a", live, []string{"j1", "j2", "j3", "j4"}}, {"b", live, nil}}}, 2, 2, 2},
-		{"a dead member's jobs move", uiPool{Members: []uiMember{{"a", live, []string{"j1"}}, {"b", dead, []string{"j2", "j3"}}}}, 3, 3, 2},
-		{"unheld jobs count in the share", uiPool{Members: []uiMember{{"a", live, []string{"j1"}}, {"b", live, nil}},
+		{"balanced", uiPool{Members: []uiMember{{"a", live, []string{"j1", "j2"}, nil}, {"b", live, []string{"j3"}, nil}}}, 1, 2, 0},
+		{"one holds all", uiPool{Members: []uiMember{{"a", live, []string{"j1", "j2", "j3", "j4"}, nil}, {"b", live, nil, nil}}}, 2, 2, 2},
+		{"a dead member's jobs move", uiPool{Members: []uiMember{{"a", live, []string{"j1"}, nil}, {"b", dead, []string{"j2", "j3"}, nil}}}, 3, 3, 2},
+		{"unheld jobs count in the share", uiPool{Members: []uiMember{{"a", live, []string{"j1"}, nil}, {"b", live, nil, nil}},
 			Unheld: []string{"j2", "j3", "j4"}}, 2, 2, 3},
-		{"no live member", uiPool{Members: []uiMember{{"b", dead, []string{"j1"}}}}, 0, 0, 0},
+		{"no live member", uiPool{Members: []uiMember{{"b", dead, []string{"j1"}, nil}}}, 0, 0, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			v := poolView(c.pool, now, time.Second)
@@ -361,7 +361,7 @@ func TestUIBadInput(t *testing.T) {
 func TestUIMetricsPools(t *testing.T) {
 	now := time.Now()
 	pool := uiPool{Name: "tenants", Members: []uiMember{
-		{"a", now.Add(time.Minute), []string{"t1", "t2", "t3"}}, {"b", now.Add(time.Minute), nil}, {"c", now.Add(-time.Minute), nil}}}
+		{"a", now.Add(time.Minute), []string{"t1", "t2", "t3"}, nil}, {"b", now.Add(time.Minute), nil, nil}, {"c", now.Add(-time.Minute), nil, nil}}}
 	reg := prometheus.NewRegistry()
 	require.NoError(t, reg.Register(uiCollector{uiState{Now: now, Pools: []uiPoolView{poolView(pool, now, time.Second)}}}))
 	fams, err := reg.Gather()

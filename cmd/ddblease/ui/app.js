@@ -200,13 +200,15 @@ function poolBox(p) {
   const share = p.low === p.high ? p.low : p.low + '–' + p.high;
   const member = (m) => el('tr', {class: m.live ? '' : 'dead'},
     el('td', {}, m.owner + (m.live ? '' : ' (expired)')), el('td', {}, both(m.expiresAt)),
-    el('td', {}, m.jobs.length + ': ' + m.jobs.join(', ')));
+    el('td', {}, m.jobs.length + ': ' + m.jobs.join(', ')),
+    el('td', {}, m.declined.length ? m.declined.join(', ') : ''));
   return el('div', {class: 'pool', 'data-pool': p.name},
     el('h3', {}, p.name),
     el('p', {}, p.jobs + ' jobs; each live member should hold ' + share + '; ',
       p.offBy ? badge(p.offBy + ' job(s) to move', 'warn') : badge('balanced', 's-succeeded'),
       p.unheld.length ? ' not held: ' + p.unheld.join(', ') : ''),
-    el('table', {}, el('tr', {}, el('th', {}, 'member'), el('th', {}, 'expires'), el('th', {}, 'jobs')),
+    el('table', {}, el('tr', {}, el('th', {}, 'member'), el('th', {}, 'expires'), el('th', {}, 'jobs'),
+      el('th', {title: 'jobs an operator asked this member to resign: it leaves them to the others'}, 'declines')),
       p.members.map(member)));
 }
 

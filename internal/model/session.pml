@@ -1,0 +1,280 @@
+/*
+ * Sessions: many leases renewed by one heartbeat (docs/sessions.md).
+ *
+ * A model of the protocol for spin. Two replicas run one job. Each
+ * replica keeps a session, its member item: a session id (sid, new for
+ * each session of the replica), a version (sv, new at each renewal), an
+ * expiry by the replica's wall clock, and an "ended" mark. The job's item
+ * names the session it is bound to (owner and sid) and its fence. A
+ * replica leads the job while it is bound to its session and its local
+ * deadline, a lease less the margin after the send of the session's last
+ * confirmed renewal, has not passed.
+ *
+ * A replica's read of the other's member item (a standby's watch) is
+ * eventually consistent: it may return the item as it was before its
+ * last renewal. Other reads, and the conditional writes, see the item as
+ * it is.
+ *
+ * Time is a global tick (now); each replica's wall clock is now + off[r],
+ * the offsets within SKEW of each other. A replica begins at most one
+ * action a tick (or none: a paused process); every request is sent,
+ * applied and answered in separate steps, so any other step, and any
+ * number of ticks, may fall between them (a slow network).
+ *
+ * The rules, as docs/sessions.md states them:
+ *   R1 a renewal applies only if the member item still holds its sid and
+ *      is not ended;
+ *   R2 the local deadline counts from the renewal's send, and a renewal
+ *      confirmed after the deadline does not revive the session;
+ *   R3 a session is taken as lapsed when its version was read unchanged
+ *      for a lease (by the reader's clock), or its expiry is more than
+ *      SKEW older than the reader's wall clock;
+ *   R4 a lapsed session is ended by a write conditional on the sid and
+ *      the version read, before any of its jobs is taken;
+ *   R5 a job is taken by a write conditional on the session and fence
+ *      read, which binds it to the taker's session and adds one to the
+ *      fence;
+ *   R6 a sink accepts an effect only if its fence is not below the
+ *      highest it accepted (the guard).
+ *
+ * The properties (each assert names one):
+ *   P1 two replicas never lead the job at once;
+ *   P2 an ended session is never renewed;
+ *   P3 each change of holder raises the fence;
+ *   P4 a sink never accepts an effect whose fence is below one it
+ *      accepted before.
+ *
+ * Each mutant (-D name) breaks one rule; spin must find the property it
+ * guards violated (.ci/spin runs them):
+ *   NO_END          R4 dropped: a lapsed session's job is taken without
+ *                   ending the session (P1)
+ *   END_ANY_VERSION R4 weakened: the end is not conditional on the version
+ *                   read (P1)
+ *   RENEW_ENDED     R1 weakened: a renewal ignores the "ended" mark (P2)
+ *   DEADLINE_AT_ANSWER R2 broken: the deadline counts from the answer (P1)
+ *   NO_SKEW         R3 broken: an expiry is taken as lapsed without the
+ *                   SKEW margin (P1)
+ *   NO_FENCE_STEP   R5 broken: taking a job keeps its fence (P3)
+ *   GUARD_ANY       R6 dropped: the sink accepts every effect (P4)
+ */
+
+#define N     2   /* replicas */
+#define L     3   /* lease duration, ticks */
+#define D     L   /* local deadline after a renewal's send: L less the
+                     margin, which covers clock rates; the model's clocks
+                     run at one rate, and it takes the margin as zero, the
+                     worst case */
+#define SKEW  2   /* the bound on the wall clocks' offsets */
+#ifndef TMAX
+#define TMAX  4   /* the last tick (spin -DTMAX=n for a longer horizon) */
+#endif
+#define NONE  255
+#define SIDS  1   /* sessions each replica may start */
+
+byte now;
+
+/* the member items */
+byte m_sid[N];
+byte m_sv[N];
+byte m_exp[N];
+bool m_ended[N];
+byte m_psv[N];  /* the version and expiry before the last renewal: what an */
+byte m_pexp[N]; /* eventually consistent read may still return */
+
+/* the job's item */
+byte j_owner = NONE;
+byte j_sid;
+byte j_fence;
+
+/* the sink */
+byte hwm;      /* the guard's high-water mark */
+byte accepted; /* the highest fence accepted, as the property sees it */
+
+/* what each replica believes */
+bool holds[N];
+byte deadline[N];
+byte fence[N];
+byte off[N];
+byte maxfence;
+bool fresh[N] = true;  /* a replica may begin an action this tick */
+
+#define leads(r) (holds[r] && now < deadline[r])
+
+init {
+	/* the wall clocks: within SKEW of each other */
+	if
+	:: off[0] = 0; off[1] = 0
+	:: off[0] = 0; off[1] = SKEW
+	:: off[0] = SKEW; off[1] = 0
+	fi;
+	atomic { run clock(); run replica(0); run replica(1) }
+}
+
+proctype clock() {
+end:	do
+	:: now < TMAX -> atomic { now++; fresh[0] = true; fresh[1] = true }
+	od
+}
+
+/* P1, checked in every reachable state */
+active proctype monitor() {
+end:	atomic { leads(0) && leads(1) -> assert(!(leads(0) && leads(1))) }
+}
+
+proctype replica(byte r) {
+	byte o = 1 - r;       /* the other replica */
+	byte sid, started;
+	byte ts;              /* a request's send */
+	bool ok, free;
+	byte ro, rs, rf;      /* the job's item as read */
+	byte rsv, rexp;       /* o's member item, as read */
+	byte wsv;             /* o's session version, as watched ... */
+	byte wsince = NONE;   /* ... since this tick (NONE: not watching) */
+	bool handed, sent;    /* one hand-over and one effect each: enough for
+	                         the properties, and fewer states */
+
+end:	do
+	:: fresh[r] -> fresh[r] = false;
+	if
+	/* start a session: its member item written, a new sid */
+	:: sid == 0 && started < SIDS ->
+		atomic {
+			started++;
+			sid = started;
+			m_sid[r] = sid; m_sv[r] = 1; m_ended[r] = false;
+			m_exp[r] = now + off[r] + L;
+			deadline[r] = now + D
+		}
+
+	/* renew the session: sent, applied, answered */
+	:: sid != 0 ->
+		ts = now;
+		atomic {
+#ifdef RENEW_ENDED
+			ok = (m_sid[r] == sid);
+#else
+			ok = (m_sid[r] == sid && !m_ended[r]);
+#endif
+			if
+			:: ok ->
+				assert(!m_ended[r]); /* P2 */
+				m_psv[r] = m_sv[r]; m_pexp[r] = m_exp[r];
+				m_sv[r]++;
+				m_exp[r] = ts + off[r] + L
+			:: else -> skip
+			fi
+		};
+		atomic {
+			if
+#ifdef DEADLINE_AT_ANSWER
+			:: ok && now < deadline[r] -> deadline[r] = now + D
+#else
+			:: ok && now < deadline[r] -> deadline[r] = ts + D
+#endif
+			:: else -> holds[r] = false; sid = 0 /* lost, or confirmed too late */
+			fi
+		}
+
+	/* take the job: read it and its session's member item; if that
+	   session may be live, watch it and, once it has lapsed, end it; then
+	   take the job with a conditional write */
+	:: sid != 0 && !holds[r] && now < deadline[r] ->
+		atomic {
+			ro = j_owner; rs = j_sid; rf = j_fence;
+			free = (ro == NONE || ro == r || m_sid[ro] != rs || m_ended[ro])
+		};
+		if
+		:: !free ->
+			/* a standby's read is eventually consistent: it may return
+			   the member item as it was before its last renewal */
+			atomic {
+				if
+				:: rsv = m_sv[o]; rexp = m_exp[o]
+				:: m_psv[o] != 0 -> rsv = m_psv[o]; rexp = m_pexp[o]
+				fi;
+				if
+				:: wsince == NONE || wsv != rsv -> wsv = rsv; wsince = now
+				:: else -> skip
+				fi;
+#ifdef NO_SKEW
+				free = (now - wsince >= L || rexp < now + off[r])
+#else
+				free = (now - wsince >= L || rexp + SKEW < now + off[r])
+#endif
+			};
+			if
+			:: free ->
+				wsince = NONE;
+#ifndef NO_END
+				atomic {
+#ifdef END_ANY_VERSION
+					free = (m_sid[o] == rs);
+#else
+					free = (m_sid[o] == rs && m_sv[o] == wsv);
+#endif
+					if
+					:: free -> m_ended[o] = true
+					:: else -> skip
+					fi
+				}
+#endif
+			:: else -> skip
+			fi
+		:: else -> skip
+		fi;
+		if
+		:: free ->
+			atomic {
+				ok = (j_owner == ro && j_sid == rs && j_fence == rf);
+				if
+				:: ok ->
+					j_owner = r; j_sid = sid;
+#ifndef NO_FENCE_STEP
+					j_fence++;
+#endif
+					assert(j_fence > maxfence); /* P3 */
+					maxfence = j_fence
+				:: else -> skip
+				fi
+			};
+			atomic {
+				if
+				:: ok && now < deadline[r] -> holds[r] = true; fence[r] = rf + 1
+				:: else -> skip
+				fi
+			}
+		:: else -> skip
+		fi
+
+	/* hand the job over: the tenure ends, then the job is freed */
+	:: leads(r) && !handed ->
+		handed = true;
+		holds[r] = false;
+		atomic {
+			if
+			:: j_owner == r && j_sid == sid && j_fence == fence[r] -> j_owner = NONE
+			:: else -> skip
+			fi
+		}
+
+	/* a side effect, sent by a leader, arriving at any later time */
+	:: leads(r) && !sent ->
+		sent = true;
+		ts = fence[r];
+		atomic {
+			if
+#ifdef GUARD_ANY
+			:: true ->
+#else
+			:: ts >= hwm ->
+#endif
+				assert(ts >= accepted); /* P4 */
+				hwm = ts; accepted = ts
+			:: else -> skip
+			fi
+		}
+	:: else -> skip
+	fi;
+	ts = 0; ok = false; free = false; ro = 0; rs = 0; rf = 0; rsv = 0; rexp = 0 /* forgotten: fewer states */
+	od
+}
