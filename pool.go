@@ -704,6 +704,9 @@ func decodeMember(y Layout, item map[string]types.AttributeValue) (member, error
 	if err = errors.Join(err, eerr, verr, jerr, lerr); err != nil || exp < 0 {
 		return m, fmt.Errorf("%w: member item %q: %v", ErrMalformedItem, y.describe(item), errors.Join(err, fmt.Errorf("expiry %d", exp)))
 	}
+	if len(declined) == 0 {
+		declined = nil // "[]": none
+	}
 	slices.Sort(declined)
 	m.exp, m.view, m.jobs, m.declined = exp, view, jobs, declined
 	return m, nil
