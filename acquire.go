@@ -54,6 +54,7 @@ func (l *Lease) acquire(ctx context.Context) (t *term, failing bool, err error) 
 			var present bool
 			if rec, present, err = l.read(ctx, false); err == nil {
 				l.observe(rec, present) // a standby's poll: an eventually consistent read
+				l.judgeBound(ctx)
 				if l.mayTry() {
 					continue
 				}
@@ -61,7 +62,7 @@ func (l *Lease) acquire(ctx context.Context) (t *term, failing bool, err error) 
 		}
 		wait := l.pollInterval()
 		switch {
-		case err == nil, errors.Is(err, ErrHeld), errors.Is(err, ErrLost):
+		case err == nil, errors.Is(err, ErrHeld), errors.Is(err, ErrLost), errors.Is(err, errNoSession):
 			lastErr, succeeded = nil, true
 			bo.reset()
 		case ctx.Err() != nil:
@@ -114,7 +115,7 @@ func (l *Lease) pollInterval() time.Duration {
 		d /= 10
 	}
 	d = jitter(d)
-	if r.obs.present {
+	if r.obs.present && r.obs.rec.Session == "" {
 		d = min(d, r.wait(l.opts.sendNow()))
 	}
 	l.mu.Lock()
@@ -138,6 +139,9 @@ func (l *Lease) observe(rec Record, present bool) {
 	}
 	if !l.obs.present || l.obs.rec.version != rec.version {
 		l.obs.since = time.Now()
+	}
+	if !l.obs.present || l.obs.rec.version != rec.version || l.obs.rec.Fence != rec.Fence || l.obs.rec.Session != rec.Session {
+		l.obs.boundFree = false
 	}
 	l.obs.valid, l.obs.present, l.obs.rec = true, true, rec
 	if rec.Owner != l.opts.Owner && !rec.ExpiresAt.IsZero() && (rec.Owner != l.seen.owner || rec.Fence != l.seen.fence) {

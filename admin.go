@@ -170,6 +170,9 @@ func (a *Admin) update(ctx context.Context, job, update, cond string, names map[
 	switch w.outcome {
 	case applied:
 		rec, err := decodeLease(a.o.Layout, w.item)
+		if err == nil {
+			err = a.noteSession(ctx, job, rec)
+		}
 		return rec, false, err
 	case refused:
 		item, err := w.stored(0)
@@ -247,8 +250,10 @@ func (a *Admin) ForceRelease(ctx context.Context, job string, fence int64, optFn
 	}
 	update := "SET #rf = :seen, #fence = #fence + :one, #rv = :rv, #drn = :false, #ren = :now, #rby = :me, #rat = :now"
 	if ro.HolderDead {
-		update += ", #exp = :zero"
+		// A job of a pool is unbound from its session too.
+		update += ", #exp = :zero REMOVE #ses, #pool"
 		values[":zero"] = avN(0)
+		names["#ses"], names["#pool"] = attrSession, attrPool
 	}
 	rec, failed, err := a.update(ctx, job, update, "#fence = :seen", names, values)
 	switch {
@@ -410,6 +415,9 @@ func (a *Admin) status(ctx context.Context, job string, item map[string]types.At
 	}
 	rec, err := decodeLease(a.o.Layout, item)
 	if err != nil {
+		return JobStatus{}, err
+	}
+	if err := a.sessionExpiries(ctx, []*Record{&rec}); err != nil {
 		return JobStatus{}, err
 	}
 	return JobStatus{Job: job, Lease: rec}, nil

@@ -48,7 +48,11 @@ func (l *Lease) CheckHealth(tolerance time.Duration) error {
 	if tolerance == 0 {
 		tolerance = l.opts.LeaseDuration
 	}
-	return l.health.check(l.opts.Now(), l.job, l.opts.HeartbeatInterval, tolerance, l.opts.Health.FailedRuns)
+	var renewed time.Time
+	if t := l.current(); t != nil && t.sess != nil {
+		renewed = t.sess.renewed() // the pool session's renewal renews the lease
+	}
+	return l.health.check(l.opts.Now(), l.job, l.opts.HeartbeatInterval, tolerance, l.opts.Health.FailedRuns, renewed)
 }
 
 // HealthOptions configures what CheckHealth (and so HealthHandler) judges
@@ -181,17 +185,24 @@ func (h *health) fail(at time.Time, op string, err error) {
 	h.failOp, h.failErr = op, err
 }
 
-func (h *health) check(now time.Time, job string, heartbeat, tolerance time.Duration, failedRuns int) error {
+// check returns the verdict at now; renewed, when later than the last
+// acquisition or renewal the events reported, is the last renewal of the
+// pool session the lease is bound to.
+func (h *health) check(now time.Time, job string, heartbeat, tolerance time.Duration, failedRuns int, renewed time.Time) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	confirmed := h.confirmed
+	if renewed.After(confirmed) {
+		confirmed = renewed
+	}
 	if failedRuns > 0 && h.failedRuns >= failedRuns {
 		return fmt.Errorf("%w: job %q: its last %d runs failed (the latest %v ago): %s",
 			ErrUnhealthy, job, h.failedRuns, now.Sub(h.lastRunFail).Round(time.Millisecond), oneLine(h.lastRunErr))
 	}
 	if h.leading {
-		if late := now.Sub(h.confirmed) - heartbeat; late > tolerance {
+		if late := now.Sub(confirmed) - heartbeat; late > tolerance {
 			return fmt.Errorf("%w: job %q: leading, but the lease was last renewed %v ago (renewals overdue by %v, tolerance %v)",
-				ErrUnhealthy, job, now.Sub(h.confirmed).Round(time.Millisecond), late.Round(100*time.Microsecond), tolerance)
+				ErrUnhealthy, job, now.Sub(confirmed).Round(time.Millisecond), late.Round(100*time.Microsecond), tolerance)
 		}
 	}
 	if h.failing {

@@ -78,7 +78,7 @@ func TestHealthVerdicts(t *testing.T) {
 			for _, e := range tc.events {
 				h.observe(e)
 			}
-			err := h.check(at(tc.now), "job", time.Second, time.Second, 0)
+			err := h.check(at(tc.now), "job", time.Second, time.Second, 0, time.Time{})
 			if tc.healthy {
 				assert.NoError(t, err)
 			} else {
@@ -126,7 +126,7 @@ func TestHealthFailedRunsStreak(t *testing.T) {
 			for _, e := range tc.events {
 				h.observe(e)
 			}
-			err := h.check(t0.Add(10*time.Second), "job", time.Second, time.Second, 2)
+			err := h.check(t0.Add(10*time.Second), "job", time.Second, time.Second, 2, time.Time{})
 			if tc.healthy {
 				assert.NoError(t, err)
 				return
@@ -134,7 +134,7 @@ func TestHealthFailedRunsStreak(t *testing.T) {
 			assert.ErrorIs(t, err, ErrUnhealthy)
 			assert.Contains(t, err.Error(), `job "job": its last 2 runs failed (the latest`)
 			assert.Contains(t, err.Error(), "boom")
-			assert.NoError(t, h.check(t0.Add(10*time.Second), "job", time.Second, time.Second, 0), "not judged")
+			assert.NoError(t, h.check(t0.Add(10*time.Second), "job", time.Second, time.Second, 0, time.Time{}), "not judged")
 		})
 	}
 }

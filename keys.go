@@ -96,6 +96,7 @@ var itemAttributes = map[string]bool{
 	attrError: true, attrClaims: true, attrMissed: true, attrAbandonedBy: true, attrTrigger: true,
 	attrUnswept: true, attrSkippedIn: true, RunTTLAttribute: true,
 	attrPool: true, attrPoolJobs: true, memberExpiry: true, memberView: true, memberJobs: true, memberDeclined: true,
+	memberSession: true, memberVersion: true, memberEnded: true, memberLeaving: true, memberNotes: true, attrSession: true,
 }
 
 // Sort keys and partition key parts of the library's items.

@@ -66,6 +66,10 @@ type Lease struct {
 
 	ctl controlWatch // operator controls seen by the keeper (control.go)
 
+	// pool is the pool whose job this lease is (NewPool); nil for a lease
+	// of its own. Its acquisitions bind the lease to the pool's session.
+	pool *Pool
+
 	// born is when the handle was made, by both clocks: a schedule runner
 	// follows the wall clock's moves from there, so that a RunSchedule
 	// called again (after a panic, say) while the wall clock is stepped
@@ -89,6 +93,9 @@ type observation struct {
 	present bool
 	rec     Record
 	since   time.Time // when rec.version was first seen, by the runtime's clock
+	// boundFree: rec is bound to a pool session that the session rules
+	// freed (Lease.judgeBound).
+	boundFree bool
 }
 
 // New returns a handle on the lease of job in table. It makes no call; the
@@ -205,9 +212,14 @@ func (l *Lease) State() State {
 	s := State{Job: l.job, Owner: l.opts.Owner}
 	if t := l.ten; t != nil {
 		s.Fence, s.AcquiredAt, s.RenewedAt = t.fence, t.acquiredAt, t.renewedAt
-		if !t.over && now.Before(t.deadline) {
+		if t.sess != nil {
+			if r := t.sess.renewed(); r.After(s.RenewedAt) {
+				s.RenewedAt = r
+			}
+		}
+		if d, _ := t.deadlines(); !t.over && now.Before(d) && (t.sess == nil || t.left() > 0) {
 			s.Leader = true
-			s.Deadline = t.deadline.Round(0)
+			s.Deadline = d.Round(0)
 		}
 	}
 	return s
@@ -260,13 +272,19 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 			return nil, err
 		}
 	}
+	var sess *session
+	if l.pool != nil {
+		if sess = l.pool.liveSession(); sess == nil {
+			return nil, fmt.Errorf("%w: %q: pool %q", errNoSession, l.job, l.pool.name)
+		}
+	}
 	snt := l.opts.sendNow()
 	now := snt.at
 	rv := randomID(8)
 	names := map[string]string{
 		"#pk": l.opts.Layout.PartitionKey, "#owner": attrOwner, "#fence": attrFence, "#exp": attrExpires,
 		"#rv": attrVersion, "#lms": attrLeaseMs, "#acq": attrAcquiredAt, "#ren": attrRenewedAt,
-		"#drn": attrDraining,
+		"#drn": attrDraining, "#ses": attrSession, "#pool": attrPool,
 	}
 	values := map[string]types.AttributeValue{
 		":me":    avS(l.opts.Owner),
@@ -279,11 +297,18 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 		":rv":    avS(rv),
 	}
 	cond := l.takeoverRule().condition(snt, rv, l.mineIn(values), values)
+	update := "SET #owner = :me, #fence = if_not_exists(#fence, :zero) + :one, " +
+		"#exp = :exp, #rv = :rv, #lms = :lms, #acq = :now, #ren = :now, #drn = :false"
+	if sess != nil {
+		update += ", #ses = :ses, #pool = :pool"
+		values[":ses"], values[":pool"] = avS(sess.sid), avS(l.pool.name)
+	} else {
+		update += " REMOVE #ses, #pool"
+	}
 	in := &dynamodb.UpdateItemInput{
-		TableName: aws.String(l.table),
-		Key:       l.opts.Layout.leaseKey(l.job),
-		UpdateExpression: aws.String("SET #owner = :me, #fence = if_not_exists(#fence, :zero) + :one, " +
-			"#exp = :exp, #rv = :rv, #lms = :lms, #acq = :now, #ren = :now, #drn = :false"),
+		TableName:        aws.String(l.table),
+		Key:              l.opts.Layout.leaseKey(l.job),
+		UpdateExpression: aws.String(update),
 		ConditionExpression:                 aws.String(cond),
 		ExpressionAttributeNames:            names,
 		ExpressionAttributeValues:           values,
@@ -294,7 +319,7 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 	rec, ours, err := l.write(ctx, l.opts.CallTimeout, deadline, in, rv)
 	switch {
 	case ours:
-		if t := l.begin(ctx, rec, snt, l.opts.Now().Sub(now)); t != nil {
+		if t := l.begin(ctx, rec, snt, l.opts.Now().Sub(now), sess); t != nil {
 			if !rec.listed {
 				l.list(ctx, rec.Fence)
 			}

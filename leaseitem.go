@@ -43,6 +43,13 @@ type Record struct {
 	Draining   bool          `json:"draining"` // the holder announced it is about to resign
 	// Control is the operator state kept in the item (see Admin).
 	Control Control `json:"control"`
+	// Pool and Session name the pool session the lease is bound to, when
+	// a replica of a pool holds it (docs/sessions.md): the session's
+	// renewal keeps the lease, and ExpiresAt is then the expiry written at
+	// its acquisition. Admin reports the session's expiry instead, and a
+	// zero expiry once the session ended. Empty for a lease of its own.
+	Pool    string `json:"pool,omitempty"`
+	Session string `json:"session,omitempty"`
 
 	version string
 	listed  bool // attrListed
@@ -95,6 +102,8 @@ type leaseItem struct {
 	RenewedAt  nAttr    `dynamodbav:"renewedAt"`
 	Draining   boolAttr `dynamodbav:"draining"`
 	Listed     boolAttr `dynamodbav:"listed"`
+	Pool       sAttr    `dynamodbav:"pool"`
+	Session    sAttr    `dynamodbav:"session"`
 	controlItem
 }
 
@@ -153,6 +162,15 @@ func decodeLease(y Layout, item map[string]types.AttributeValue) (Record, error)
 	}
 	if r.listed, err = it.Listed.opt(attrListed); err != nil {
 		return fail(err)
+	}
+	if r.Pool, err = it.Pool.opt(attrPool); err != nil {
+		return fail(err)
+	}
+	if r.Session, err = it.Session.opt(attrSession); err != nil {
+		return fail(err)
+	}
+	if (r.Pool == "") != (r.Session == "") {
+		return fail(fmt.Errorf("attributes %q and %q must be both present or both absent", attrPool, attrSession))
 	}
 	if r.Control, err = it.controlItem.decode(item); err != nil {
 		return fail(err)

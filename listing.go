@@ -163,6 +163,13 @@ func (a *Admin) Jobs(ctx context.Context) ([]JobStatus, error) {
 		}
 		jobs = append(jobs, JobStatus{Job: strings.TrimPrefix(pk, y.Prefix+skJobPrefix), Lease: rec})
 	}
+	recs := make([]*Record, len(jobs))
+	for i := range jobs {
+		recs[i] = &jobs[i].Lease
+	}
+	if err := a.sessionExpiries(ctx, recs); err != nil {
+		return nil, err
+	}
 	slices.SortFunc(jobs, func(x, y JobStatus) int { return strings.Compare(x.Job, y.Job) })
 	return jobs, errors.Join(errs...)
 }

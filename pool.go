@@ -65,15 +65,25 @@ type Pool struct {
 	health   poolHealth // what CheckHealth reports of the membership
 	declines chan struct{}
 
+	leaving  atomic.Bool // Run is stopping: its member item says so
+	endMu    sync.Mutex  // held while ending another's session (sessionFree)
+
 	mu   sync.Mutex
 	seen poolView // the live members last read; live is nil before the first look
 	// declined holds the jobs an operator asked this replica to resign
 	// during this Run: it declines them (its member item says so).
 	declined map[string]bool
-
-	// watched holds each member's expiry as last read, and when it was
-	// first read so by the runtime clock (renew's alone: no lock).
+	// sess is this replica's session (session.go); pastSessions, those
+	// of this Run that are over, whose jobs it may take back at once.
+	sess         *session
+	pastSessions map[string]bool
+	// members holds every member item last read, live or not; watched,
+	// each member's session version as last read, and when it was first
+	// read so by the runtime clock; gone, since when a session that jobs
+	// are bound to has been missing from its member item (sessionFree).
+	members map[string]member
 	watched map[string]watchedEntry
+	gone    map[string]time.Time
 }
 
 // poolView is the pool as one renewal read it: the live members.
@@ -82,9 +92,9 @@ type poolView struct {
 	members map[string]member // the live members' items
 }
 
-// watchedEntry is a member's expiry as last read, and since when.
+// watchedEntry is a member's session version as last read, and since when.
 type watchedEntry struct {
-	exp   int64
+	sv    string
 	since time.Time
 }
 
@@ -114,6 +124,7 @@ func NewPool(db DynamoDBAPI, table, pool string, jobs []string, optFns ...func(*
 		if err != nil {
 			return nil, fmt.Errorf("pool %q: %w", pool, err)
 		}
+		l.pool = p
 		p.leases[job] = l
 		p.jobs = append(p.jobs, job)
 	}
@@ -461,23 +472,39 @@ func (r *poolRun) wait(ctx context.Context, timer <-chan time.Time) (err error, 
 	}
 }
 
-// stop leaves the pool, then drains and resigns every job, and returns
-// their errors (a drain timeout, a resignation that failed) with the one
-// that stopped the pool, if any.
+// stop tells the others that this replica leaves (its member item says
+// so: they assign its jobs elsewhere at their next renewal), drains and
+// resigns every job while its session is renewed, then leaves the pool,
+// and returns the jobs' errors (a drain timeout, a resignation that
+// failed) with the one that stopped the pool, if any.
 func (r *poolRun) stop(failed error) error {
 	p := r.p
-	p.leave()
+	p.leaving.Store(true)
+	defer p.leaving.Store(false)
+	ctx := context.WithoutCancel(r.runCtx)
+	if failed == nil || retryable(failed) {
+		_, _ = p.renew(ctx)
+	}
 	for _, run := range r.runs {
 		run.cancel()
 	}
 	errs := []error{failed}
+	for pending := len(r.runs); pending > 0; {
+		wait := time.NewTimer(jitter(p.opts.HeartbeatInterval))
+		select {
+		case <-r.finished:
+			pending--
+		case <-wait.C:
+			_, _ = p.renew(ctx) // the session keeps the jobs still draining
+		}
+		wait.Stop()
+	}
 	for _, job := range slices.Sorted(maps.Keys(r.runs)) {
-		run := r.runs[job]
-		<-run.done
-		if run.err != nil {
+		if run := r.runs[job]; run.err != nil {
 			errs = append(errs, fmt.Errorf("ddblease: pool %q: job %q: %w", p.name, job, run.err))
 		}
 	}
+	p.leave()
 	return errors.Join(errs...)
 }
 
@@ -492,16 +519,43 @@ func runJob(jctx context.Context, l *Lease, job string, fn func(context.Context,
 	return err
 }
 
-// begin readies the pool's state for a Run: nothing seen, nothing
-// declined, no decline pending.
+// begin readies the pool's state for a Run: a new session, nothing seen,
+// nothing declined, no decline pending.
 func (p *Pool) begin() {
 	p.mu.Lock()
 	p.seen, p.declined = poolView{}, nil
+	p.sess, p.pastSessions = newSession(p), map[string]bool{}
+	p.members, p.watched, p.gone = nil, map[string]watchedEntry{}, map[string]time.Time{}
 	p.mu.Unlock()
 	select {
 	case <-p.declines:
 	default:
 	}
+}
+
+// liveSession returns this replica's session while it is live, else nil.
+func (p *Pool) liveSession() *session {
+	p.mu.Lock()
+	s := p.sess
+	p.mu.Unlock()
+	if s == nil || s.left() <= 0 {
+		return nil
+	}
+	return s
+}
+
+// session returns the session to renew: the current one, or a new one
+// when it is over (its jobs are this replica's to take back at once).
+func (p *Pool) session() *session {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.sess == nil || p.sess.isOver() {
+		if p.sess != nil {
+			p.pastSessions[p.sess.sid] = true
+		}
+		p.sess = newSession(p)
+	}
+	return p.sess
 }
 
 // view returns the pool as last seen, and the jobs this replica declines.
@@ -618,11 +672,11 @@ func (p *Pool) renew(ctx context.Context) (poolView, error) {
 	return seen, nil
 }
 
-// write renews this replica's member item, then reads the pool's member
-// items, and returns the members they list.
+// write renews this replica's session (its member item: a new session
+// at once when the current one ended), handles the notes it returns,
+// then reads the pool's member items, and returns the members they list.
 func (p *Pool) write(ctx context.Context, view string, declined []string) (map[string]member, error) {
 	y := p.opts.Layout
-	key := y.memberKey(p.name, p.opts.Owner)
 	list, err := json.Marshal(declined)
 	if err != nil {
 		return nil, err
@@ -630,22 +684,18 @@ func (p *Pool) write(ctx context.Context, view string, declined []string) (map[s
 	if declined == nil {
 		list = []byte("[]")
 	}
-	cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
-	_, err = p.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
-		TableName:        aws.String(p.table),
-		Key:              key,
-		UpdateExpression: aws.String("SET #x = :x, #v = :v, #j = :j, #d = :d"),
-		ExpressionAttributeNames: map[string]string{"#x": memberExpiry, "#v": memberView, "#j": memberJobs,
-			"#d": memberDeclined},
-		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":x": avN(p.opts.Now().Add(p.opts.LeaseDuration).UnixMilli()), ":v": avS(view),
-			":j": avS(p.jobsHash), ":d": avS(string(list)),
-		},
-	})
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("ddblease: pool %q: renew its member item %q: %w", p.name, y.describe(key), explainTableError(ctx, p.db, p.table, y, err))
+	f := memberFields{view: view, list: p.jobsHash, declined: string(list), leaving: p.leaving.Load()}
+	s := p.session()
+	notes, err := s.renew(ctx, f)
+	if errors.Is(err, errSessionEnded) {
+		p.log.Info("ddblease: the pool session ended; starting another", "err", err)
+		s = p.session()
+		notes, err = s.renew(ctx, f)
 	}
+	if err != nil {
+		return nil, err
+	}
+	p.handleNotes(ctx, s, notes)
 	lo, hi := prefixRange(skMember)
 	items, err := query(ctx, p.db, p.table, y, y.poolPartition(p.name), lo, hi, 0, false, p.opts.CallTimeout,
 		fmt.Sprintf("pool %q: read the members", p.name))
@@ -665,7 +715,19 @@ func (p *Pool) write(ctx context.Context, view string, declined []string) (map[s
 	return out, nil
 }
 
-// Attributes of a pool's member item.
+// handleNotes handles the jobs noted in the session's member item
+// (Lease.noticeNote); the next renewal deletes the notes handled.
+func (p *Pool) handleNotes(ctx context.Context, s *session, notes []string) {
+	var handled []string
+	for _, job := range notes {
+		if l := p.leases[job]; l == nil || l.noticeNote(ctx, s) {
+			handled = append(handled, job)
+		}
+	}
+	s.noteHandled(handled)
+}
+
+// Attributes of a pool's member item (and session.go's).
 const (
 	memberExpiry   = "exp"      // N: the member's expiry, Unix ms, by its clock
 	memberView     = "view"     // S: the view it acts on (viewOf)
@@ -680,6 +742,9 @@ type member struct {
 	view     string
 	jobs     string
 	declined []string // sorted
+	sid, sv  string   // its session and the session's version
+	ended    string   // who ended the session; "" while it is not ended
+	leaving  bool
 }
 
 // decodeMember reads a member item. A malformed one is returned with
@@ -691,17 +756,33 @@ func decodeMember(y Layout, item map[string]types.AttributeValue) (member, error
 	if err == nil {
 		m.owner = strings.TrimPrefix(sk, skMember)
 	}
+	m.sid, _ = str(item, memberSession)
+	m.sv, _ = str(item, memberVersion)
 	exp, eerr := num(item, memberExpiry)
 	view, verr := str(item, memberView)
 	jobs, jerr := str(item, memberJobs)
 	list, lerr := str(item, memberDeclined)
+	_, serr := str(item, memberSession)
+	_, vserr := str(item, memberVersion)
+	var nerr, lverr error
+	if _, ok := item[memberEnded]; ok {
+		m.ended, nerr = str(item, memberEnded)
+	}
+	if v, ok := item[memberLeaving]; ok {
+		b, isBool := v.(*types.AttributeValueMemberBOOL)
+		if !isBool {
+			lverr = fmt.Errorf("attribute %q is not a BOOL", memberLeaving)
+		} else {
+			m.leaving = b.Value
+		}
+	}
 	var declined []string
 	if lerr == nil {
 		if derr := json.Unmarshal([]byte(list), &declined); derr != nil {
 			lerr = fmt.Errorf("attribute %q is not a JSON array of names: %v", memberDeclined, derr)
 		}
 	}
-	if err = errors.Join(err, eerr, verr, jerr, lerr); err != nil || exp < 0 {
+	if err = errors.Join(err, eerr, verr, jerr, lerr, serr, vserr, nerr, lverr); err != nil || exp < 0 {
 		return m, fmt.Errorf("%w: member item %q: %v", ErrMalformedItem, y.describe(item), errors.Join(err, fmt.Errorf("expiry %d", exp)))
 	}
 	if len(declined) == 0 {
@@ -712,16 +793,17 @@ func decodeMember(y Layout, item map[string]types.AttributeValue) (member, error
 	return m, nil
 }
 
-// watch records, for each member, since when its entry's expiry has been
-// read unchanged, by the runtime clock.
+// watch records the members read and, for each, since when its session's
+// version has been read unchanged, by the runtime clock; it forgets
+// sessions found gone long ago (sessionFree).
 func (p *Pool) watch(members map[string]member) {
-	if p.watched == nil {
-		p.watched = map[string]watchedEntry{}
-	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.members = members
 	real := time.Now()
 	for owner, m := range members {
-		if w, ok := p.watched[owner]; !ok || w.exp != m.exp {
-			p.watched[owner] = watchedEntry{exp: m.exp, since: real}
+		if w, ok := p.watched[owner]; !ok || w.sv != m.sid+"\x00"+m.sv {
+			p.watched[owner] = watchedEntry{sv: m.sid + "\x00" + m.sv, since: real}
 		}
 	}
 	for owner := range p.watched {
@@ -729,10 +811,18 @@ func (p *Pool) watch(members map[string]member) {
 			delete(p.watched, owner)
 		}
 	}
+	for k, since := range p.gone {
+		if real.Sub(since) > 4*p.opts.LeaseDuration {
+			delete(p.gone, k)
+		}
+	}
 }
 
-// unchanged returns how long owner's entry has been read unchanged.
+// unchanged returns how long owner's session version has been read
+// unchanged.
 func (p *Pool) unchanged(owner string) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	w, ok := p.watched[owner]
 	if !ok {
 		return 0
@@ -740,15 +830,16 @@ func (p *Pool) unchanged(owner string) time.Duration {
 	return time.Since(w.since)
 }
 
-// liveIn returns the members still live at now, sorted. A member is gone,
-// as a lease may be taken (takeover.go), once its expiry is MaxClockSkew
-// old, or once its entry has been read unchanged for a LeaseDuration by
-// the runtime clock: a replica whose wall clock was ahead when it last
+// liveIn returns the members that take jobs at now, sorted: not leaving,
+// and with a session not ended nor lapsed. A session lapses, as a lease
+// may be taken (takeover.go), once its expiry is MaxClockSkew old, or
+// once its version has been read unchanged for a LeaseDuration by the
+// runtime clock: a replica whose wall clock was ahead when it last
 // renewed wrote an expiry too far out, and no clocks are compared then.
 func (p *Pool) liveIn(members map[string]member, now time.Time) []string {
 	live := []string{}
 	for owner, m := range members {
-		if m.exp >= 0 && time.UnixMilli(m.exp).Add(p.opts.MaxClockSkew).After(now) &&
+		if m.exp >= 0 && !m.leaving && m.ended == "" && time.UnixMilli(m.exp).Add(p.opts.MaxClockSkew).After(now) &&
 			(owner == p.opts.Owner || p.unchanged(owner) < p.opts.LeaseDuration) {
 			live = append(live, owner)
 		}
@@ -764,7 +855,9 @@ const maxForget = 10
 // LeaseDuration, or which have been read unchanged for two (replicas that
 // died, or whose leave failed), and malformed ones, so that the pool's
 // partition does not grow with every deploy. Each deletion is conditional
-// on the item being unchanged; a failure is left for a later renewal.
+// on the session and its version read (it ends the session, as
+// sessionFree's end does), or, for an item without a session, on having
+// none; a failure is left for a later renewal.
 func (p *Pool) forgetDead(ctx context.Context, members map[string]member, now time.Time) {
 	n := 0
 	for owner, m := range members {
@@ -775,11 +868,14 @@ func (p *Pool) forgetDead(ctx context.Context, members map[string]member, now ti
 			continue
 		}
 		n++
-		in := &dynamodb.DeleteItemInput{TableName: aws.String(p.table), Key: p.opts.Layout.memberKey(p.name, owner)}
-		if ms >= 0 {
-			in.ConditionExpression = aws.String("#x = :v")
-			in.ExpressionAttributeNames = map[string]string{"#x": memberExpiry}
-			in.ExpressionAttributeValues = map[string]types.AttributeValue{":v": avN(ms)}
+		in := &dynamodb.DeleteItemInput{TableName: aws.String(p.table), Key: p.opts.Layout.memberKey(p.name, owner),
+			ExpressionAttributeNames: map[string]string{"#sid": memberSession}}
+		if m.sid != "" && m.sv != "" {
+			in.ConditionExpression = aws.String("#sid = :sid AND #sv = :sv")
+			in.ExpressionAttributeNames["#sv"] = memberVersion
+			in.ExpressionAttributeValues = map[string]types.AttributeValue{":sid": avS(m.sid), ":sv": avS(m.sv)}
+		} else {
+			in.ConditionExpression = aws.String("attribute_not_exists(#sid)")
 		}
 		cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
 		_, err := p.db.DeleteItem(cctx, in)
@@ -790,21 +886,31 @@ func (p *Pool) forgetDead(ctx context.Context, members map[string]member, now ti
 	}
 }
 
-// leave deletes this replica's member item, so that the others take its
-// jobs at their next renewal rather than at its expiry. A failure is
-// logged: the expiry still ends the membership.
+// leave ends this replica's session, whose jobs have all been resigned,
+// and deletes its member item (on condition that it holds the session),
+// so that the pool's partition does not keep it. A failure is logged: a
+// job whose resignation failed waits for the others' watch of the
+// session, as after a crash.
 func (p *Pool) leave() {
+	p.mu.Lock()
+	s := p.sess
+	p.seen = poolView{}
+	p.mu.Unlock()
+	s.end(LossDeadline, func(t *term) error {
+		return fmt.Errorf("%w: %q fence %d: the pool stopped", ErrLost, t.l.job, t.fence)
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), p.opts.CallTimeout)
 	defer cancel()
 	_, err := p.db.DeleteItem(ctx, &dynamodb.DeleteItemInput{
 		TableName: aws.String(p.table), Key: p.opts.Layout.memberKey(p.name, p.opts.Owner),
+		ConditionExpression:       aws.String("#sid = :sid"),
+		ExpressionAttributeNames:  map[string]string{"#sid": memberSession},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":sid": avS(s.sid)},
 	})
-	if err != nil {
-		p.log.Warn("ddblease: could not leave the pool; the others take its jobs at its expiry", "err", err)
+	var ccf *types.ConditionalCheckFailedException
+	if err != nil && !errors.As(err, &ccf) {
+		p.log.Warn("ddblease: could not leave the pool; the others remove its member item after its expiry", "err", err)
 	}
-	p.mu.Lock()
-	p.seen = poolView{}
-	p.mu.Unlock()
 }
 
 // list writes the pool's directory entry, with its jobs, so that Admin

@@ -415,6 +415,7 @@ func writeFakeMember(ctx context.Context, t *testing.T, db *dynamodb.Client, tab
 		"pk": sAttr("pool#reports"), "sk": sAttr("member#" + member),
 		"exp":  nAttr(strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)),
 		"view": sAttr(view), "list": a["list"], "declined": sAttr("[]"),
+		"sid": sAttr("fake-session"), "sv": sAttr(view + "@" + strconv.FormatInt(time.Now().UnixNano(), 10)),
 	}})
 	require.NoError(t, err)
 }

@@ -202,6 +202,9 @@ func (t *term) startLeading(ctx context.Context) *leading {
 		w.start(fmt.Errorf("%w: fence %d", ErrResignRequested, fence))
 	}, func() bool { return ctx.Err() != nil || ld.leaderCtx.Err() != nil })
 	w.k.start()
+	t.l.mu.Lock()
+	t.k = w.k
+	t.l.mu.Unlock()
 	ld.stopWatch = context.AfterFunc(ctx, func() {
 		w.start(fmt.Errorf("ddblease: shutting down: %w", context.Cause(ctx)))
 	})
@@ -332,6 +335,11 @@ func (w *drainWatch) start(cause error) {
 		w.mu.Unlock()
 		l.log.Warn("ddblease: leader function still running after DrainTimeout; no longer renewing", "fence", fence)
 		w.k.stop()
+		if w.t.sess != nil {
+			// The pool's session renews the lease while it lives: let it
+			// go by resigning it.
+			_ = w.t.resignRetrying(context.Background(), fmt.Errorf("%w: %q fence %d: DrainTimeout passed", ErrLost, l.job, fence))
+		}
 	}))
 }
 

@@ -25,6 +25,7 @@ import (
 type takeover struct {
 	obs   observation
 	owner string        // this handle's owner id
+	sid   string        // this handle's pool session, if live: the items bound to it are this handle's to take
 	skew  time.Duration // MaxClockSkew
 	lease time.Duration // this handle's LeaseDuration
 }
@@ -32,8 +33,14 @@ type takeover struct {
 // takeoverRule returns the rule for the last observation.
 func (l *Lease) takeoverRule() takeover {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	return takeover{obs: l.obs, owner: l.opts.Owner, skew: l.opts.MaxClockSkew, lease: l.opts.LeaseDuration}
+	r := takeover{obs: l.obs, owner: l.opts.Owner, skew: l.opts.MaxClockSkew, lease: l.opts.LeaseDuration}
+	l.mu.Unlock()
+	if l.pool != nil {
+		if s := l.pool.liveSession(); s != nil {
+			r.sid = s.sid
+		}
+	}
+	return r
 }
 
 // expiredAt is when the observed lease becomes takeable by its recorded
@@ -58,7 +65,14 @@ func (r takeover) watched(now sent) (string, bool) {
 // observed yet, no item, this handle's own item, or takeable by expiry or
 // by watching.
 func (r takeover) mayTry(now sent) bool {
-	if !r.obs.valid || !r.obs.present || r.obs.rec.Owner == r.owner {
+	if !r.obs.valid || !r.obs.present {
+		return true
+	}
+	if r.obs.rec.Session != "" {
+		// Bound to a pool session: only the session rules free it.
+		return r.obs.boundFree || r.sid != "" && r.obs.rec.Owner == r.owner && r.obs.rec.Session == r.sid
+	}
+	if r.obs.rec.Owner == r.owner {
 		return true
 	}
 	_, watched := r.watched(now)
@@ -68,7 +82,7 @@ func (r takeover) mayTry(now sent) bool {
 // wait returns how long until the observed lease becomes takeable by time
 // alone (0 if it is, or if there is nothing to wait for).
 func (r takeover) wait(now sent) time.Duration {
-	if !r.obs.present {
+	if !r.obs.present || r.obs.rec.Session != "" {
 		return 0
 	}
 	return max(min(r.expiredAt().Sub(now.at), r.watchedAt().Sub(now.real))+time.Millisecond, 0)
@@ -82,15 +96,30 @@ func (r takeover) wait(now sent) time.Duration {
 // that a retry of a write that landed does not take a second fence. The
 // item must also be well formed: a fence that is missing or not a number
 // would restart fences.
+//
+// An item bound to a pool session is taken by expiry or watching never:
+// only as this handle's own, or, for a lease of a pool, when it is bound
+// to this handle's live session, or to the session last observed once
+// the session rules freed it (sessionFree), on condition that it is still
+// bound to that session with the fence observed.
 func (r takeover) condition(now sent, rv, mine string, values map[string]types.AttributeValue) string {
 	takeable := "#exp < :cutoff"
 	values[":cutoff"] = avN(now.at.Add(-r.skew).UnixMilli())
-	if mine != "" {
-		takeable += " OR (#owner = :me AND " + mine + ")"
-	}
 	if seen, ok := r.watched(now); ok {
 		takeable += " OR #rv = :seen"
 		values[":seen"] = avS(seen)
+	}
+	takeable = "attribute_not_exists(#ses) AND (" + takeable + ")"
+	if mine != "" {
+		takeable += " OR (#owner = :me AND " + mine + ")"
+	}
+	if r.sid != "" {
+		takeable += " OR (#owner = :me AND #ses = :mysid)"
+		values[":mysid"] = avS(r.sid)
+	}
+	if o := r.obs; o.present && o.rec.Session != "" && o.boundFree {
+		takeable += " OR (#owner = :bo AND #ses = :bs AND #fence = :bf)"
+		values[":bo"], values[":bs"], values[":bf"] = avS(o.rec.Owner), avS(o.rec.Session), avN(o.rec.Fence)
 	}
 	values[":rv"], values[":tn"], values[":ts"] = avS(rv), avS("N"), avS("S")
 	wellFormed := "attribute_type(#fence, :tn) AND attribute_type(#owner, :ts) AND attribute_type(#rv, :ts) " +

@@ -47,6 +47,12 @@ type term struct {
 
 	timer *time.Timer // ends the term at its deadline
 	armed int         // counts the timer's armings; a stale firing is ignored
+
+	// sess is the pool session the tenure is bound to (session.go), nil
+	// for a lease of its own: the session's deadline and timer are the
+	// tenure's, and its renewal renews the tenure.
+	sess *session
+	k    *keeper // the keeper while fn runs, for a session's notes (Lease.noticeNote)
 }
 
 // tenure is a snapshot of a term, for code that reads it without holding
@@ -80,13 +86,17 @@ func (l *Lease) current() *term {
 // begin opens a term for the item our acquisition produced, sent at s, and
 // returns it. base supplies the values of the leader context. It returns
 // nil, and opens nothing, when the deadline had already passed.
-func (l *Lease) begin(base context.Context, rec Record, s sent, latency time.Duration) *term {
-	t := &term{l: l, fence: rec.Fence, version: rec.version, acquiredAt: s.at.Round(0), renewedAt: s.at.Round(0)}
+func (l *Lease) begin(base context.Context, rec Record, s sent, latency time.Duration, sess *session) *term {
+	t := &term{l: l, fence: rec.Fence, version: rec.version, acquiredAt: s.at.Round(0), renewedAt: s.at.Round(0), sess: sess}
 	t.setDeadline(s)
 	if t.left() <= 0 {
 		return nil
 	}
 	t.ctx, t.cancel = context.WithCancelCause(context.WithoutCancel(base))
+	if sess != nil && !sess.bind(t) {
+		t.cancel(nil)
+		return nil
+	}
 	l.mu.Lock()
 	if old := l.ten; old != nil && !old.over {
 		old.closeLocked(fmt.Errorf("%w: %q fence %d: fence %d was acquired", ErrLost, l.job, old.fence, rec.Fence), LossDeposed)
@@ -109,7 +119,19 @@ func (t *term) setDeadline(s sent) {
 // the runtime's clock: until the earlier of its deadlines. Called with
 // Lease.mu held, or before the term is published.
 func (t *term) left() time.Duration {
+	if t.sess != nil {
+		return t.sess.left()
+	}
 	return min(t.deadline.Sub(t.l.opts.Now()), time.Until(t.realDeadline))
+}
+
+// deadlines returns the term's deadline by Options.Now and by the
+// runtime's clock: its session's, for a tenure bound to one.
+func (t *term) deadlines() (time.Time, time.Time) {
+	if t.sess != nil {
+		return t.sess.deadlines()
+	}
+	return t.deadline, t.realDeadline
 }
 
 // armLocked (re)starts the timer to end the term at its deadline, by the
@@ -118,6 +140,9 @@ func (t *term) left() time.Duration {
 // of real time from its last confirmed write's sending, even when
 // Options.Now runs slow.
 func (t *term) armLocked() {
+	if t.sess != nil {
+		return // the session's timer ends it
+	}
 	if t.timer != nil {
 		t.timer.Stop()
 	}
@@ -144,8 +169,9 @@ func (t *term) expire(armed int) {
 func (t *term) snapshot() tenure {
 	t.l.mu.Lock()
 	defer t.l.mu.Unlock()
-	return tenure{held: !t.over, fence: t.fence, version: t.version, sentAt: t.sentAt, deadline: t.deadline,
-		realDeadline: t.realDeadline, draining: t.draining, lost: t.lost}
+	d, rd := t.deadlines()
+	return tenure{held: !t.over, fence: t.fence, version: t.version, sentAt: t.sentAt, deadline: d,
+		realDeadline: rd, draining: t.draining, lost: t.lost}
 }
 
 // leads reports whether the term is open and its local deadline has not
@@ -228,7 +254,12 @@ func (t *term) closeLocked(cause error, reason LossReason) {
 	if reason != "" {
 		t.lost = cause
 	}
-	t.timer.Stop()
+	if t.timer != nil {
+		t.timer.Stop()
+	}
+	if t.sess != nil {
+		t.sess.unbind(t)
+	}
 	t.cancel(cause)
 	if reason != "" {
 		t.l.notify.push(t.l.event(EventLost, Event{Fence: t.fence, Reason: reason, Err: cause}))
@@ -271,6 +302,15 @@ func (tm *term) renew(ctx context.Context) error {
 			return t.lost
 		}
 		return fmt.Errorf("%w: heartbeat %q", ErrNotLeader, l.job)
+	}
+	if tm.sess != nil {
+		// The pool's session renews a tenure bound to it.
+		if !tm.leads() {
+			err := fmt.Errorf("%w: %q fence %d: the pool session's local deadline passed", ErrLost, l.job, t.fence)
+			tm.end(err, LossDeadline)
+			return err
+		}
+		return nil
 	}
 	snt := l.opts.sendNow()
 	now := snt.at
@@ -384,6 +424,9 @@ func (t *term) keeper(onResign func(), stopping func() bool) *keeper {
 // start arms the first renewal, a heartbeat interval after the term's last
 // write was sent.
 func (k *keeper) start() {
+	if k.t.sess != nil {
+		return // the pool's session renews the tenure
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.armLocked()
@@ -416,7 +459,7 @@ func (k *keeper) stop() {
 func (k *keeper) drain() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.stopped || k.drained {
+	if k.stopped || k.drained || k.t.sess != nil {
 		return
 	}
 	k.drained = true
@@ -573,7 +616,12 @@ func (t *term) resign(ctx context.Context) error {
 		":now":   avN(now.UnixMilli()),
 		":false": avBool(false),
 	}
-	err := t.fencedWrite(ctx, l.opts.CallTimeout, time.Time{}, "SET #exp = :zero, #rv = :rv, #ren = :now, #drn = :false", names, values, rv)
+	update := "SET #exp = :zero, #rv = :rv, #ren = :now, #drn = :false"
+	if t.sess != nil {
+		update += " REMOVE #ses, #pool" // free: a standby of the pool takes it at its next poll
+		names["#ses"], names["#pool"] = attrSession, attrPool
+	}
+	err := t.fencedWrite(ctx, l.opts.CallTimeout, time.Time{}, update, names, values, rv)
 	var moved *movedOnError
 	if errors.As(err, &moved) && moved.inDoubt {
 		// The answer was lost and the lease has a newer holder: either our

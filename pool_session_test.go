@@ -1,0 +1,197 @@
+package ddblease_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/internal/ddbtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Held jobs cost nothing each: once the pool is balanced, each replica
+// writes its member item once per heartbeat and reads the members once,
+// and no lease item is read or written, however many jobs it holds.
+func TestPoolSessionRenewsEveryJobWithOneWrite(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table := srv.NewTable(t)
+	jobs := poolJobs(24)
+	w := newPoolWatch(t)
+	ca, cb := &opsByItem{}, &opsByItem{}
+	a := newPool(t, srv.Client(ca.wrap), table, jobs, fast("a"))
+	b := newPool(t, srv.Client(cb.wrap), table, jobs, fast("b"))
+	stopA := async(ctx, func(ctx context.Context) error { return a.Run(ctx, w.fn("a")) })
+	stopB := async(ctx, func(ctx context.Context) error { return b.Run(ctx, w.fn("b")) })
+	eventually(t, "twelve jobs each", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 12, "b": 12}, w.leads()) })
+	time.Sleep(time.Second) // the hand-overs' last writes
+	beforeA, beforeB := ca.snapshot(), cb.snapshot()
+	const window = 3 * time.Second // six heartbeats
+	time.Sleep(window)
+	for name, d := range map[string]map[string]int{"a": diff(beforeA, ca.snapshot()), "b": diff(beforeB, cb.snapshot())} {
+		assert.Zero(t, d["UpdateItem lease"], "%s wrote lease items while holding its jobs: %v", name, d)
+		assert.Zero(t, d["GetItem lease"], "%s read lease items while holding its jobs: %v", name, d)
+		renewals := d["UpdateItem other"]
+		assert.GreaterOrEqual(t, renewals, 5, "%s renewed its session too rarely: %v", name, d)
+		assert.LessOrEqual(t, renewals, 12, "%s renewed more than once a heartbeat: %v", name, d)
+		assert.LessOrEqual(t, total(d), 3*renewals, "%s: %v", name, d)
+	}
+	assert.Equal(t, map[string]int{"a": 12, "b": 12}, w.leads())
+	for _, job := range jobs {
+		item := rawLease(t, srv.Client(nil), table, job)
+		assert.Equal(t, sAttr("reports"), item["pool"], "job %s", job)
+		assert.NotNil(t, item["session"], "job %s is bound to a session", job)
+	}
+	require.NoError(t, stopA())
+	require.NoError(t, stopB())
+}
+
+// A replica that finds another's session lapsed ends it before it takes
+// any of its jobs: the member item says who ended it, and the dead
+// replica's jobs were taken once its tenures had ended (poolWatch fails
+// the test on two leaders).
+func TestPoolSessionLapsedIsEndedThenItsJobsTaken(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, faults, faulty := tableWithFaults(t)
+	jobs := poolJobs(6)
+	w := newPoolWatch(t)
+	a := newPool(t, srv.Client(nil), table, jobs, fast("a"))
+	b := newPool(t, faulty, table, jobs, fast("b"))
+	stopA := async(ctx, func(ctx context.Context) error { return a.Run(ctx, w.fn("a")) })
+	stopB := async(ctx, func(ctx context.Context) error { return b.Run(ctx, w.fn("b")) })
+	eventually(t, "three jobs each", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 3, "b": 3}, w.leads()) })
+	sid := poolMembers(t, srv.Client(nil), table)["b"]["sid"]
+	require.NotNil(t, sid)
+	faults.Set(blackholeAll)
+	eventually(t, "a leads every job", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 6}, w.leads()) })
+	if m := poolMembers(t, srv.Client(nil), table)["b"]; m != nil {
+		assert.Equal(t, sid, m["sid"], "b's session")
+		assert.Equal(t, sAttr("a"), m["ended"], "b's lapsed session was ended by a")
+	}
+	require.NoError(t, stopA())
+	_ = stopB()
+}
+
+// A session that another replica ended is never renewed again: its
+// holder's next renewal is refused, every job bound to it stops at once
+// (its leader context ends with a cause wrapping ErrLost), and the
+// replica starts a new session and takes its jobs back.
+func TestPoolSessionEndedStopsEveryJobBoundToIt(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(3)
+	causes := make(chan error, 10)
+	p := newPool(t, db, table, jobs, fast("a"))
+	stop := async(ctx, func(ctx context.Context) error {
+		return p.Run(ctx, func(ctx context.Context, job string, fence int64) error {
+			<-ctx.Done()
+			causes <- context.Cause(ctx)
+			return nil
+		})
+	})
+	eventually(t, "a leads every job", func() bool { return len(leaders(p, jobs)) == 3 })
+	old := poolMembers(t, db, table)["a"]["sid"]
+	_, err := db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName: aws.String(table), Key: map[string]types.AttributeValue{"pk": sAttr("pool#reports"), "sk": sAttr("member#a")},
+		UpdateExpression:          aws.String("SET #e = :x"),
+		ExpressionAttributeNames:  map[string]string{"#e": "ended"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":x": sAttr("x")},
+	})
+	require.NoError(t, err)
+	ended := time.Now()
+	for range jobs {
+		cause := receive(t, (<-chan error)(causes), "a job's end")
+		assert.ErrorIs(t, cause, ddblease.ErrLost)
+		assert.ErrorContains(t, cause, "the pool session was ended by another replica")
+	}
+	assert.Less(t, time.Since(ended), 2*time.Second, "the jobs ended at the next renewal, not at the deadline")
+	eventually(t, "a leads every job again", func() bool { return len(leaders(p, jobs)) == 3 })
+	assert.NotEqual(t, old, poolMembers(t, db, table)["a"]["sid"], "a new session")
+	require.NoError(t, stop())
+}
+
+// A forced release of a job of a pool reaches its holder through its
+// session's member item: the tenure ends within a heartbeat or two, the
+// holder frees the item (no other replica could take it while the session
+// lives), and the job is led again under a higher fence.
+func TestPoolSessionForcedReleaseEndsTheTenure(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(2)
+	causes := make(chan error, 10)
+	fences := make(chan int64, 10)
+	p := newPool(t, db, table, jobs, fast("a"))
+	stop := async(ctx, func(ctx context.Context) error {
+		return p.Run(ctx, func(ctx context.Context, job string, fence int64) error {
+			if job == jobs[0] {
+				fences <- fence
+			}
+			<-ctx.Done()
+			if job == jobs[0] {
+				causes <- context.Cause(ctx)
+			}
+			return nil
+		})
+	})
+	first := receive(t, (<-chan int64)(fences), "the first tenure")
+	admin := newAdmin(t, db, table)
+	st, err := admin.Job(ctx, jobs[0])
+	require.NoError(t, err)
+	assert.WithinDuration(t, time.Now().Add(2*time.Second), st.Lease.ExpiresAt, time.Second, "the session's expiry")
+	released := time.Now()
+	_, err = admin.ForceRelease(ctx, jobs[0], first)
+	require.NoError(t, err)
+	cause := receive(t, (<-chan error)(causes), "the released tenure's end")
+	assert.ErrorIs(t, cause, ddblease.ErrLost)
+	assert.Less(t, time.Since(released), 1500*time.Millisecond, "ended at the session's next renewal")
+	next := receive(t, (<-chan int64)(fences), "the next tenure")
+	assert.Equal(t, first+2, next, "released (+1), then taken again (+1)")
+	assert.True(t, p.Lease(jobs[1]).IsLeader(), "the other job is untouched")
+	require.NoError(t, stop())
+}
+
+// A lease of its own never takes a job bound to a pool session, however
+// old the expiry written at the job's acquisition: only the session rules
+// free it.
+func TestPlainLeaseCannotTakeAJobBoundToASession(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(1)
+	w := newPoolWatch(t)
+	p := newPool(t, db, table, jobs, fast("a"))
+	stop := async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn("a")) })
+	eventually(t, "a leads", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 1}, w.leads()) })
+	exp, err := strconv.ParseInt(rawLease(t, db, table, jobs[0])["expiresAt"].(*types.AttributeValueMemberN).Value, 10, 64)
+	require.NoError(t, err)
+	time.Sleep(time.Until(time.UnixMilli(exp).Add(500 * time.Millisecond)))
+	other := newLease(t, db, table, jobs[0], fast("x"))
+	_, err = other.TryAcquire(ctx)
+	var held *ddblease.HeldError
+	require.True(t, errors.As(err, &held), "TryAcquire: %v", err)
+	assert.Equal(t, "a", held.Owner)
+	assert.Equal(t, map[string]int{"a": 1}, w.leads())
+	require.NoError(t, stop())
+}
+
+func leaders(p *ddblease.Pool, jobs []string) []string {
+	var out []string
+	for _, j := range jobs {
+		if p.Lease(j).IsLeader() {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+func blackholeAll(string) ddbtest.Action { return ddbtest.Blackhole }

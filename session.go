@@ -1,0 +1,485 @@
+package ddblease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// This file owns a pool replica's session (docs/sessions.md): its member
+// item's renewal, its local deadline and the end of every tenure bound to
+// it; and the rules by which a replica takes a job bound to another
+// replica's session (sessionFree, and the end it writes first).
+
+// Attributes of sessions: in a member item, and in a lease item bound to one.
+const (
+	memberSession = "sid"     // S: the session's id, new for each Pool.Run
+	memberVersion = "sv"      // S: the session's version, new at each renewal
+	memberEnded   = "ended"   // S: set once, by the replica that ended the lapsed session
+	memberLeaving = "leaving" // BOOL: the replica is leaving the pool: assign it nothing
+	memberNotes   = "notes"   // SS: jobs whose lease item an operator changed (Admin)
+	attrSession   = "session" // S, lease item: the id of the session it is bound to
+	// The pool of that session is the lease item's attrPool.
+)
+
+// errSessionEnded is a renewal refused: the member item no longer holds
+// the session, or it was ended by a replica that found it lapsed.
+var errSessionEnded = errors.New("ddblease: the pool session was ended")
+
+// errNoSession is an acquisition by a pool's lease while its pool has no
+// live session: it waits for one, as for a held lease.
+var errNoSession = errors.New("ddblease: the pool has no live session")
+
+// session is one session of a pool replica: from its first renewal to
+// its end (a refusal, its deadline passing, or the end of Pool.Run). It
+// owns its deadline, its timer and the tenures bound to it: each job the
+// replica acquires while the session is live is bound to it, leads until
+// the session's local deadline, and ends with it.
+type session struct {
+	p   *Pool
+	sid string
+
+	mu           sync.Mutex
+	sv           string    // the version of the last confirmed renewal; "" before the first
+	renewedAt    time.Time // when that renewal was sent, by Options.Now
+	deadline     time.Time // by Options.Now: LeaseDuration - margin after that renewal's send
+	realDeadline time.Time // the same, by the runtime's clock
+	over         bool
+	timer        *time.Timer
+	armed        int
+	terms        map[*term]struct{} // the open tenures bound to it
+	handled      []string           // notes handled, deleted from the item by the next renewal
+}
+
+func newSession(p *Pool) *session {
+	return &session{p: p, sid: randomID(8), terms: map[*term]struct{}{}}
+}
+
+// left returns how long the session may last from now by both clocks; 0
+// before its first confirmed renewal and once it is over.
+func (s *session) left() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.leftLocked()
+}
+
+func (s *session) leftLocked() time.Duration {
+	if s.over || s.sv == "" {
+		return 0
+	}
+	return max(min(s.deadline.Sub(s.p.opts.Now()), time.Until(s.realDeadline)), 0)
+}
+
+// deadlines returns the session's deadline by Options.Now and by the
+// runtime's clock.
+func (s *session) deadlines() (time.Time, time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.deadline, s.realDeadline
+}
+
+// renewed returns when the last confirmed renewal was sent, by
+// Options.Now (zero before the first).
+func (s *session) renewed() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.renewedAt
+}
+
+// bind binds an opening tenure to the session; false when the session
+// is not live. The term's context must be set.
+func (s *session) bind(t *term) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.leftLocked() <= 0 {
+		return false
+	}
+	s.terms[t] = struct{}{}
+	return true
+}
+
+// unbind forgets a tenure that ended. Called with the lease's mu held.
+func (s *session) unbind(t *term) {
+	s.mu.Lock()
+	delete(s.terms, t)
+	s.mu.Unlock()
+}
+
+// end ends the session and every tenure bound to it, with cause built for
+// each.
+func (s *session) end(reason LossReason, cause func(t *term) error) {
+	s.mu.Lock()
+	if s.over {
+		s.mu.Unlock()
+		return
+	}
+	s.over = true
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	terms := s.terms
+	s.terms = map[*term]struct{}{}
+	s.mu.Unlock()
+	for t := range terms {
+		t.end(cause(t), reason)
+	}
+}
+
+// expire is the timer's function: the deadline passed without a renewal.
+func (s *session) expire(armed int) {
+	s.mu.Lock()
+	stale := s.armed != armed
+	s.mu.Unlock()
+	if !stale {
+		s.end(LossDeadline, func(t *term) error {
+			return fmt.Errorf("%w: %q fence %d: the pool session's local deadline passed without a confirmed renewal",
+				ErrLost, t.l.job, t.fence)
+		})
+	}
+}
+
+// confirmed records a renewal with version sv, sent at snt, as
+// confirmed now. A confirmation at or after the deadline it extends ends
+// the session: a late answer never revives it.
+func (s *session) confirmed(sv string, snt sent) bool {
+	d := s.p.opts.LeaseDuration - s.p.opts.margin()
+	s.mu.Lock()
+	late := s.over || s.sv != "" && s.leftLocked() <= 0 ||
+		!s.p.opts.Now().Before(snt.at.Add(d)) || !time.Now().Before(snt.real.Add(d))
+	if !late {
+		s.sv, s.renewedAt, s.deadline, s.realDeadline = sv, snt.at.Round(0), snt.at.Add(d), snt.real.Add(d)
+		if s.timer != nil {
+			s.timer.Stop()
+		}
+		s.armed++
+		armed := s.armed
+		s.timer = time.AfterFunc(s.leftLocked(), func() { s.expire(armed) })
+	}
+	s.mu.Unlock()
+	if late {
+		s.end(LossDeadline, func(t *term) error {
+			return fmt.Errorf("%w: %q fence %d: the pool session's renewal was confirmed only after its local deadline",
+				ErrLost, t.l.job, t.fence)
+		})
+	}
+	return !late
+}
+
+// memberFields is what a renewal writes besides the session's own.
+type memberFields struct {
+	view     string
+	list     string
+	declined string // JSON array
+	leaving  bool
+}
+
+// renew renews the session with one conditional write of the member
+// item: before the first confirmed renewal, on condition that the item
+// does not hold this session ended; after it, that it holds this session
+// and no end mark. It returns the jobs noted in the item (an operator
+// changed their lease items), and errSessionEnded, having ended the
+// session, when the condition failed.
+func (s *session) renew(ctx context.Context, f memberFields) (notes []string, err error) {
+	p := s.p
+	s.mu.Lock()
+	first, handled := s.sv == "", slices.Clone(s.handled)
+	s.mu.Unlock()
+	snt := p.opts.sendNow()
+	sv := randomID(8)
+	names := map[string]string{"#x": memberExpiry, "#v": memberView, "#j": memberJobs, "#d": memberDeclined,
+		"#sid": memberSession, "#sv": memberVersion, "#end": memberEnded, "#lv": memberLeaving, "#n": memberNotes}
+	values := map[string]types.AttributeValue{
+		":x": avN(snt.at.Add(p.opts.LeaseDuration).UnixMilli()), ":v": avS(f.view), ":j": avS(f.list),
+		":d": avS(f.declined), ":sid": avS(s.sid), ":sv": avS(sv), ":lv": avBool(f.leaving),
+	}
+	update := "SET #x = :x, #v = :v, #j = :j, #d = :d, #sid = :sid, #sv = :sv, #lv = :lv"
+	cond := "#sid = :sid AND attribute_not_exists(#end)"
+	switch {
+	case first:
+		// A new session replaces whatever the item held (an earlier Run's
+		// session, ended or not: its jobs wait for the watch, sessionFree).
+		update += " REMOVE #end, #n"
+		cond = "attribute_not_exists(#sid) OR #sid <> :sid OR attribute_not_exists(#end)"
+	case len(handled) > 0:
+		update += " DELETE #n :h"
+		values[":h"] = &types.AttributeValueMemberSS{Value: handled}
+	default:
+		delete(names, "#n")
+	}
+	key := p.opts.Layout.memberKey(p.name, p.opts.Owner)
+	cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
+	out, err := p.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
+		TableName: aws.String(p.table), Key: key, UpdateExpression: aws.String(update),
+		ConditionExpression: aws.String(cond), ExpressionAttributeNames: names, ExpressionAttributeValues: values,
+		ReturnValues: types.ReturnValueAllNew,
+	})
+	cancel()
+	var ccf *types.ConditionalCheckFailedException
+	switch {
+	case errors.As(err, &ccf):
+		s.end(LossDeposed, func(t *term) error {
+			return fmt.Errorf("%w: %q fence %d: the pool session was ended by another replica", ErrLost, t.l.job, t.fence)
+		})
+		return nil, fmt.Errorf("%w: member item %q", errSessionEnded, p.opts.Layout.describe(key))
+	case err != nil:
+		return nil, fmt.Errorf("ddblease: pool %q: renew its member item %q: %w", p.name, p.opts.Layout.describe(key),
+			explainTableError(ctx, p.db, p.table, p.opts.Layout, err))
+	}
+	if !s.confirmed(sv, snt) {
+		return nil, fmt.Errorf("%w: member item %q: confirmed after the session's deadline", errSessionEnded, p.opts.Layout.describe(key))
+	}
+	s.mu.Lock()
+	s.handled = nil
+	s.mu.Unlock()
+	if n, ok := out.Attributes[memberNotes].(*types.AttributeValueMemberSS); ok {
+		notes = slices.Sorted(slices.Values(n.Value))
+	}
+	return notes, nil
+}
+
+// noteHandled records jobs whose notes were handled: the next renewal
+// deletes them from the member item.
+func (s *session) noteHandled(jobs []string) {
+	s.mu.Lock()
+	s.handled = append(s.handled, jobs...)
+	s.mu.Unlock()
+}
+
+// sessionFree reports whether a job bound to owner's session sid may be
+// taken now (docs/sessions.md, rules 3 and 4): the session is this
+// replica's own and over; its member item was read with the end mark; it
+// lapsed (its expiry MaxClockSkew old, or its version read unchanged for
+// a LeaseDuration) and this replica ended it, with a write conditional on
+// the version it watched; or its member item has been read without it
+// (deleted, or holding a later session) for a LeaseDuration by the
+// runtime's clock, which outlasts any deadline of its holder.
+func (p *Pool) sessionFree(ctx context.Context, owner, sid string) bool {
+	if owner == p.opts.Owner {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.pastSessions[sid]
+	}
+	p.endMu.Lock() // one end per session, however many of its jobs ask
+	defer p.endMu.Unlock()
+	p.mu.Lock()
+	m, ok := p.members[owner]
+	w := p.watched[owner]
+	if !ok || m.sid != sid {
+		k := owner + "\x00" + sid
+		since, seen := p.gone[k]
+		if !seen {
+			since = time.Now()
+			p.gone[k] = since
+		}
+		p.mu.Unlock()
+		return time.Since(since) >= p.opts.LeaseDuration
+	}
+	p.mu.Unlock()
+	switch {
+	case m.ended != "":
+		return true
+	case !p.lapsed(m, w):
+		return false
+	}
+	if err := p.endSession(ctx, m); err != nil {
+		p.log.Debug("ddblease: could not end a lapsed pool session", "member", owner, "err", err)
+		return false
+	}
+	p.mu.Lock()
+	if cur, ok := p.members[owner]; ok && cur.sid == m.sid && cur.sv == m.sv {
+		cur.ended = p.opts.Owner
+		p.members[owner] = cur
+	}
+	p.mu.Unlock()
+	return true
+}
+
+// lapsed reports whether a member's session lapsed, by the rules a
+// standby applies to a lease (takeover.go): its expiry is MaxClockSkew
+// old, or its version has been read unchanged for a LeaseDuration.
+func (p *Pool) lapsed(m member, w watchedEntry) bool {
+	now := p.opts.Now()
+	return !time.UnixMilli(m.exp).Add(p.opts.MaxClockSkew).After(now) ||
+		w.sv == m.sv && time.Since(w.since) >= p.opts.LeaseDuration
+}
+
+// endSession ends a lapsed session with a write conditional on the
+// session and the version watched, so that no renewal can land after it.
+func (p *Pool) endSession(ctx context.Context, m member) error {
+	cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
+	defer cancel()
+	_, err := p.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
+		TableName: aws.String(p.table), Key: p.opts.Layout.memberKey(p.name, m.owner),
+		UpdateExpression:          aws.String("SET #end = :me"),
+		ConditionExpression:       aws.String("#sid = :sid AND #sv = :sv"),
+		ExpressionAttributeNames:  map[string]string{"#end": memberEnded, "#sid": memberSession, "#sv": memberVersion},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":me": avS(p.opts.Owner), ":sid": avS(m.sid), ":sv": avS(m.sv)},
+	})
+	if err == nil {
+		p.log.Info("ddblease: ended the lapsed session of a replica gone from the pool", "member", m.owner)
+	}
+	return err
+}
+
+// judgeBound applies the session rules (sessionFree) to the lease item a
+// pool's lease last observed, when it is bound to a session other than
+// this replica's live one, and records whether they free it.
+func (l *Lease) judgeBound(ctx context.Context) {
+	if l.pool == nil {
+		return
+	}
+	l.mu.Lock()
+	obs := l.obs
+	l.mu.Unlock()
+	if !obs.present || obs.rec.Session == "" || obs.boundFree || obs.rec.Pool != l.pool.name {
+		return
+	}
+	if !l.pool.sessionFree(ctx, obs.rec.Owner, obs.rec.Session) {
+		return
+	}
+	l.mu.Lock()
+	if o := l.obs.rec; l.obs.present && o.version == obs.rec.version && o.Fence == obs.rec.Fence && o.Session == obs.rec.Session {
+		l.obs.boundFree = true
+	}
+	l.mu.Unlock()
+}
+
+// noticeNote handles a note in the member item of session s: an operator
+// changed this lease's item (Admin). It reads the item (strongly
+// consistent) and, for the tenure bound to s, does what a heartbeat's
+// answer does for a lease of its own: a moved fence (a forced release)
+// ends the tenure, and then frees the item, which no one else may take
+// while s lives; other changes reach the keeper (control.go). It reports
+// whether the note was handled; a failed read leaves it for the next
+// renewal.
+func (l *Lease) noticeNote(ctx context.Context, s *session) bool {
+	rec, present, err := l.read(ctx, true)
+	if err != nil {
+		return false
+	}
+	l.observe(rec, present)
+	l.mu.Lock()
+	t := l.ten
+	var k *keeper
+	if t != nil {
+		k = t.k
+	}
+	l.mu.Unlock()
+	if t == nil || t.sess != s || !t.holds() {
+		return true
+	}
+	if present && rec.Owner == l.opts.Owner && rec.Fence == t.fence {
+		if k != nil {
+			k.noticeControl()
+		}
+		return true
+	}
+	t.end(&movedOnError{err: movedOn(l.job, t.fence, rec)}, LossDeposed)
+	if present && rec.Owner == l.opts.Owner && rec.Session == s.sid {
+		l.free(ctx, rec)
+	}
+	return true
+}
+
+// free frees a lease item bound to this replica's session that no tenure
+// of it holds (an operator released it by force), on condition that it
+// is unchanged, so that a standby of the pool takes it at its next poll.
+func (l *Lease) free(ctx context.Context, rec Record) {
+	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
+	defer cancel()
+	_, err := l.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
+		TableName: aws.String(l.table), Key: l.opts.Layout.leaseKey(l.job),
+		UpdateExpression:    aws.String("SET #exp = :zero, #rv = :rv REMOVE #ses, #pool"),
+		ConditionExpression: aws.String("#owner = :me AND #ses = :sid AND #fence = :f"),
+		ExpressionAttributeNames: map[string]string{"#exp": attrExpires, "#rv": attrVersion, "#ses": attrSession,
+			"#pool": attrPool, "#owner": attrOwner, "#fence": attrFence},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":zero": avN(0), ":rv": avS(randomID(8)),
+			":me": avS(l.opts.Owner), ":sid": avS(rec.Session), ":f": avN(rec.Fence)},
+	})
+	if err != nil {
+		l.log.Warn("ddblease: could not free a lease released by force; the others take it when this replica's pool session ends",
+			"fence", rec.Fence, "err", err)
+	}
+}
+
+// isOver reports whether the session ended.
+func (s *session) isOver() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.over
+}
+
+// sessionExpiries sets the expiry of each record bound to a pool session
+// to the session's: its member item's expiry while the item holds the
+// session unended, zero (free) otherwise. It reads each member item once,
+// with one strongly consistent BatchGetItem per 100: its cost grows with
+// the replicas, not the jobs.
+func (a *Admin) sessionExpiries(ctx context.Context, recs []*Record) error {
+	y := a.o.Layout
+	type mk struct{ pool, owner string }
+	var keys []map[string]types.AttributeValue
+	seen := map[mk]bool{}
+	for _, r := range recs {
+		if k := (mk{r.Pool, r.Owner}); r.Session != "" && !seen[k] {
+			seen[k] = true
+			keys = append(keys, y.memberKey(k.pool, k.owner))
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	items, err := batchGet(ctx, a.db, a.table, y, "read pool sessions", keys, time.Second, a.o.CallTimeout)
+	if err != nil {
+		return err
+	}
+	members := map[mk]member{}
+	for _, item := range items {
+		pk, _ := str(item, y.PartitionKey)
+		if m, err := decodeMember(y, item); err == nil {
+			members[mk{strings.TrimPrefix(pk, y.Prefix+skPoolPrefix), m.owner}] = m
+		}
+	}
+	for _, r := range recs {
+		if r.Session == "" {
+			continue
+		}
+		if m, ok := members[mk{r.Pool, r.Owner}]; ok && m.sid == r.Session && m.ended == "" {
+			r.ExpiresAt = time.UnixMilli(m.exp)
+		} else {
+			r.ExpiresAt = time.Time{}
+		}
+	}
+	return nil
+}
+
+// noteSession notes job in the member item of the session its lease item
+// is bound to, after an operator changed the item: the session's holder
+// reads the item at its next renewal (Lease.noticeNote). A session no
+// longer in its item is left alone: no one renews it.
+func (a *Admin) noteSession(ctx context.Context, job string, rec Record) error {
+	if rec.Session == "" {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.o.CallTimeout)
+	defer cancel()
+	_, err := a.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
+		TableName: aws.String(a.table), Key: a.o.Layout.memberKey(rec.Pool, rec.Owner),
+		UpdateExpression:          aws.String("ADD #n :job"),
+		ConditionExpression:       aws.String("#sid = :sid"),
+		ExpressionAttributeNames:  map[string]string{"#n": memberNotes, "#sid": memberSession},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":job": &types.AttributeValueMemberSS{Value: []string{job}}, ":sid": avS(rec.Session)},
+	})
+	var ccf *types.ConditionalCheckFailedException
+	if err != nil && !errors.As(err, &ccf) {
+		return fmt.Errorf("ddblease: tell the pool session holding %q: %w", job, explainTableError(ctx, a.db, a.table, a.o.Layout, err))
+	}
+	return nil
+}
