@@ -306,9 +306,9 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 		update += " REMOVE #ses, #pool"
 	}
 	in := &dynamodb.UpdateItemInput{
-		TableName:        aws.String(l.table),
-		Key:              l.opts.Layout.leaseKey(l.job),
-		UpdateExpression: aws.String(update),
+		TableName:                           aws.String(l.table),
+		Key:                                 l.opts.Layout.leaseKey(l.job),
+		UpdateExpression:                    aws.String(update),
 		ConditionExpression:                 aws.String(cond),
 		ExpressionAttributeNames:            names,
 		ExpressionAttributeValues:           values,

@@ -65,8 +65,8 @@ type Pool struct {
 	health   poolHealth // what CheckHealth reports of the membership
 	declines chan struct{}
 
-	leaving  atomic.Bool // Run is stopping: its member item says so
-	endMu    sync.Mutex  // held while ending another's session (sessionFree)
+	leaving atomic.Bool // Run is stopping: its member item says so
+	endMu   sync.Mutex  // held while ending another's session (sessionFree)
 
 	mu   sync.Mutex
 	seen poolView // the live members last read; live is nil before the first look
