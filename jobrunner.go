@@ -167,119 +167,134 @@ type runner struct {
 	ahead  time.Duration
 }
 
-// lead is the function given to Run: it fires slots for one tenure.
+// lead is the function given to Run: it fires slots for one tenure,
+// waiting between them on this goroutine.
 func (r *runner) lead(ctx context.Context, tn *term) error {
+	r.begin(ctx, tn)
+	for ctx.Err() == nil {
+		wait, ok, err := r.step(ctx, tn)
+		if err != nil || !ok {
+			return err
+		}
+		if wait > 0 {
+			if _, err := r.wait(ctx, wait); err != nil {
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+// begin readies the runner for a tenure: it adopts what the last one
+// left, and reads the operator controls at its first step.
+func (r *runner) begin(ctx context.Context, tn *term) {
 	r.ctl.look = true  // jobrunner.go: read the operator controls before the first wait
 	r.ctl.tokens = nil // a claim token belongs to one tenure
 	r.ran = map[string]bool{}
 	r.busySince = time.Time{}
 	r.adopt(ctx, tn)
 	r.fence = tn.fence
-	for ctx.Err() == nil {
-		if err := r.lookIfAsked(ctx, tn); err != nil { // jobrunner.go: triggers, catch-up
-			return err
-		}
-		slot, missed, ok, err := r.due(ctx, tn)
-		if err != nil || !ok {
-			return err
-		}
-		if slot.IsZero() {
-			continue // woken by a change of the operator controls, or a look to make again
-		}
-		handled, err := r.execute(ctx, tn, firing{what: "slot", slot: slot, missed: missed, token: randomID(8),
-			spec: claimSpec{pause: pauseSlot, unswept: r.pendingIDs()}})
-		if err != nil {
-			return err
-		}
-		if handled {
-			r.last = slot
-		}
-		r.resweep(ctx, tn)
-		r.marks = 0
-		// A slot not handled (given up, or the tenure ended) is due again
-		// at the next catch-up, which fires a later slot and sweeps it.
-	}
-	return nil
 }
 
-// due waits for the next slot to fire and applies the catch-up rule. ok is
-// false when ctx ended or the schedule has no further slot. missed is -1
-// when the skipped slots could not be read back.
-func (r *runner) due(ctx context.Context, tn *term) (slot time.Time, missed int, ok bool, err error) {
-	l := r.l
-	for {
-		now := l.opts.Now()
-		floor := now.Add(-r.o.CatchUpWindow)
-		if busy := r.busySince; !busy.IsZero() && busy.Before(floor) {
-			floor = busy
-		}
-		r.busySince = time.Time{}
-		returned := r.returned(now)
-		behind := r.last.After(now)
-		if behind && (returned || r.last.Sub(now) > r.o.CatchUpWindow) {
-			// The wall clock came back from a jump forward (the slots the
-			// jump passed over were never handled), or stepped back
-			// further than the window: start again from now. Slots run
-			// early stay protected by their runs.
-			r.last, behind = time.Time{}, false
-		}
-		// A wall clock that fell behind the last slot handled by up to
-		// the window otherwise waits for it again: the slots before it
-		// are handled, and a claim made now of a slot before it would
-		// break the order in which a tenure claims slots, which a newer
-		// tenure's sweep (within the window) relies on. It is looked at
-		// every RetryInterval meanwhile, so that a step that ends is seen.
-		if !r.last.IsZero() {
-			if r.last.Before(floor) {
-				r.logTooOld(r.last, floor)
-				r.last = time.Time{}
-			} else {
-				floor = r.last
-			}
-		}
-		first, err := nextSlot(r.sched, floor)
-		if err != nil {
-			return time.Time{}, 0, false, err
-		}
-		if first.IsZero() {
-			l.log.Info("ddblease: the schedule has no further slot", "after", fmtSlot(floor))
-			return time.Time{}, 0, false, nil
-		}
-		if first.After(now) {
-			// jobrunner.go: an operator request wakes the wait; due then
-			// returns no slot, and lead reads the controls.
-			// A look that left a request pending (a read that failed, a
-			// claim given up, a run left running that could not be
-			// marked) is made again after a RetryInterval, not at the
-			// next slot, which may be a day away.
-			d := min(first.Sub(now), maxSleep)
-			if behind || r.ctl.look {
-				d = min(d, r.l.opts.RetryInterval)
-			}
-			if woken, err := r.wait(ctx, d); err != nil || woken || r.ctl.look {
-				return time.Time{}, 0, err == nil, nil
-			}
-			continue
-		}
-		if !tn.leads() {
-			// The tenure does not lead by both clocks (a wall clock that
-			// stepped past its deadline, until the next renewal lands, or a
-			// tenure about to end): no slot is read back or claimed until
-			// it does again, or ends.
-			if woken, err := r.wait(ctx, r.l.opts.RetryInterval); err != nil || woken {
-				return time.Time{}, 0, err == nil, nil
-			}
-			continue
-		}
-		latest, older, n, err := r.dueSlots(first, now)
-		if err != nil {
-			return time.Time{}, 0, false, err
-		}
-		if n > 0 {
-			missed = r.sweep(ctx, tn, older, n, latest)
-		}
-		return latest, missed, true, nil
+// step makes one step of a tenure's schedule: it runs the requests an
+// operator made (triggers, a catch-up) when asked to look, then fires the
+// slot due, if any. wait, when positive, is how long to wait before the
+// next step (less if the operator controls change: the wait then sets
+// ctl.look). ok is false when ctx ended or the schedule has no further
+// slot; err is set when the campaign must stop.
+func (r *runner) step(ctx context.Context, tn *term) (wait time.Duration, ok bool, err error) {
+	if err := r.lookIfAsked(ctx, tn); err != nil { // jobrunner.go: triggers, catch-up
+		return 0, false, err
 	}
+	slot, missed, wait, ok, err := r.due(ctx, tn)
+	if err != nil || !ok || slot.IsZero() {
+		return wait, ok && ctx.Err() == nil, err
+	}
+	handled, err := r.execute(ctx, tn, firing{what: "slot", slot: slot, missed: missed, token: randomID(8),
+		spec: claimSpec{pause: pauseSlot, unswept: r.pendingIDs()}})
+	if err != nil {
+		return 0, false, err
+	}
+	if handled {
+		r.last = slot
+	}
+	r.resweep(ctx, tn)
+	r.marks = 0
+	// A slot not handled (given up, or the tenure ended) is due again at
+	// the next catch-up, which fires a later slot and sweeps it.
+	return 0, ctx.Err() == nil, nil
+}
+
+// due returns the next slot to fire, applying the catch-up rule, or, with
+// a zero slot, how long to wait before looking again. ok is false when
+// ctx ended or the schedule has no further slot. missed is -1 when the
+// skipped slots could not be read back.
+func (r *runner) due(ctx context.Context, tn *term) (slot time.Time, missed int, wait time.Duration, ok bool, err error) {
+	l := r.l
+	now := l.opts.Now()
+	floor := now.Add(-r.o.CatchUpWindow)
+	if busy := r.busySince; !busy.IsZero() && busy.Before(floor) {
+		floor = busy
+	}
+	r.busySince = time.Time{}
+	returned := r.returned(now)
+	behind := r.last.After(now)
+	if behind && (returned || r.last.Sub(now) > r.o.CatchUpWindow) {
+		// The wall clock came back from a jump forward (the slots the
+		// jump passed over were never handled), or stepped back further
+		// than the window: start again from now. Slots run early stay
+		// protected by their runs.
+		r.last, behind = time.Time{}, false
+	}
+	// A wall clock that fell behind the last slot handled by up to the
+	// window otherwise waits for it again: the slots before it are
+	// handled, and a claim made now of a slot before it would break the
+	// order in which a tenure claims slots, which a newer tenure's sweep
+	// (within the window) relies on. It is looked at every RetryInterval
+	// meanwhile, so that a step that ends is seen.
+	if !r.last.IsZero() {
+		if r.last.Before(floor) {
+			r.logTooOld(r.last, floor)
+			r.last = time.Time{}
+		} else {
+			floor = r.last
+		}
+	}
+	first, err := nextSlot(r.sched, floor)
+	if err != nil {
+		return time.Time{}, 0, 0, false, err
+	}
+	if first.IsZero() {
+		l.log.Info("ddblease: the schedule has no further slot", "after", fmtSlot(floor))
+		return time.Time{}, 0, 0, false, nil
+	}
+	if first.After(now) {
+		// An operator request wakes the wait (jobrunner.go); the next
+		// step reads the controls. A look that left a request pending (a
+		// read that failed, a claim given up, a run left running that
+		// could not be marked) is made again after a RetryInterval, not at
+		// the next slot, which may be a day away.
+		d := min(first.Sub(now), maxSleep)
+		if behind || r.ctl.look {
+			d = min(d, r.l.opts.RetryInterval)
+		}
+		return time.Time{}, 0, d, true, nil
+	}
+	if !tn.leads() {
+		// The tenure does not lead by both clocks (a wall clock that
+		// stepped past its deadline, until the next renewal lands, or a
+		// tenure about to end): no slot is read back or claimed until it
+		// does again, or ends.
+		return time.Time{}, 0, r.l.opts.RetryInterval, true, nil
+	}
+	latest, older, n, err := r.dueSlots(first, now)
+	if err != nil {
+		return time.Time{}, 0, 0, false, err
+	}
+	if n > 0 {
+		missed = r.sweep(ctx, tn, older, n, latest)
+	}
+	return latest, missed, 0, true, nil
 }
 
 // returned compares how far the wall clock moved since the last look with
