@@ -65,6 +65,10 @@ func (l *Lease) acquire(ctx context.Context) (t *term, failing bool, err error) 
 		case err == nil, errors.Is(err, ErrHeld), errors.Is(err, ErrLost), errors.Is(err, errNoSession):
 			lastErr, succeeded = nil, true
 			bo.reset()
+			if errors.Is(err, errNoSession) {
+				// A lease takeable now waits for the pool's session.
+				wait = max(wait, jitter(l.opts.RetryInterval))
+			}
 		case ctx.Err() != nil:
 			continue
 		case unsent(err) && !l.reached.Load() && !l.opts.mayPassAtStart(err, &unsentSince):

@@ -251,9 +251,9 @@ func (a *Admin) ForceRelease(ctx context.Context, job string, fence int64, optFn
 	update := "SET #rf = :seen, #fence = #fence + :one, #rv = :rv, #drn = :false, #ren = :now, #rby = :me, #rat = :now"
 	if ro.HolderDead {
 		// A job of a pool is unbound from its session too.
-		update += ", #exp = :zero REMOVE #ses, #pool"
-		values[":zero"] = avN(0)
-		names["#ses"], names["#pool"] = attrSession, attrPool
+		update += ", #exp = :zero, #ses = :nos"
+		values[":zero"], values[":nos"] = avN(0), avS(noSession)
+		names["#ses"] = attrSession
 	}
 	rec, failed, err := a.update(ctx, job, update, "#fence = :seen", names, values)
 	switch {

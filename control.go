@@ -24,6 +24,7 @@ type controlWatch struct {
 	seen bool
 	last *Control // as last noted; nil when all unset
 	wake chan struct{}
+	fn   func() // called on a change, besides the channel (Pool.RunSchedule)
 }
 
 // watch makes the channel that note wakes, before a runner first reads the
@@ -34,6 +35,14 @@ func (w *controlWatch) watch() {
 	if w.wake == nil {
 		w.wake = make(chan struct{}, 1)
 	}
+}
+
+// watchFunc makes note call fn on each change, before a runner first
+// reads the controls.
+func (w *controlWatch) watchFunc(fn func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.fn = fn
 }
 
 // ch returns the channel note wakes; nil (never ready) before watch.
@@ -59,8 +68,11 @@ func (w *controlWatch) note(c Control) {
 		}
 	}
 	w.seen = true
-	ch := w.wake
+	ch, fn := w.wake, w.fn
 	w.mu.Unlock()
+	if changed && fn != nil {
+		fn()
+	}
 	if changed && ch != nil {
 		select {
 		case ch <- struct{}{}:

@@ -303,7 +303,7 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 		update += ", #ses = :ses, #pool = :pool"
 		values[":ses"], values[":pool"] = avS(sess.sid), avS(l.pool.name)
 	} else {
-		update += " REMOVE #ses, #pool"
+		delete(names, "#pool") // an item bound to a session is not taken (condition): it stays unbound
 	}
 	in := &dynamodb.UpdateItemInput{
 		TableName:                           aws.String(l.table),

@@ -169,8 +169,11 @@ func decodeLease(y Layout, item map[string]types.AttributeValue) (Record, error)
 	if r.Session, err = it.Session.opt(attrSession); err != nil {
 		return fail(err)
 	}
+	if r.Session == noSession {
+		r.Pool, r.Session = "", "" // unbound
+	}
 	if (r.Pool == "") != (r.Session == "") {
-		return fail(fmt.Errorf("attributes %q and %q must be both present or both absent", attrPool, attrSession))
+		return fail(fmt.Errorf("attribute %q must name a pool when %q names a session", attrPool, attrSession))
 	}
 	if r.Control, err = it.controlItem.decode(item); err != nil {
 		return fail(err)

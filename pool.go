@@ -66,7 +66,6 @@ type Pool struct {
 	declines chan struct{}
 
 	leaving atomic.Bool // Run is stopping: its member item says so
-	endMu   sync.Mutex  // held while ending another's session (sessionFree)
 
 	mu   sync.Mutex
 	seen poolView // the live members last read; live is nil before the first look
@@ -84,6 +83,7 @@ type Pool struct {
 	members map[string]member
 	watched map[string]watchedEntry
 	gone    map[string]time.Time
+	ending  map[string]bool // sessions this replica is ending (sessionFree), by id
 }
 
 // poolView is the pool as one renewal read it: the live members.
@@ -282,6 +282,14 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 	if fn == nil {
 		return invalid("pool %q: Run: fn is nil", p.name)
 	}
+	return p.run(ctx, func(r *poolRun, job string, jctx context.Context, run *jobRun) { r.runJob(job, jctx, run, fn) })
+}
+
+// run is Run and RunSchedule: start starts the job's run (that of Run, or
+// RunSchedule's) under jctx, which ends on hand-over or when the pool
+// stops; it sends the job on r.finished, then closes run.done, when the
+// job's run has ended.
+func (p *Pool) run(ctx context.Context, start func(r *poolRun, job string, jctx context.Context, run *jobRun)) error {
 	if !p.running.CompareAndSwap(false, true) {
 		return invalid("pool %q: another Run is active on this pool", p.name)
 	}
@@ -291,7 +299,7 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 	}
 	p.begin()
 	p.list(ctx)
-	r := &poolRun{p: p, fn: fn, runs: map[string]*jobRun{}, finished: make(chan string, len(p.jobs))}
+	r := &poolRun{p: p, startJob: start, runs: map[string]*jobRun{}, finished: make(chan string, len(p.jobs))}
 	var cancel context.CancelFunc
 	r.runCtx, cancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
@@ -303,7 +311,7 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 // poolRun is one Run of a pool: the Runs of the jobs it started.
 type poolRun struct {
 	p        *Pool
-	fn       func(ctx context.Context, job string, fence int64) error
+	startJob func(r *poolRun, job string, jctx context.Context, run *jobRun)
 	runs     map[string]*jobRun
 	finished chan string     // a job's Run returned
 	runCtx   context.Context // the jobs' Runs' parent: ends when Run returns
@@ -405,12 +413,17 @@ func (r *poolRun) act(ctx context.Context) {
 	}
 }
 
-// start runs the lease of job.
+// start starts the run of job.
 func (r *poolRun) start(job string) {
-	p := r.p
 	jctx, cancel := context.WithCancel(r.runCtx)
 	run := &jobRun{cancel: cancel, done: make(chan struct{})}
 	r.runs[job] = run
+	r.startJob(r, job, jctx, run)
+}
+
+// runJob runs the lease of job for Run, on a goroutine of its own.
+func (r *poolRun) runJob(job string, jctx context.Context, run *jobRun, fn func(context.Context, string, int64) error) {
+	p := r.p
 	l := p.leases[job]
 	go func() {
 		defer close(run.done)
@@ -428,7 +441,7 @@ func (r *poolRun) start(job string) {
 			}
 		}()
 		run.err = runJob(jctx, l, job, func(ctx context.Context, job string, fence int64) error {
-			err := r.fn(ctx, job, fence)
+			err := fn(ctx, job, fence)
 			if errors.Is(context.Cause(ctx), ErrResignRequested) {
 				p.decline(job)
 			}
@@ -525,7 +538,7 @@ func (p *Pool) begin() {
 	p.mu.Lock()
 	p.seen, p.declined = poolView{}, nil
 	p.sess, p.pastSessions = newSession(p), map[string]bool{}
-	p.members, p.watched, p.gone = nil, map[string]watchedEntry{}, map[string]time.Time{}
+	p.members, p.watched, p.gone, p.ending = nil, map[string]watchedEntry{}, map[string]time.Time{}, map[string]bool{}
 	p.mu.Unlock()
 	select {
 	case <-p.declines:
@@ -766,7 +779,9 @@ func decodeMember(y Layout, item map[string]types.AttributeValue) (member, error
 	_, vserr := str(item, memberVersion)
 	var nerr, lverr error
 	if _, ok := item[memberEnded]; ok {
-		m.ended, nerr = str(item, memberEnded)
+		if m.ended, nerr = str(item, memberEnded); m.ended == noSession {
+			m.ended = "" // not ended
+		}
 	}
 	if v, ok := item[memberLeaving]; ok {
 		b, isBool := v.(*types.AttributeValueMemberBOOL)

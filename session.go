@@ -28,6 +28,11 @@ const (
 	memberNotes   = "notes"   // SS: jobs whose lease item an operator changed (Admin)
 	attrSession   = "session" // S, lease item: the id of the session it is bound to
 	// The pool of that session is the lease item's attrPool.
+
+	// noSession marks a lease item bound to no session, and a member
+	// item's session not ended: the library never relies on REMOVE
+	// (minidyn v0.8.2 ignores a top-level REMOVE clause).
+	noSession = "-"
 )
 
 // errSessionEnded is a renewal refused: the member item no longer holds
@@ -201,17 +206,22 @@ func (s *session) renew(ctx context.Context, f memberFields) (notes []string, er
 		":d": avS(f.declined), ":sid": avS(s.sid), ":sv": avS(sv), ":lv": avBool(f.leaving),
 	}
 	update := "SET #x = :x, #v = :v, #j = :j, #d = :d, #sid = :sid, #sv = :sv, #lv = :lv"
-	cond := "#sid = :sid AND attribute_not_exists(#end)"
+	values[":nos"] = avS(noSession)
+	cond := "#sid = :sid AND (attribute_not_exists(#end) OR #end = :nos)"
 	switch {
 	case first:
 		// A new session replaces whatever the item held (an earlier Run's
 		// session, ended or not: its jobs wait for the watch, sessionFree).
-		update += " REMOVE #end, #n"
-		cond = "attribute_not_exists(#sid) OR #sid <> :sid OR attribute_not_exists(#end)"
-	case len(handled) > 0:
+		// The notes left for it name jobs this one reads once.
+		update += ", #end = :nos"
+		cond = "attribute_not_exists(#sid) OR #sid <> :sid OR attribute_not_exists(#end) OR #end = :nos"
+	default:
+		update += ", #end = :nos"
+	}
+	if len(handled) > 0 {
 		update += " DELETE #n :h"
 		values[":h"] = &types.AttributeValueMemberSS{Value: handled}
-	default:
+	} else {
 		delete(names, "#n")
 	}
 	key := p.opts.Layout.memberKey(p.name, p.opts.Owner)
@@ -267,8 +277,6 @@ func (p *Pool) sessionFree(ctx context.Context, owner, sid string) bool {
 		defer p.mu.Unlock()
 		return p.pastSessions[sid]
 	}
-	p.endMu.Lock() // one end per session, however many of its jobs ask
-	defer p.endMu.Unlock()
 	p.mu.Lock()
 	m, ok := p.members[owner]
 	w := p.watched[owner]
@@ -282,23 +290,30 @@ func (p *Pool) sessionFree(ctx context.Context, owner, sid string) bool {
 		p.mu.Unlock()
 		return time.Since(since) >= p.opts.LeaseDuration
 	}
-	p.mu.Unlock()
 	switch {
 	case m.ended != "":
+		p.mu.Unlock()
 		return true
-	case !p.lapsed(m, w):
+	case !p.lapsed(m, w) || p.ending[m.sid]:
+		// Not lapsed; or another of its jobs is ending it (one end per
+		// session, however many of its jobs ask): look again later.
+		p.mu.Unlock()
 		return false
 	}
-	if err := p.endSession(ctx, m); err != nil {
+	p.ending[m.sid] = true
+	p.mu.Unlock()
+	err := p.endSession(ctx, m)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.ending, m.sid)
+	if err != nil {
 		p.log.Debug("ddblease: could not end a lapsed pool session", "member", owner, "err", err)
 		return false
 	}
-	p.mu.Lock()
 	if cur, ok := p.members[owner]; ok && cur.sid == m.sid && cur.sv == m.sv {
 		cur.ended = p.opts.Owner
 		p.members[owner] = cur
 	}
-	p.mu.Unlock()
 	return true
 }
 
@@ -397,11 +412,11 @@ func (l *Lease) free(ctx context.Context, rec Record) {
 	defer cancel()
 	_, err := l.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
 		TableName: aws.String(l.table), Key: l.opts.Layout.leaseKey(l.job),
-		UpdateExpression:    aws.String("SET #exp = :zero, #rv = :rv REMOVE #ses, #pool"),
+		UpdateExpression:    aws.String("SET #exp = :zero, #rv = :rv, #ses = :nos"),
 		ConditionExpression: aws.String("#owner = :me AND #ses = :sid AND #fence = :f"),
 		ExpressionAttributeNames: map[string]string{"#exp": attrExpires, "#rv": attrVersion, "#ses": attrSession,
-			"#pool": attrPool, "#owner": attrOwner, "#fence": attrFence},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":zero": avN(0), ":rv": avS(randomID(8)),
+			"#owner": attrOwner, "#fence": attrFence},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":zero": avN(0), ":rv": avS(randomID(8)), ":nos": avS(noSession),
 			":me": avS(l.opts.Owner), ":sid": avS(rec.Session), ":f": avN(rec.Fence)},
 	})
 	if err != nil {

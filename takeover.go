@@ -109,7 +109,8 @@ func (r takeover) condition(now sent, rv, mine string, values map[string]types.A
 		takeable += " OR #rv = :seen"
 		values[":seen"] = avS(seen)
 	}
-	takeable = "attribute_not_exists(#ses) AND (" + takeable + ")"
+	takeable = "(attribute_not_exists(#ses) OR #ses = :nos) AND (" + takeable + ")"
+	values[":nos"] = avS(noSession)
 	if mine != "" {
 		takeable += " OR (#owner = :me AND " + mine + ")"
 	}

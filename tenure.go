@@ -618,8 +618,8 @@ func (t *term) resign(ctx context.Context) error {
 	}
 	update := "SET #exp = :zero, #rv = :rv, #ren = :now, #drn = :false"
 	if t.sess != nil {
-		update += " REMOVE #ses, #pool" // free: a standby of the pool takes it at its next poll
-		names["#ses"], names["#pool"] = attrSession, attrPool
+		update += ", #ses = :nos" // free: a standby of the pool takes it at its next poll
+		names["#ses"], values[":nos"] = attrSession, avS(noSession)
 	}
 	err := t.fencedWrite(ctx, l.opts.CallTimeout, time.Time{}, update, names, values, rv)
 	var moved *movedOnError

@@ -190,6 +190,8 @@ func TestSim(t *testing.T) {
 			running.Range(func(k, v any) bool {
 				if time.Since(v.(time.Time)) > *flagStuck {
 					fmt.Fprintf(os.Stderr, "seed %d has run for %v of real time: virtual time is stuck. Plan:\n%s\n", k, *flagStuck, newPlan(k.(uint64)))
+					buf := make([]byte, 1<<24)
+					fmt.Fprintf(os.Stderr, "goroutines:\n%s\n", buf[:runtime.Stack(buf, true)])
 					os.Exit(2)
 				}
 				return true

@@ -1,0 +1,173 @@
+package ddblease_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ddblease/ddblease"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// poolSlotLog records the runs a pool's RunSchedule hands to fn.
+type poolSlotLog struct {
+	mu    sync.Mutex
+	runs  map[string]map[time.Time][]string // job -> slot -> replicas that ran it
+	fence map[string]int64
+	t     *testing.T
+}
+
+func newPoolSlots(t *testing.T) *poolSlotLog {
+	return &poolSlotLog{t: t, runs: map[string]map[time.Time][]string{}, fence: map[string]int64{}}
+}
+
+func (s *poolSlotLog) fn(replica string) func(context.Context, string, *ddblease.JobRun) error {
+	return func(ctx context.Context, job string, run *ddblease.JobRun) error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.runs[job] == nil {
+			s.runs[job] = map[time.Time][]string{}
+		}
+		if run.Trigger() == "" {
+			s.runs[job][run.Slot()] = append(s.runs[job][run.Slot()], replica)
+		}
+		if run.Fence() < s.fence[job] {
+			s.t.Errorf("job %s: %s ran with fence %d after fence %d", job, replica, run.Fence(), s.fence[job])
+		}
+		s.fence[job] = run.Fence()
+		return nil
+	}
+}
+
+// by returns, for each replica, how many slots it ran, and the slots run
+// more than once.
+func (s *poolSlotLog) by() (perReplica map[string]int, twice []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	perReplica = map[string]int{}
+	for job, slots := range s.runs {
+		for slot, reps := range slots {
+			for _, r := range reps {
+				perReplica[r]++
+			}
+			if len(reps) > 1 {
+				twice = append(twice, job+"@"+slot.Format(time.RFC3339Nano))
+			}
+		}
+	}
+	return perReplica, twice
+}
+
+// A pool's schedules run each slot of each job once, spread over the
+// replicas, through a replica that joins and one that leaves; every slot
+// fired is recorded as a run of its job.
+func TestPoolRunScheduleRunsEachSlotOnce(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(6)
+	log := newPoolSlots(t)
+	sched := ddblease.AllJobs(ddblease.Every(500 * time.Millisecond))
+	a := newPool(t, db, table, jobs, fast("a"))
+	b := newPool(t, db, table, jobs, fast("b"))
+	stopA := async(ctx, func(ctx context.Context) error { return a.RunSchedule(ctx, sched, log.fn("a")) })
+	time.Sleep(1500 * time.Millisecond)
+	stopB := async(ctx, func(ctx context.Context) error { return b.RunSchedule(ctx, sched, log.fn("b")) })
+	eventually(t, "b runs its share", func() bool { return len(b.Assigned()) == 3 && len(leaders(b, jobs)) == 3 })
+	time.Sleep(1500 * time.Millisecond)
+	require.NoError(t, stopA())
+	eventually(t, "b leads every job", func() bool { return len(leaders(b, jobs)) == 6 })
+	time.Sleep(time.Second)
+	require.NoError(t, stopB())
+	per, twice := log.by()
+	assert.Empty(t, twice, "slots run twice")
+	assert.Positive(t, per["a"])
+	assert.Positive(t, per["b"])
+	admin := newAdmin(t, db, table)
+	for _, job := range jobs {
+		runs, err := admin.Runs(ctx, job, ddblease.RunRange{})
+		require.NoError(t, err)
+		log.mu.Lock()
+		fired := len(log.runs[job])
+		log.mu.Unlock()
+		succeeded := 0
+		for _, r := range runs {
+			if r.Status == ddblease.RunSucceeded {
+				succeeded++
+			}
+		}
+		assert.Equal(t, fired, succeeded, "job %s: every slot fired is recorded succeeded", job)
+	}
+}
+
+// A held job between its slots costs no goroutine: a replica holding 200
+// jobs whose next slot is an hour away runs a handful of goroutines for
+// the whole pool.
+func TestPoolRunScheduleIdleJobsHoldNoGoroutine(t *testing.T) {
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(200)
+	p := newPool(t, db, table, jobs, fast("a"), slowLease)
+	stop := async(ctx, func(ctx context.Context) error {
+		return p.RunSchedule(ctx, ddblease.AllJobs(ddblease.Every(time.Hour)), func(context.Context, string, *ddblease.JobRun) error { return nil })
+	})
+	eventually(t, "a leads every job", func() bool { return len(leaders(p, jobs)) == 200 })
+	var n int
+	var stacks string
+	eventually(t, "the steps that began each tenure end", func() bool {
+		n, stacks = libraryGoroutines("pool_schedule_test.go")
+		return n <= 5
+	})
+	t.Logf("%s", stacks)
+	t.Logf("200 held jobs: %d goroutines in the library", n)
+	require.NoError(t, stop())
+}
+
+// An operator's trigger on a job of a pool reaches its holder through its
+// session: the run is claimed and recorded, once.
+func TestPoolRunScheduleTrigger(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(2)
+	triggered := make(chan string, 4)
+	p := newPool(t, db, table, jobs, fast("a"))
+	stop := async(ctx, func(ctx context.Context) error {
+		return p.RunSchedule(ctx, ddblease.AllJobs(ddblease.Every(time.Hour)), func(_ context.Context, job string, run *ddblease.JobRun) error {
+			if run.Trigger() != "" {
+				triggered <- job
+			}
+			return nil
+		})
+	})
+	eventually(t, "a leads every job", func() bool { return len(leaders(p, jobs)) == 2 })
+	admin := newAdmin(t, db, table)
+	tr, err := admin.Trigger(ctx, jobs[1])
+	require.NoError(t, err)
+	rec, err := admin.WaitRun(ctx, tr, 100*time.Millisecond)
+	require.NoError(t, err)
+	assert.Equal(t, ddblease.RunSucceeded, rec.Status)
+	assert.Equal(t, jobs[1], receive(t, (<-chan string)(triggered), "the triggered run"))
+	require.NoError(t, stop())
+	assert.Empty(t, triggered, "the trigger ran once")
+}
+
+// A schedule that misbehaves for one job is an error naming it, before
+// anything runs.
+func TestPoolRunScheduleBadInput(t *testing.T) {
+	table, db := tableAndClient(t)
+	p := newPool(t, db, table, poolJobs(2), fast("a"))
+	fn := func(context.Context, string, *ddblease.JobRun) error { return nil }
+	err := p.RunSchedule(context.Background(), func(job string) ddblease.Schedule {
+		if job == "tenant-01" {
+			return nil
+		}
+		return ddblease.Every(time.Minute)
+	}, fn)
+	require.ErrorIs(t, err, ddblease.ErrInvalid)
+	assert.ErrorContains(t, err, `job "tenant-01"`)
+	assert.ErrorIs(t, p.RunSchedule(context.Background(), nil, fn), ddblease.ErrInvalid)
+	assert.ErrorIs(t, p.RunSchedule(context.Background(), ddblease.AllJobs(ddblease.Every(time.Minute)), nil), ddblease.ErrInvalid)
+}

@@ -1,0 +1,390 @@
+package ddblease
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"time"
+)
+
+// This file owns Pool.RunSchedule: the schedules of a pool's jobs, run
+// from one timer for the whole pool. A held job between two steps of its
+// schedule is a value in the timer's heap: no goroutine waits for it, and
+// its session (session.go) renews it with every other job, so that it
+// makes no request either. Each step is RunSchedule's own (runner.step:
+// the operator's requests, then the slot due, through the one run
+// protocol, runner.execute), run on a goroutine of its own.
+
+// JobSchedules gives the schedule of each job of a pool (Pool.RunSchedule).
+type JobSchedules func(job string) Schedule
+
+// AllJobs gives every job of a pool the same schedule.
+func AllJobs(s Schedule) JobSchedules { return func(string) Schedule { return s } }
+
+// RunSchedule runs this replica's share of the pool's jobs, each on its
+// schedule (scheds), as Lease.RunSchedule runs one job: it claims each
+// slot once under the job's fence, fires fn with the run, records the
+// outcome, and applies the catch-up rule, the pause, the triggers and the
+// RerunPolicy of opts, the same for every job. The pool spreads the jobs
+// over its replicas, moves them, and stops, as Run does (its documentation
+// says how); a job handed over drains its running firing, if any, and is
+// resigned.
+//
+// A job this replica holds costs, between its slots, no goroutine and no
+// request: its session's renewal (one write per replica per
+// HeartbeatInterval) keeps it, and one timer for the whole pool wakes it
+// for its next slot, or when an operator's change reaches it through the
+// session (Admin's Pause, Resume, Trigger, RequestResign and ForceRelease,
+// noticed at the session's next renewal). Each step of a job runs on a
+// goroutine of its own; firings of different jobs run at once.
+//
+// RunSchedule returns nil when ctx ends, once every job has been drained
+// and resigned; an error naming the job when its schedule misbehaves or fn
+// panics (a *PanicError: the run is recorded failed, the pool stops);
+// and, as Run does, an error that retrying the membership cannot mend.
+// fn's errors are recorded in the runs, not returned. A job whose schedule
+// has no further slot stays held, and idle. scheds must give every job a
+// valid schedule; equivalent on every replica.
+func (p *Pool) RunSchedule(ctx context.Context, scheds JobSchedules, fn func(ctx context.Context, job string, run *JobRun) error,
+	optFns ...func(*JobOptions)) error {
+	if scheds == nil || fn == nil {
+		return invalid("pool %q: RunSchedule: scheds and fn must not be nil", p.name)
+	}
+	o, err := newJobOptions(optFns)
+	if err != nil {
+		return err
+	}
+	runners := make(map[string]*runner, len(p.jobs))
+	for _, job := range p.jobs {
+		sched := scheds(job)
+		if err := checkSchedule(sched); err != nil {
+			return fmt.Errorf("pool %q: RunSchedule: job %q: %w", p.name, job, err)
+		}
+		if _, err := nextSlot(sched, p.opts.Now()); err != nil {
+			return fmt.Errorf("pool %q: RunSchedule: job %q: %w", p.name, job, err)
+		}
+		l := p.leases[job]
+		runners[job] = &runner{l: l, sched: sched, o: o, looked: l.born,
+			fn: func(ctx context.Context, run *JobRun) error { return fn(ctx, job, run) }}
+	}
+	s := &poolScheduler{}
+	return p.run(ctx, func(r *poolRun, job string, jctx context.Context, run *jobRun) {
+		j := &scheduledJob{s: s, r: runners[job], l: p.leases[job], job: job, jctx: jctx, run: run, pr: r, index: -1}
+		leave, err := j.l.enter(jctx)
+		if err != nil {
+			if errors.As(err, new(endedBeforeRun)) {
+				err = nil // started as the pool stopped or handed it over: nothing attempted
+			}
+			go j.finish(err)
+			return
+		}
+		j.leave = leave
+		j.l.ctl.watchFunc(j.controlsChanged)
+		go j.campaign()
+	})
+}
+
+// scheduledJob is one job of Pool.RunSchedule on this replica, from its
+// start to its hand-over or the pool's stop: it campaigns for the lease
+// (on a goroutine, while it does), then steps its schedule, each step on a
+// goroutine of its own, while its tenure lasts; when the tenure ends it
+// campaigns again, unless the job's run in the pool (jctx) ended.
+type scheduledJob struct {
+	s    *poolScheduler
+	r    *runner
+	l    *Lease
+	job  string
+	jctx context.Context // ends when the pool hands the job over or stops
+	run  *jobRun
+	pr   *poolRun
+	// leave ends the campaign on the lease (Lease.enter), which lasts
+	// from the job's start to its run's end.
+	leave func(stopped bool, err error)
+
+	// Set as a tenure begins, before its first step; read by the steps.
+	t            *term
+	leader       context.Context // fn's context: ends with the tenure, or on hand-over
+	cancelLeader context.CancelCauseFunc
+	unwatch      []func() bool
+	first        bool // the tenure's first step: the runner begins it
+
+	// Guarded by s.mu.
+	at      time.Time // the next step, by the runtime's clock; zero: none
+	index   int       // in s.heap; -1 when not in it
+	busy    bool      // a step is running
+	again   bool      // woken while a step ran: step again at once
+	look    bool      // the operator controls changed: read them at the next step
+	drained *time.Timer
+}
+
+// campaign waits for the lease, then begins a tenure; it ends the job's
+// run when jctx ends first.
+func (j *scheduledJob) campaign() {
+	t, failing, err := j.l.acquire(j.jctx)
+	if err != nil {
+		if j.jctx.Err() != nil && !failing {
+			err = nil
+		}
+		j.finish(err)
+		return
+	}
+	j.lead(t)
+}
+
+// lead begins tenure t: the leader context, ended with the tenure or by
+// the job's hand-over, and a first step at once.
+func (j *scheduledJob) lead(t *term) {
+	j.t, j.first = t, true
+	j.leader, j.cancelLeader = context.WithCancelCause(t.ctx)
+	k := t.keeper(j.resignRequested, func() bool { return j.leader.Err() != nil }) // never started: the session renews t
+	t.l.mu.Lock()
+	t.k = k
+	t.l.mu.Unlock()
+	j.unwatch = []func() bool{
+		context.AfterFunc(j.leader, func() { j.s.wake(j) }),
+		context.AfterFunc(j.jctx, func() {
+			j.cancelLeader(fmt.Errorf("ddblease: pool: handing job %q over: %w", j.job, context.Cause(j.jctx)))
+			j.s.drainBy(j, t.l.opts.DrainTimeout)
+		}),
+	}
+	j.s.wake(j)
+}
+
+// resignRequested is the keeper's call when an operator asked the tenure
+// to resign: the job is drained, declined and handed over.
+func (j *scheduledJob) resignRequested() {
+	j.cancelLeader(fmt.Errorf("%w: fence %d", ErrResignRequested, j.t.fence))
+	j.pr.p.decline(j.job)
+}
+
+// controlsChanged is called when a note showed the operator controls
+// changed: the next step reads them, at once.
+func (j *scheduledJob) controlsChanged() {
+	j.s.mu.Lock()
+	j.look = true
+	j.s.mu.Unlock()
+	j.s.wake(j)
+}
+
+// step runs one step of the schedule, on its own goroutine, and tells the
+// scheduler when the next is due; once the leader context has ended it
+// ends the tenure instead.
+func (j *scheduledJob) step() {
+	done := false
+	defer func() {
+		if done {
+			return
+		}
+		// fn panicked (the run is recorded failed), or called
+		// runtime.Goexit: the tenure ends, and the pool stops.
+		var err error = fmt.Errorf("%w: job %q", errGoexit, j.job)
+		if v := recover(); v != nil {
+			pe, ok := v.(*PanicError)
+			if !ok {
+				pe = &PanicError{Value: v, Stack: debug.Stack()}
+			}
+			err = pe
+		}
+		j.t.endAbnormally(j.jctx, fmt.Errorf("%w: %q fence %d: the job's function did not return: %v", ErrLost, j.job, j.t.fence, err))
+		j.stopWatching()
+		j.finish(err)
+	}()
+	if j.leader.Err() != nil {
+		done = true
+		j.end()
+		return
+	}
+	if j.first {
+		j.first = false
+		j.r.begin(j.leader, j.t)
+	}
+	j.s.mu.Lock()
+	if j.look {
+		j.look, j.r.ctl.look = false, true
+	}
+	j.s.mu.Unlock()
+	wait, ok, err := j.r.step(j.leader, j.t)
+	switch {
+	case err != nil:
+		done = true
+		rerr := j.t.resignRetrying(j.jctx, fmt.Errorf("%w: %q fence %d: the schedule failed", ErrLost, j.job, j.t.fence))
+		j.stopWatching()
+		j.finish(errors.Join(err, rerr))
+		return
+	case !ok && j.leader.Err() == nil:
+		wait = -1 // no further slot: held and idle, until the tenure ends
+	}
+	done = true
+	j.s.stepped(j, wait)
+}
+
+// end settles a tenure whose leader context ended: it resigns unless the
+// tenure ended first, then campaigns again, or ends the job's run when
+// the pool handed the job over or stopped.
+func (j *scheduledJob) end() {
+	j.stopWatching()
+	t := j.t
+	var err error
+	if t.ctx.Err() == nil {
+		err = t.resignRetrying(j.jctx, fmt.Errorf("%w: %q fence %d: resigning", ErrLost, j.job, t.fence))
+	}
+	if j.jctx.Err() != nil {
+		j.finish(err)
+		return
+	}
+	t.yieldToOthers(err)
+	go j.campaign()
+}
+
+// stopWatching stops the tenure's watches and the drain timer, and
+// forgets the tenure's steps.
+func (j *scheduledJob) stopWatching() {
+	for _, stop := range j.unwatch {
+		stop()
+	}
+	j.unwatch = nil
+	j.s.mu.Lock()
+	if j.drained != nil {
+		j.drained.Stop()
+		j.drained = nil
+	}
+	j.s.remove(j)
+	j.busy, j.again, j.look = false, false, false
+	j.s.mu.Unlock()
+}
+
+// finish ends the job's run in the pool with err.
+func (j *scheduledJob) finish(err error) {
+	if j.leave != nil {
+		j.leave(true, err)
+	}
+	j.run.err = err
+	j.pr.finished <- j.job
+	close(j.run.done)
+}
+
+// poolScheduler is the one timer of a Pool.RunSchedule: a heap of the
+// held jobs by the time of their next step.
+type poolScheduler struct {
+	mu    sync.Mutex
+	heap  jobHeap
+	timer *time.Timer
+	first time.Time // what the timer is armed for
+}
+
+// wake asks for a step of j at once.
+func (s *poolScheduler) wake(j *scheduledJob) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if j.busy {
+		j.again = true
+		return
+	}
+	s.atLocked(j, time.Now())
+}
+
+// drainBy ends the tenure of a job handed over whose step still runs
+// after d: the lease is resigned (its firing stays fenced), as a lease of
+// its own stops renewing after DrainTimeout.
+func (s *poolScheduler) drainBy(j *scheduledJob, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !j.busy || j.drained != nil {
+		return
+	}
+	t := j.t
+	j.drained = time.AfterFunc(d, func() {
+		t.l.log.Warn("ddblease: job still running after DrainTimeout; resigning it", "fence", t.fence)
+		_ = t.resignRetrying(context.Background(), fmt.Errorf("%w: %q fence %d: DrainTimeout passed", ErrLost, t.l.job, t.fence))
+	})
+}
+
+// stepped records that a step of j ended; the next is due after wait (at
+// once if it was woken meanwhile; never, for a negative wait, unless
+// woken).
+func (s *poolScheduler) stepped(j *scheduledJob, wait time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	j.busy = false
+	switch {
+	case j.again:
+		j.again = false
+		s.atLocked(j, time.Now())
+	case wait >= 0:
+		s.atLocked(j, time.Now().Add(wait))
+	}
+}
+
+// atLocked (re)schedules j's next step at at.
+func (s *poolScheduler) atLocked(j *scheduledJob, at time.Time) {
+	j.at = at
+	if j.index >= 0 {
+		heap.Fix(&s.heap, j.index)
+	} else {
+		heap.Push(&s.heap, j)
+	}
+	s.armLocked()
+}
+
+// remove takes j out of the heap. Called with s.mu held.
+func (s *poolScheduler) remove(j *scheduledJob) {
+	if j.index >= 0 {
+		heap.Remove(&s.heap, j.index)
+	}
+}
+
+// armLocked sets the timer for the earliest step.
+func (s *poolScheduler) armLocked() {
+	if len(s.heap) == 0 {
+		return
+	}
+	at := s.heap[0].at
+	if s.timer != nil && at.Equal(s.first) {
+		return
+	}
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	s.first = at
+	s.timer = time.AfterFunc(time.Until(at), s.fire)
+}
+
+// fire is the timer's function: it starts the steps due.
+func (s *poolScheduler) fire() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.timer, s.first = nil, time.Time{}
+	now := time.Now()
+	for len(s.heap) > 0 && !s.heap[0].at.After(now) {
+		j := heap.Pop(&s.heap).(*scheduledJob)
+		j.busy = true
+		go j.step()
+	}
+	s.armLocked()
+}
+
+// jobHeap orders jobs by their next step.
+type jobHeap []*scheduledJob
+
+func (h jobHeap) Len() int           { return len(h) }
+func (h jobHeap) Less(a, b int) bool { return h[a].at.Before(h[b].at) }
+func (h jobHeap) Swap(a, b int) {
+	h[a], h[b] = h[b], h[a]
+	h[a].index, h[b].index = a, b
+}
+func (h *jobHeap) Push(x any) {
+	j := x.(*scheduledJob)
+	j.index = len(*h)
+	*h = append(*h, j)
+}
+func (h *jobHeap) Pop() any {
+	old := *h
+	j := old[len(old)-1]
+	old[len(old)-1] = nil
+	j.index = -1
+	*h = old[:len(old)-1]
+	return j
+}
