@@ -44,7 +44,7 @@ type Tenure struct {
 // and then for the runs that joined it: at once when the tenure was lost
 // (their context is cancelled with its cause), or while they drain after
 // a shutdown or an operator's resign request.
-func (ts *Tenures) Lead(leaderCtx context.Context, fence int64) error {
+func (ts *Tenures) Lead(leaderCtx context.Context, fence int64) (err error) {
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(leaderCtx))
 	t := &Tenure{fence: fence, ctx: ctx, cancel: cancel, open: true}
 	ts.mu.Lock()
@@ -71,17 +71,30 @@ func (ts *Tenures) Lead(leaderCtx context.Context, fence int64) error {
 	ts.mu.Lock()
 	t.open = false
 	ts.mu.Unlock()
+	var expired error
 	if cause := context.Cause(leaderCtx); errors.Is(cause, ddblease.ErrLost) {
 		cancel(cause)
 	} else {
 		d := ts.Lease.Options().DrainTimeout
+		var mu sync.Mutex
 		timer := time.AfterFunc(d, func() {
-			cancel(fmt.Errorf("%w: %q fence %d: the run was still running %v after the drain began (%v)",
-				ddblease.ErrDrainTimeout, ts.Lease.Job(), fence, d, cause))
+			err := fmt.Errorf("%w: %q fence %d: the run was still running %v after the drain began (%v)",
+				ddblease.ErrDrainTimeout, ts.Lease.Job(), fence, d, cause)
+			mu.Lock()
+			expired = err
+			mu.Unlock()
+			cancel(err)
 		})
-		defer timer.Stop()
+		defer func() {
+			timer.Stop()
+			mu.Lock()
+			err = expired
+			mu.Unlock()
+		}()
 	}
 	t.runs.Wait()
+	// A drain that ran out is an error of Lead, for Run to return, even
+	// when Run's own DrainTimeout (of the same length) has not fired yet.
 	return nil
 }
 
