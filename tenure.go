@@ -647,9 +647,18 @@ func (tm *term) resignRetrying(ctx context.Context, cause error) error {
 	tm.endResigning(cause)
 	// The lock is taken for each attempt, not across the waits between
 	// them, so that the events of each are delivered as it ends.
-	_, _, err := retrier{backoff: fixed(l.opts.RetryInterval), now: l.opts.Now, deadline: t.deadline,
+	r := retrier{backoff: fixed(l.opts.RetryInterval), now: l.opts.Now, deadline: t.deadline,
 		onRetry: func(err error) { l.notify.emit(l.event(EventRetry, Event{Op: "resign", Fence: fence, Err: err})) },
-	}.do(ctx, func(ctx context.Context) error {
+	}
+	if tm.sess != nil {
+		// A lease bound to a pool session stays this replica's while the
+		// session lives, and no other replica may take it: retry while it
+		// does, not only until the deadline the session had when the
+		// resignation began.
+		r.deadline = time.Time{}
+		r.again = func(err error) bool { return retryable(err) && !tm.sess.isOver() }
+	}
+	_, _, err := r.do(ctx, func(ctx context.Context) error {
 		l.writes.lock()
 		defer l.writes.unlock()
 		return tm.resign(ctx)
