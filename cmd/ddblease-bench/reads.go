@@ -18,26 +18,24 @@ import (
 )
 
 // The reads figure: the items each operator read examines, on a table of
-// readsJobs jobs holding the run items of readsRuns slots, on this layout
-// (through ddblease.Admin, as the command calls it) and on the previous
-// one (a partition key alone: lease#<job>, jobrun#<job>#<slot>), read as
-// the previous release read it: a strongly consistent Scan filtered by
-// key prefix for status, runs and watch, a GetItem for one job.
+// readsJobs jobs holding the run items of readsRuns slots, through
+// ddblease.Admin, as the command calls it. (The previous layout's figures,
+// read by a Scan, are in BENCHMARKS.md; the bench no longer makes them:
+// nothing in the repository's non-test code scans.)
 
 const readsJobs = 10
 
-// readsResult is one read on both layouts.
+// readsResult is one read.
 type readsResult struct {
 	Read string
-	// Examined counts the items the server read (ScannedCount of a Query
-	// or Scan, the items a GetItem or BatchGetItem returned), Returned the
-	// items the read gives the operator, Requests the requests sent.
-	OldExamined, OldRequests int
+	// Examined counts the items the server read (ScannedCount of a Query,
+	// the items a GetItem or BatchGetItem returned), Returned the items
+	// the read gives the operator, Requests the requests sent.
 	NewExamined, NewRequests int
 	Returned                 int
-	// OldUnits and NewUnits are the read units the server reported
-	// (0 where it reports none).
-	OldUnits, NewUnits float64
+	// NewUnits are the read units the server reported (0 where it
+	// reports none).
+	NewUnits float64
 }
 
 // examined counts the requests of a client, the items the server
@@ -129,15 +127,11 @@ func (r *runner) reads() {
 	defer cancel()
 	counter := &examined{base: newTransport(8)}
 	db := newClient(r.cfg.endpoint, counter)
-	oldTable, newTable := r.cfg.table+"-reads-old-"+r.runID, r.cfg.table+"-reads-"+r.runID
+	newTable := r.cfg.table + "-reads-" + r.runID
 	now := time.Now().UTC().Truncate(time.Minute)
-	r.logf("reads: filling two tables with %d jobs and %d runs", readsJobs, r.cfg.readsRuns)
-	defer func() {
-		for _, t := range []string{oldTable, newTable} {
-			_, _ = db.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(t)})
-		}
-	}()
-	if err := fillReads(ctx, db, oldTable, newTable, r.cfg.readsRuns, now); err != nil {
+	r.logf("reads: filling a table with %d jobs and %d runs", readsJobs, r.cfg.readsRuns)
+	defer func() { _, _ = db.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(newTable)}) }()
+	if err := fillReads(ctx, db, newTable, r.cfg.readsRuns, now); err != nil {
 		r.fail("reads", err)
 		return
 	}
@@ -146,32 +140,29 @@ func (r *runner) reads() {
 		r.fail("reads", err)
 		return
 	}
-	rd := readings{ctx: ctx, db: db, admin: admin, oldTable: oldTable, counter: counter, fail: func(err error) { r.fail("reads", err) }}
+	rd := readings{ctx: ctx, admin: admin, counter: counter, fail: func(err error) { r.fail("reads", err) }}
 	res := rd.all("job03", now)
 	r.mu.Lock()
 	r.res.Reads, r.res.ReadsItems = res, r.cfg.readsRuns
 	r.mu.Unlock()
 }
 
-// readings makes the reads of the figure on both tables and counts them.
+// readings makes the reads of the figure and counts them.
 type readings struct {
-	ctx      context.Context
-	db       *dynamodb.Client
-	admin    *ddblease.Admin
-	oldTable string
-	counter  *examined
-	fail     func(error)
-	res      []readsResult
+	ctx     context.Context
+	admin   *ddblease.Admin
+	counter *examined
+	fail    func(error)
+	res     []readsResult
 }
 
 // all makes each read, on job where it names one; now is the latest slot.
 func (rd *readings) all(job string, now time.Time) []readsResult {
-	ctx, admin, old := rd.ctx, rd.admin, rd.oldTable
+	ctx, admin := rd.ctx, rd.admin
 	// The command's status also shows each job's last run and last
 	// failure, from its 20 latest runs.
 	latest := ddblease.RunRange{Newest: true, Limit: 20}
 	rd.add("status (every job)",
-		func() int { return rd.must(scanPrefix(ctx, rd.db, old, "lease#")) },
 		func() int {
 			js, err := admin.Jobs(ctx)
 			for _, j := range js {
@@ -181,17 +172,12 @@ func (rd *readings) all(job string, now time.Time) []readsResult {
 			return rd.must(len(js), err)
 		})
 	rd.add("status "+job,
-		func() int { return rd.must(getOld(ctx, rd.db, old, "lease#"+job)) },
 		func() int {
 			_, err := admin.Job(ctx, job)
 			rd.must(0, err)
 			_, err = admin.Runs(ctx, job, latest)
 			return rd.must(1, err)
 		})
-	oldRuns := func() int {
-		rd.must(getOld(ctx, rd.db, old, "lease#"+job))
-		return rd.must(scanPrefix(ctx, rd.db, old, "jobrun#"+job+"#"))
-	}
 	newRuns := func(from time.Time) func() int {
 		return func() int {
 			_, err := admin.Job(ctx, job)
@@ -200,17 +186,15 @@ func (rd *readings) all(job string, now time.Time) []readsResult {
 			return rd.must(len(rs), err)
 		}
 	}
-	rd.add("runs "+job+" --since 1h", oldRuns, newRuns(now.Add(-time.Hour)))
-	rd.add("watch "+job+": one interval", oldRuns, newRuns(now)) // from the latest run seen
+	rd.add("runs "+job+" --since 1h", newRuns(now.Add(-time.Hour)))
+	rd.add("watch "+job+": one interval", newRuns(now)) // from the latest run seen
 	return rd.res
 }
 
-// add makes a read on the previous layout and on this one, counting each.
-func (rd *readings) add(read string, oldRead, newRead func() int) {
-	oi, or, ou, _ := rd.measure(oldRead)
+// add makes a read, counting it.
+func (rd *readings) add(read string, newRead func() int) {
 	ni, nr, nu, n := rd.measure(newRead)
-	rd.res = append(rd.res, readsResult{Read: read, OldExamined: oi, OldRequests: or, NewExamined: ni, NewRequests: nr,
-		Returned: n, OldUnits: ou, NewUnits: nu})
+	rd.res = append(rd.res, readsResult{Read: read, NewExamined: ni, NewRequests: nr, Returned: n, NewUnits: nu})
 }
 
 func (rd *readings) measure(f func() int) (items, reqs int, units float64, n int) {
@@ -227,23 +211,15 @@ func (rd *readings) must(n int, err error) int {
 	return n
 }
 
-// fillReads makes the two tables and writes, into each, readsJobs jobs
-// with runs/readsJobs runs each, one a minute up to now, in its layout.
-// The new table's lease items are made by the library (an acquisition
-// and a resignation), its run items as the library writes them.
-func fillReads(ctx context.Context, db *dynamodb.Client, oldTable, newTable string, runs int, now time.Time) error {
-	if _, err := db.CreateTable(ctx, &dynamodb.CreateTableInput{
-		TableName:            aws.String(oldTable),
-		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String("pk"), AttributeType: types.ScalarAttributeTypeS}},
-		KeySchema:            []types.KeySchemaElement{{AttributeName: aws.String("pk"), KeyType: types.KeyTypeHash}},
-		BillingMode:          types.BillingModePayPerRequest,
-	}); err != nil {
-		return fmt.Errorf("create %s: %w", oldTable, err)
-	}
+// fillReads makes the table and writes readsJobs jobs with
+// runs/readsJobs runs each, one a minute up to now. The lease items are
+// made by the library (an acquisition and a resignation), the run items
+// as the library writes them.
+func fillReads(ctx context.Context, db *dynamodb.Client, newTable string, runs int, now time.Time) error {
 	if err := ddblease.CreateTable(ctx, db, newTable); err != nil {
 		return err
 	}
-	var oldItems, newItems []map[string]types.AttributeValue
+	var newItems []map[string]types.AttributeValue
 	for j := range readsJobs {
 		job := fmt.Sprintf("job%02d", j)
 		l, err := ddblease.New(db, newTable, job)
@@ -256,9 +232,6 @@ func fillReads(ctx context.Context, db *dynamodb.Client, oldTable, newTable stri
 		if err := l.Resign(ctx); err != nil {
 			return err
 		}
-		oldItems = append(oldItems, map[string]types.AttributeValue{
-			"pk": avS("lease#" + job), "owner": avS("bench"), "fence": avN(1), "expiresAt": avN(0), "rv": avS("v"),
-		})
 		for i := range runs / readsJobs {
 			slot := now.Add(-time.Duration(i) * time.Minute)
 			id := slot.Format(time.RFC3339Nano)
@@ -266,20 +239,14 @@ func fillReads(ctx context.Context, db *dynamodb.Client, oldTable, newTable stri
 				"job": avS(job), "slot": avS(id), "fence": avN(1), "owner": avS("bench"), "claim": avS("c"),
 				"status": avS("succeeded"), "startedAt": avN(slot.UnixMilli()), "finishedAt": avN(slot.UnixMilli() + 1000),
 			}
-			o := map[string]types.AttributeValue{"pk": avS("jobrun#" + job + "#" + id)}
 			n := map[string]types.AttributeValue{"pk": avS("job#" + job), "sk": avS("run#" + slot.Format("2006-01-02T15:04:05.000000000Z"))}
 			for k, v := range run {
-				o[k], n[k] = v, v
+				n[k] = v
 			}
-			oldItems, newItems = append(oldItems, o), append(newItems, n)
+			newItems = append(newItems, n)
 		}
 	}
-	for t, items := range map[string][]map[string]types.AttributeValue{oldTable: oldItems, newTable: newItems} {
-		if err := batchWrite(ctx, db, t, items); err != nil {
-			return err
-		}
-	}
-	return nil
+	return batchWrite(ctx, db, newTable, newItems)
 }
 
 // batchWrite puts items into table, 25 at a time.
@@ -301,43 +268,6 @@ func batchWrite(ctx context.Context, db *dynamodb.Client, table string, items []
 		items = items[n:]
 	}
 	return nil
-}
-
-// scanPrefix is a read of the previous layout: a strongly consistent Scan
-// of the whole table filtered to keys starting with prefix, as the
-// previous release read it. It returns the items found. It is the only
-// Scan of the repository's non-test code, there to measure what the
-// previous layout cost; the library and the command never scan.
-func scanPrefix(ctx context.Context, db *dynamodb.Client, table, prefix string) (int, error) {
-	in := &dynamodb.ScanInput{
-		TableName:                 aws.String(table),
-		FilterExpression:          aws.String("begins_with(#pk, :prefix)"),
-		ExpressionAttributeNames:  map[string]string{"#pk": "pk"},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":prefix": avS(prefix)},
-		ConsistentRead:            aws.Bool(true),
-	}
-	n := 0
-	for {
-		out, err := db.Scan(ctx, in)
-		if err != nil {
-			return n, err
-		}
-		n += len(out.Items)
-		if len(out.LastEvaluatedKey) == 0 {
-			return n, nil
-		}
-		in.ExclusiveStartKey = out.LastEvaluatedKey
-	}
-}
-
-// getOld reads one item of the previous layout.
-func getOld(ctx context.Context, db *dynamodb.Client, table, pk string) (int, error) {
-	out, err := db.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table), ConsistentRead: aws.Bool(true),
-		Key: map[string]types.AttributeValue{"pk": avS(pk)}})
-	if err != nil || out.Item == nil {
-		return 0, err
-	}
-	return 1, nil
 }
 
 func avS(s string) types.AttributeValue { return &types.AttributeValueMemberS{Value: s} }

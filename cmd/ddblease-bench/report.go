@@ -254,12 +254,11 @@ func (r *runner) table() string {
 	}
 
 	if len(res.Reads) > 0 {
-		w("Reads: the items each operator read examines (the server's ScannedCount; the items a GetItem or BatchGetItem returned), on a table of %d jobs and %d run items (one a minute per job), on this layout (ddblease.Admin, as the command calls it) and on the previous one (a partition key alone, read by a Scan filtered by key prefix, as the previous release did):\n\n",
+		w("Reads: the items each operator read examines (the server's ScannedCount; the items a GetItem or BatchGetItem returned), on a table of %d jobs and %d run items (one a minute per job), through ddblease.Admin as the command calls it:\n\n",
 			readsJobs, res.ReadsItems)
-		w("| read | returned | previous layout: examined (requests) | this layout: examined (requests) | read units, previous / this (where the server reports them) |\n|---|---|---|---|---|\n")
+		w("| read | returned | examined (requests) | read units (where the server reports them) |\n|---|---|---|---|\n")
 		for _, rd := range res.Reads {
-			w("| %s | %d | %d (%d) | %d (%d) | %g / %g |\n", rd.Read, rd.Returned, rd.OldExamined, rd.OldRequests, rd.NewExamined, rd.NewRequests,
-				rd.OldUnits, rd.NewUnits)
+			w("| %s | %d | %d (%d) | %g |\n", rd.Read, rd.Returned, rd.NewExamined, rd.NewRequests, rd.NewUnits)
 		}
 		w("\n")
 	}
