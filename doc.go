@@ -68,7 +68,10 @@
 // A Pool runs a set of jobs spread across the replicas that run it: each
 // leads its share, the surplus is handed over (drained, then resigned) when
 // a replica joins, and the jobs of one that leaves or dies go to the
-// others. Each job is a lease of its own, with every guarantee above.
+// others. Each job keeps a lease item and a fence of its own, with every
+// guarantee above; a replica's session (its member item, renewed once per
+// HeartbeatInterval) keeps every job it holds (docs/sessions.md).
+// Pool.RunSchedule runs each job on a schedule.
 //
 // # Operating jobs
 //

@@ -26,9 +26,11 @@ import (
 // same pool: each replica leads its share of the jobs (the jobs divided by
 // the live replicas, rounded up or down), hands its surplus over (drained,
 // then resigned) when another replica joins, and takes its share of the
-// jobs of one that leaves or dies. Each job is a lease of its own, with
-// every guarantee of a single lease: one leader at a time, a fence that
-// grows, a drain on hand-over.
+// jobs of one that leaves or dies. Each job keeps a lease item and a fence
+// of its own, with every guarantee of a single lease: one leader at a
+// time, a fence that grows, a drain on hand-over. The jobs a replica holds
+// are bound to its session (session.go): its member item, whose one
+// renewal per HeartbeatInterval renews them all.
 //
 // The replicas know each other through their member items in the pool's
 // partition of the same table (Layout), each renewing its own every
@@ -99,7 +101,7 @@ type watchedEntry struct {
 }
 
 // NewPool returns a pool of jobs in table, run by this replica as
-// Options.Owner. Each job is a lease of its own (New), with the options
+// Options.Owner. Each job has a Lease handle (New), with the options
 // given; the pool's name and the jobs' names follow the rules of job names.
 // It makes no call.
 func NewPool(db DynamoDBAPI, table, pool string, jobs []string, optFns ...func(*Options)) (*Pool, error) {
