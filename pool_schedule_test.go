@@ -171,3 +171,40 @@ func TestPoolRunScheduleBadInput(t *testing.T) {
 	assert.ErrorIs(t, p.RunSchedule(context.Background(), nil, fn), ddblease.ErrInvalid)
 	assert.ErrorIs(t, p.RunSchedule(context.Background(), ddblease.AllJobs(ddblease.Every(time.Minute)), nil), ddblease.ErrInvalid)
 }
+
+// A job campaigning for its lease has no tenure to step: a change of the
+// operator controls read while it campaigns (here the pause an operator
+// set while a plain lease held the job) waits for its tenure, which then
+// obeys it, and the job runs nothing twice.
+func TestPoolRunScheduleControlsReadWhileCampaigning(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(1)
+	plain := newLease(t, db, table, jobs[0], fast("plain"))
+	stopPlain := async(ctx, func(ctx context.Context) error {
+		return plain.Run(ctx, func(ctx context.Context, _ int64) error { <-ctx.Done(); return nil })
+	})
+	eventually(t, "the plain lease leads", plain.IsLeader)
+	admin := newAdmin(t, db, table)
+	_, err := admin.Pause(ctx, jobs[0])
+	require.NoError(t, err)
+	log := newPoolSlots(t)
+	p := newPool(t, db, table, jobs, fast("a"))
+	stop := async(ctx, func(ctx context.Context) error {
+		return p.RunSchedule(ctx, ddblease.AllJobs(ddblease.Every(200*time.Millisecond)), log.fn("a"))
+	})
+	time.Sleep(time.Second) // the pool campaigns, reading the held item and its pause
+	assert.False(t, p.Lease(jobs[0]).IsLeader())
+	require.NoError(t, stopPlain())
+	eventually(t, "the pool leads the job", p.Lease(jobs[0]).IsLeader)
+	time.Sleep(500 * time.Millisecond)
+	per, _ := log.by()
+	assert.Zero(t, per["a"], "a paused job runs no slot")
+	_, err = admin.Resume(ctx, jobs[0], false)
+	require.NoError(t, err)
+	eventually(t, "the resumed job runs its slots", func() bool { per, _ := log.by(); return per["a"] >= 2 })
+	require.NoError(t, stop())
+	_, twice := log.by()
+	assert.Empty(t, twice, "slots run twice")
+}

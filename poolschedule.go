@@ -112,6 +112,7 @@ type scheduledJob struct {
 	first        bool // the tenure's first step: the runner begins it
 
 	// Guarded by s.mu.
+	holding bool      // in a tenure (from lead to stopWatching): only then is a step started
 	at      time.Time // the next step, by the runtime's clock; zero: none
 	index   int       // in s.heap; -1 when not in it
 	busy    bool      // a step is running
@@ -150,6 +151,9 @@ func (j *scheduledJob) lead(t *term) {
 			j.s.drainBy(j, t.l.opts.DrainTimeout)
 		}),
 	}
+	j.s.mu.Lock()
+	j.holding = true
+	j.s.mu.Unlock()
 	j.s.wake(j)
 }
 
@@ -252,7 +256,7 @@ func (j *scheduledJob) stopWatching() {
 		j.drained = nil
 	}
 	j.s.remove(j)
-	j.busy, j.again, j.look = false, false, false
+	j.holding, j.busy, j.again, j.look = false, false, false, false
 	j.s.mu.Unlock()
 }
 
@@ -275,10 +279,16 @@ type poolScheduler struct {
 	first time.Time // what the timer is armed for
 }
 
-// wake asks for a step of j at once.
+// wake asks for a step of j at once, if j is in a tenure: a wake that
+// comes after the tenure's end (a watch that fired as it ended, a note
+// read while the job campaigns) has nothing to step, and the next
+// tenure's first step reads the controls anyway.
 func (s *poolScheduler) wake(j *scheduledJob) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !j.holding {
+		return
+	}
 	if j.busy {
 		j.again = true
 		return
@@ -310,6 +320,7 @@ func (s *poolScheduler) stepped(j *scheduledJob, wait time.Duration) {
 	defer s.mu.Unlock()
 	j.busy = false
 	switch {
+	case !j.holding:
 	case j.again:
 		j.again = false
 		s.atLocked(j, time.Now())
