@@ -44,21 +44,12 @@ func (l *Lease) acquire(ctx context.Context) (t *term, failing bool, err error) 
 		if ctx.Err() != nil {
 			return nil, !succeeded && lastErr != nil, errors.Join(fmt.Errorf("ddblease: acquire %q: %w", l.job, ended(ctx)), lastErr)
 		}
-		var err error
-		if l.mayTry() {
-			if t, err = l.tryAcquire(ctx); err == nil {
-				return t, false, nil
-			}
-		} else {
-			var rec Record
-			var present bool
-			if rec, present, err = l.read(ctx, false); err == nil {
-				l.observe(rec, present) // a standby's poll: an eventually consistent read
-				l.judgeBound(ctx)
-				if l.mayTry() {
-					continue
-				}
-			}
+		t, again, err := l.attempt(ctx)
+		switch {
+		case t != nil:
+			return t, false, nil
+		case again:
+			continue
 		}
 		wait := l.pollInterval()
 		switch {
@@ -87,6 +78,29 @@ func (l *Lease) acquire(ctx context.Context) (t *term, failing bool, err error) 
 			continue
 		}
 	}
+}
+
+// attempt makes one attempt to acquire: a conditional write when the
+// lease may be takeable, a read otherwise (again reports that the read
+// found it takeable). A pool's job waits for its pool's token first
+// (Pool.attempt).
+func (l *Lease) attempt(ctx context.Context) (t *term, again bool, err error) {
+	done, err := l.pool.attempt(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	defer done()
+	if l.mayTry() {
+		t, err = l.tryAcquire(ctx)
+		return t, false, err
+	}
+	rec, present, err := l.read(ctx, false)
+	if err != nil {
+		return nil, false, err
+	}
+	l.observe(rec, present) // a standby's poll: an eventually consistent read
+	l.judgeBound(ctx)
+	return nil, l.mayTry(), nil
 }
 
 // mayPassAtStart reports whether err, of a request never sent while

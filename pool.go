@@ -66,6 +66,7 @@ type Pool struct {
 	notify   notifier   // the membership's events, to Options.Observer
 	health   poolHealth // what CheckHealth reports of the membership
 	declines chan struct{}
+	attempts chan struct{} // a token per acquisition attempt in flight (attempt)
 
 	leaving atomic.Bool // Run is stopping: its member item says so
 
@@ -117,7 +118,8 @@ func NewPool(db DynamoDBAPI, table, pool string, jobs []string, optFns ...func(*
 		return nil, invalid("pool %q has no jobs", pool)
 	}
 	p := &Pool{db: db, table: table, name: pool, opts: o, leases: make(map[string]*Lease, len(jobs)),
-		log: lineLogger(o.Logger, "pool", pool, o.Owner), notify: notifier{fn: o.Observer}, declines: make(chan struct{}, 1)}
+		log: lineLogger(o.Logger, "pool", pool, o.Owner), notify: notifier{fn: o.Observer}, declines: make(chan struct{}, 1),
+		attempts: make(chan struct{}, maxPoolAttempts)}
 	for _, job := range jobs {
 		if _, dup := p.leases[job]; dup {
 			return nil, invalid("pool %q: job %q is listed twice", pool, job)
@@ -133,6 +135,29 @@ func NewPool(db DynamoDBAPI, table, pool string, jobs []string, optFns ...func(*
 	slices.Sort(p.jobs)
 	p.jobsHash = listHash(p.jobs)
 	return p, nil
+}
+
+// maxPoolAttempts bounds the acquisition attempts of a pool's jobs in
+// flight at once. A replica that starts thousands of campaigns together
+// (its first start, a replica leaving a large pool) would otherwise queue
+// them all in the client's connection pool, where their CallTimeouts run
+// out before they are sent; those would be retried, queued again, and few
+// would ever acquire. Waiting for a token costs no timeout.
+const maxPoolAttempts = 32
+
+// attempt waits for a token for one acquisition attempt of a job of the
+// pool p (nil: a lease of its own, which needs none) and returns the
+// function that gives it back, or ctx's error.
+func (p *Pool) attempt(ctx context.Context) (done func(), err error) {
+	if p == nil {
+		return func() {}, nil
+	}
+	select {
+	case p.attempts <- struct{}{}:
+		return func() { <-p.attempts }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // Lease returns the lease of job, nil if job is not in the pool: for

@@ -3,9 +3,11 @@ package ddblease_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/ddblease/ddblease"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -207,4 +209,58 @@ func TestPoolRunScheduleControlsReadWhileCampaigning(t *testing.T) {
 	require.NoError(t, stop())
 	_, twice := log.by()
 	assert.Empty(t, twice, "slots run twice")
+}
+
+// inFlight decorates a client: it delays each UpdateItem, as a busy table
+// does, and records the most sent at once.
+type inFlight struct {
+	ddblease.DynamoDBAPI
+	delay   time.Duration
+	mu      sync.Mutex
+	now, hi int
+}
+
+func (c *inFlight) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	c.mu.Lock()
+	c.now++
+	c.hi = max(c.hi, c.now)
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.now--
+		c.mu.Unlock()
+	}()
+	time.Sleep(c.delay)
+	return c.DynamoDBAPI.UpdateItem(ctx, in, optFns...)
+}
+
+// A replica that starts many jobs at once does not send all their
+// acquisitions together: on a slow table, requests queued in the client
+// would see their CallTimeout pass before they are sent, and be retried
+// for ever. Every job is held, without a failed attempt.
+func TestPoolBoundsAcquisitionsInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	slow := &inFlight{DynamoDBAPI: db, delay: 20 * time.Millisecond}
+	jobs := poolJobs(200)
+	var retries atomic.Int32
+	p := newPool(t, slow, table, jobs, fast("a"), slowLease, func(o *ddblease.Options) {
+		o.Observer = func(e ddblease.Event) {
+			if e.Kind == ddblease.EventRetry {
+				retries.Add(1)
+			}
+		}
+	})
+	stop := async(ctx, func(ctx context.Context) error {
+		return p.RunSchedule(ctx, ddblease.AllJobs(ddblease.Every(time.Hour)), func(context.Context, string, *ddblease.JobRun) error { return nil })
+	})
+	eventually(t, "a leads every job", func() bool { return len(leaders(p, jobs)) == len(jobs) })
+	slow.mu.Lock()
+	hi := slow.hi
+	slow.mu.Unlock()
+	require.NoError(t, stop())
+	t.Logf("200 jobs: at most %d writes in flight at once", hi)
+	assert.LessOrEqual(t, hi, 40, "acquisitions (and the session's renewal) in flight at once")
+	assert.Zero(t, retries.Load(), "failed attempts")
 }
