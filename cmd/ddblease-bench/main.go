@@ -74,6 +74,11 @@ type config struct {
 	// reads
 	readsRuns int
 
+	// sessions (and its children: every, sample)
+	sessJobs, sessReplicas, sessIdle int
+	sessEvery, sessWindow            time.Duration
+	every, sample                    time.Duration
+
 	// parent
 	dynalite    string
 	out         string
@@ -97,7 +102,7 @@ func main() {
 	start := time.Now()
 	var c config
 	fs := flag.NewFlagSet("ddblease-bench", flag.ExitOnError)
-	fs.StringVar(&c.role, "role", "", "internal: contender, scale or pool (child processes)")
+	fs.StringVar(&c.role, "role", "", "internal: contender, scale, pool, sched, schedidle or minidyn (child processes)")
 	fs.StringVar(&c.endpoint, "endpoint", "", "DynamoDB endpoint; empty starts dynalite on a free loopback port")
 	fs.StringVar(&c.table, "table", "ddblease-bench", "table name (created if missing)")
 	fs.StringVar(&c.job, "job", "", "internal: job name")
@@ -120,7 +125,7 @@ func main() {
 	fs.StringVar(&c.dynalite, "dynalite", "", "dynalite executable (default: testservers/dynalite/node_modules/.bin/dynalite above the working directory)")
 	fs.StringVar(&c.out, "out", "bench-out", "directory for logs and raw results")
 	fs.BoolVar(&c.quick, "quick", false, "2-3 trials of each figure, short windows, for CI")
-	fs.StringVar(&c.only, "only", "handover,drain,failover,cold,cost,overhead,scale,spread,reads", "figures to measure")
+	fs.StringVar(&c.only, "only", "handover,drain,failover,cold,cost,overhead,scale,spread,sessions,reads", "figures to measure")
 	fs.StringVar(&c.setNames, "settings", "a,b", "settings columns: a (20s/5s/1s), b (30s/10s/1s)")
 	fs.IntVar(&c.handover, "handover", 30, "hand-over trials per setting")
 	fs.IntVar(&c.drainTrials, "drain-trials", 30, "hand-over trials with a draining leader per setting")
@@ -137,6 +142,13 @@ func main() {
 	fs.IntVar(&c.spreadJobs, "spread-jobs", 1000, "jobs of the pool the spread bench runs")
 	fs.IntVar(&c.spreadReplicas, "spread-replicas", 5, "replica processes of the spread bench")
 	fs.DurationVar(&c.spreadStagger, "spread-stagger", 3*time.Second, "time between the starts of the spread bench's replicas")
+	fs.IntVar(&c.sessJobs, "sess-jobs", 1000, "scheduled jobs of the pool the sessions bench runs")
+	fs.IntVar(&c.sessReplicas, "sess-replicas", 5, "replica processes of the sessions bench (started -spread-stagger apart)")
+	fs.IntVar(&c.sessIdle, "sess-idle", 10000, "idle scheduled jobs held by one process in the sessions bench (0: none)")
+	fs.DurationVar(&c.sessEvery, "sess-every", time.Minute, "the schedule of each job of the sessions bench (Every)")
+	fs.DurationVar(&c.sessWindow, "sess-window", 3*time.Minute, "window over which the sessions bench counts writes")
+	fs.DurationVar(&c.every, "every", time.Minute, "internal: the schedule of a sched replica's jobs")
+	fs.DurationVar(&c.sample, "sample", 100*time.Millisecond, "internal: how often a sched replica reads its jobs' State")
 	fs.IntVar(&c.readsRuns, "reads-runs", 20000, "run items in the table of the reads figure (over 10 jobs)")
 	fs.BoolVar(&c.scaleHeap, "scale-heap", false, "write a heap profile of each scale process (every allocation sampled: its memory figures grow)")
 	_ = fs.Parse(os.Args[1:])
@@ -152,6 +164,10 @@ func main() {
 		err = runScale(c)
 	case "pool":
 		err = runPoolReplica(c)
+	case "sched":
+		err = runSchedReplica(c)
+	case "schedidle":
+		err = runSchedIdle(c)
 	case "minidyn":
 		err = runMinidyn()
 	case "":
@@ -190,6 +206,11 @@ func quickDefaults(c *config, fs *flag.FlagSet) {
 	def("spread-jobs", func() { c.spreadJobs = 100 })
 	def("spread-replicas", func() { c.spreadReplicas = 3 })
 	def("spread-stagger", func() { c.spreadStagger = time.Second })
+	def("sess-jobs", func() { c.sessJobs = 100 })
+	def("sess-replicas", func() { c.sessReplicas = 3 })
+	def("sess-idle", func() { c.sessIdle = 1000 })
+	def("sess-every", func() { c.sessEvery = 5 * time.Second })
+	def("sess-window", func() { c.sessWindow = 15 * time.Second })
 	def("reads-runs", func() { c.readsRuns = 2000 })
 }
 

@@ -72,6 +72,7 @@ type results struct {
 	Overhead *overheadResult
 	Scale    []map[string]string
 	Spread   *spreadResult
+	Sessions *sessionsResult
 	Reads    []readsResult
 	// ReadsItems is the run items of the reads figure's tables.
 	ReadsItems int
@@ -190,6 +191,9 @@ func (r *runner) run() error {
 	}
 	if r.only["spread"] {
 		r.spread()
+	}
+	if r.only["sessions"] {
+		r.sessions()
 	}
 	if r.only["reads"] {
 		r.reads()

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"slices"
 	"sort"
 	"strconv"
 	"syscall"
@@ -86,73 +85,21 @@ func (r *runner) spread() {
 	// polls every retry interval, and each step takes a request.
 	res := &spreadResult{Jobs: n, Replicas: m, Settings: s.String(),
 		Bound: (s.hb + s.retry + 2*(s.hb/2)).Seconds()}
-	var procs []*proc
-	defer func() {
-		for _, p := range procs {
-			_ = p.stop(time.Minute)
-		}
-	}()
-	seq := 0
-	start := func() (*proc, error) {
-		seq++
-		p, err := spawn(fmt.Sprintf("pool-%d", seq), r.log, r.cfg.childArgs("pool", pool, s,
-			"-n", strconv.Itoa(n), "-owner", fmt.Sprintf("replica-%d", seq), "-conns", "16")...)
-		if err != nil {
-			return nil, err
-		}
-		procs = append(procs, p)
-		return p, nil
-	}
-	live := map[*proc]bool{}
-	phase := func(what string, from, countFrom time.Time) {
-		deadline := time.Now().Add(10 * s.hb)
-		ph := spreadPhase{What: what, Live: len(live), Balanced: -1}
-		for time.Now().Before(deadline) {
-			if t, ok := balanced(procs, live, n, from); ok {
-				ph.Balanced = t.Sub(from).Seconds()
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		// Let the hand-overs of the phase settle before judging it.
-		time.Sleep(s.hb + 2*s.retry)
-		ph.HandOvers, ph.MaxGap, ph.Overlaps = judge(procs, countFrom, time.Now())
-		r.logf("%s: %s: %d live, balanced after %.2f s, %d hand-overs, longest gap %.2f s, %d overlaps",
-			what, ph.What, ph.Live, ph.Balanced, ph.HandOvers, ph.MaxGap, ph.Overlaps)
-		res.Phases = append(res.Phases, ph)
+	pl := &poolProcs{r: r, n: n, s: s, live: map[*proc]bool{}}
+	defer pl.stopAll()
+	pl.args = func(seq int) []string {
+		return r.cfg.childArgs("pool", pool, s, "-n", strconv.Itoa(n), "-owner", fmt.Sprintf("replica-%d", seq), "-conns", "16")
 	}
 	r.logf("%s: starting the replicas %v apart", what, r.cfg.spreadStagger)
-	var first, last time.Time
-	for i := 0; i < m; i++ {
-		p, err := start()
-		if err != nil {
-			r.fail(what, err)
-			return
-		}
-		live[p] = true
-		last = time.Now()
-		if i == 0 {
-			first = last
-		}
-		if i < m-1 {
-			time.Sleep(r.cfg.spreadStagger)
-		}
+	first, last, err := pl.startStaggered(m, r.cfg.spreadStagger)
+	if err != nil {
+		r.fail(what, err)
+		return
 	}
-	phase(fmt.Sprintf("%d replicas started %v apart", m, r.cfg.spreadStagger), last, first)
-	for i, p := range slices.Clone(procs)[:min(restarts, len(procs))] {
-		from := time.Now()
-		if err := p.stop(time.Minute); err != nil {
-			r.fail(what, err)
-			return
-		}
-		delete(live, p)
-		q, err := start()
-		if err != nil {
-			r.fail(what, err)
-			return
-		}
-		live[q] = true
-		phase(fmt.Sprintf("rolling restart %d of %d (SIGTERM, a new replica)", i+1, restarts), from, from)
+	res.Phases = append(res.Phases, pl.phase(fmt.Sprintf("%d replicas started %v apart", m, r.cfg.spreadStagger), last, first))
+	if err := pl.rollingRestart(restarts, func(ph spreadPhase) { res.Phases = append(res.Phases, ph) }); err != nil {
+		r.fail(what, err)
+		return
 	}
 	r.mu.Lock()
 	r.res.Spread = res
