@@ -172,10 +172,12 @@ func TestPlainLeaseCannotTakeAJobBoundToASession(t *testing.T) {
 	p := newPool(t, db, table, jobs, fast("a"))
 	stop := async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn("a")) })
 	eventually(t, "a leads", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 1}, w.leads()) })
+	// The item's own expiry is long past by the other's clock: only the
+	// session says the job is held.
 	exp, err := strconv.ParseInt(rawLease(t, db, table, jobs[0])["expiresAt"].(*types.AttributeValueMemberN).Value, 10, 64)
 	require.NoError(t, err)
-	time.Sleep(time.Until(time.UnixMilli(exp).Add(500 * time.Millisecond)))
-	other := newLease(t, db, table, jobs[0], fast("x"))
+	ahead := time.Until(time.UnixMilli(exp)) + time.Minute
+	other := newLease(t, db, table, jobs[0], fast("x"), offset(ahead))
 	_, err = other.TryAcquire(ctx)
 	var held *ddblease.HeldError
 	require.True(t, errors.As(err, &held), "TryAcquire: %v", err)
