@@ -210,7 +210,7 @@ func quickDefaults(c *config, fs *flag.FlagSet) {
 	def("sess-replicas", func() { c.sessReplicas = 3 })
 	def("sess-idle", func() { c.sessIdle = 1000 })
 	def("sess-every", func() { c.sessEvery = 5 * time.Second })
-	def("sess-window", func() { c.sessWindow = 15 * time.Second })
+	def("sess-window", func() { c.sessWindow = 8 * time.Second })
 	def("reads-runs", func() { c.readsRuns = 2000 })
 }
 
