@@ -181,78 +181,7 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 	}
 	t := tm.snapshot()
 	key := l.opts.Layout.runKey(l.job, runSK(slot, spec.trigger))
-	names := map[string]string{
-		"#pk": l.opts.Layout.PartitionKey, "#job": attrJob, "#slot": attrSlot, "#fence": attrFence, "#owner": attrOwner,
-		"#claim": attrClaim, "#status": attrStatus, "#start": attrStartedAt, "#ttl": RunTTLAttribute,
-		"#claims": attrClaims, "#missed": attrMissed,
-	}
-	values := map[string]types.AttributeValue{
-		":job": avS(l.job), ":slot": avS(slotText), ":fence": avN(t.fence), ":me": avS(l.opts.Owner),
-		":claim": avS(token), ":running": avS(string(RunRunning)), ":now": avN(now.UnixMilli()),
-		":ttl": avN(now.Add(o.Retention).Unix()), ":zero": avN(0), ":one": avN(1), ":missed": avN(int64(missed)),
-	}
-	cond := "attribute_not_exists(#pk)"
-	if o.Rerun == Rerun {
-		cond += " OR (#status = :running AND #fence < :fence)"
-	}
-	// A run that may be claimed again is running, so it has none of the
-	// attributes a finished run has, except a run skipped by a pause: its
-	// finish time and pause are overwritten, with zero ("none", as
-	// decodeRun reads them) where the claim has none to write. They are
-	// not removed: a server that ignores REMOVE (minidyn v0.8.2 does) would
-	// keep them.
-	over := spec.reclaimed || spec.overSkip != 0
-	update := "SET #job = :job, #slot = :slot, #fence = :fence, #owner = :me, #claim = :claim, " +
-		"#status = :st, #start = :now, #ttl = :ttl, #missed = :missed, " +
-		"#claims = if_not_exists(#claims, :zero) + :one"
-	values[":st"] = avS(string(spec.status))
-	if o.Rerun != Rerun {
-		delete(values, ":running")
-	}
-	switch {
-	case spec.status != RunRunning:
-		update += ", #fin = :now"
-		names["#fin"] = attrFinishedAt
-	case over:
-		update += ", #fin = :zero"
-		names["#fin"] = attrFinishedAt
-	}
-	if spec.trigger != "" {
-		update += ", #trig = :trig"
-		names["#trig"], values[":trig"] = attrTrigger, avS(spec.trigger)
-	}
-	if len(spec.unswept) > 0 {
-		update += ", #unswept = :unswept"
-		names["#unswept"], values[":unswept"] = attrUnswept, &types.AttributeValueMemberSS{Value: spec.unswept}
-	}
-	switch {
-	case spec.skippedIn != 0:
-		update += ", #skin = :skin"
-		names["#skin"], values[":skin"] = attrSkippedIn, avN(spec.skippedIn)
-	case over:
-		update += ", #skin = :zero"
-		names["#skin"] = attrSkippedIn
-	}
-	if over {
-		// A run skipped by a pause is claimed again: by the resumption's
-		// catch-up, or when it came due after that pause (claimSpec).
-		if spec.reclaimed {
-			cond += " OR #status = :skipped"
-		} else {
-			cond += " OR (#status = :skipped AND #skin = :over)"
-			values[":over"] = avN(spec.overSkip)
-		}
-		values[":skipped"] = avS(string(RunSkippedByPause))
-	}
-	upd := &types.Update{
-		TableName:                           aws.String(l.table),
-		Key:                                 key,
-		UpdateExpression:                    aws.String(update),
-		ConditionExpression:                 aws.String(cond),
-		ExpressionAttributeNames:            names,
-		ExpressionAttributeValues:           values,
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
-	}
+	upd := tm.claimUpdate(key, slotText, t.fence, token, now, missed, o, spec)
 	run := &JobRun{l: l, slot: slot, id: id, key: key, fence: t.fence, claim: token, started: now.Round(0), missed: missed,
 		trigger: spec.trigger, finished: spec.status != RunRunning}
 	actions, resent, err := tm.claimWrite(ctx, t, upd, o, spec, slot)
@@ -264,62 +193,169 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 			rec, err := decodeRun(l.opts.Layout, item)
 			return len(item) > 0 && err == nil && mine(rec, token, t.fence)
 		}}.resolve(ctx, nil, err)
-	if _, ok := w.fails[0]; ok && len(actions) == 2 && w.outcome != applied {
-		// The check on the lease item failed: the item, returned or read
-		// back, tells a pause from a loss.
-		item, err := w.stored(0)
-		if err == nil {
-			if err = tm.checkLease(item, spec, slot); err == nil {
-				err = errors.New("the lease item changed while the claim checked it; try again")
-			}
-		}
-		if errors.Is(err, ErrLost) || errors.Is(err, errPaused) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
-	}
-	if w.outcome == applied && (w.err != nil || resent) && len(actions) == 2 && spec.pause == pauseSlot && !run.finished {
-		// The run item is this claim's, but perhaps not by this attempt's
-		// check: an earlier attempt landed, its answer lost, at an instant
-		// not known (the item showed it, or DynamoDB answered the resent
-		// token without checking again). A slot whose claim was being
-		// retried as a pause began is skipped, so the lease is checked as
-		// of now (the item returned with the failure, or read back) before
-		// fn may run.
-		item, err := w.stored(0)
-		if err == nil {
-			err = tm.checkLease(item, spec, slot)
-		}
-		if errors.Is(err, errPaused) || errors.Is(err, ErrLost) {
-			return nil, err
-		}
-		if err != nil {
-			// Whether the job is paused is not known: fn does not run on
-			// that. The claim is tried again (it finds its own run), or
-			// given up with the firing, and its run marked abandoned.
-			return nil, fmt.Errorf("ddblease: claim %q slot %s: the claim landed, but the lease item could not be read to check for a pause: %w", l.job, id, err)
-		}
+	if err := tm.claimChecked(w, len(actions) == 2, resent, run, spec, id); err != nil {
+		return nil, err
 	}
 	switch {
 	case w.outcome == applied:
 		return tm.claimed(run) // perhaps an SDK retry of a write that did land
 	case w.outcome != refused || w.rerr != nil:
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, errors.Join(err, w.rerr))
-	case len(w.item) == 0:
-		return nil, fmt.Errorf("ddblease: claim %q slot %s: the condition failed but the run item is gone; try again", l.job, id)
 	}
-	rec, err := decodeRun(l.opts.Layout, w.item)
+	return nil, tm.claimRefused(ctx, w.item, t.fence, o, id)
+}
+
+// claimUpdate is the claim's write to the run item: it creates the run,
+// running under this tenure's fence with the claim's token, on condition
+// that no run of the slot exists, or that the one there may be claimed
+// again (a running run of an older fence under the Rerun policy; a run
+// skipped by a pause, as spec says).
+func (tm *term) claimUpdate(key map[string]types.AttributeValue, slotText string, fence int64, token string, now time.Time,
+	missed int, o *JobOptions, spec claimSpec) *types.Update {
+	l := tm.l
+	names := map[string]string{
+		"#pk": l.opts.Layout.PartitionKey, "#job": attrJob, "#slot": attrSlot, "#fence": attrFence, "#owner": attrOwner,
+		"#claim": attrClaim, "#status": attrStatus, "#start": attrStartedAt, "#ttl": RunTTLAttribute,
+		"#claims": attrClaims, "#missed": attrMissed,
+	}
+	values := map[string]types.AttributeValue{
+		":job": avS(l.job), ":slot": avS(slotText), ":fence": avN(fence), ":me": avS(l.opts.Owner),
+		":claim": avS(token), ":running": avS(string(RunRunning)), ":now": avN(now.UnixMilli()),
+		":ttl": avN(now.Add(o.Retention).Unix()), ":zero": avN(0), ":one": avN(1), ":missed": avN(int64(missed)),
+		":st": avS(string(spec.status)),
+	}
+	cond := "attribute_not_exists(#pk)"
+	if o.Rerun == Rerun {
+		cond += " OR (#status = :running AND #fence < :fence)"
+	} else {
+		delete(values, ":running")
+	}
+	update := "SET #job = :job, #slot = :slot, #fence = :fence, #owner = :me, #claim = :claim, " +
+		"#status = :st, #start = :now, #ttl = :ttl, #missed = :missed, " +
+		"#claims = if_not_exists(#claims, :zero) + :one" + spec.claimFields(names, values)
+	if spec.reclaimed || spec.overSkip != 0 {
+		// A run skipped by a pause is claimed again: by the resumption's
+		// catch-up, or when it came due after that pause (claimSpec).
+		if spec.reclaimed {
+			cond += " OR #status = :skipped"
+		} else {
+			cond += " OR (#status = :skipped AND #skin = :over)"
+			values[":over"] = avN(spec.overSkip)
+		}
+		values[":skipped"] = avS(string(RunSkippedByPause))
+	}
+	return &types.Update{
+		TableName:                           aws.String(l.table),
+		Key:                                 key,
+		UpdateExpression:                    aws.String(update),
+		ConditionExpression:                 aws.String(cond),
+		ExpressionAttributeNames:            names,
+		ExpressionAttributeValues:           values,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	}
+}
+
+// claimFields returns the part of the claim's SET that depends on spec,
+// and sets its names and values. A run that may be claimed again is
+// running, so it has none of the attributes a finished run has, except a
+// run skipped by a pause: its finish time and pause are overwritten, with
+// zero ("none", as decodeRun reads them) where the claim has none to
+// write. They are not removed: a server that ignores REMOVE (minidyn
+// v0.8.2 does) would keep them.
+func (s claimSpec) claimFields(names map[string]string, values map[string]types.AttributeValue) string {
+	over := s.reclaimed || s.overSkip != 0
+	var update string
+	switch {
+	case s.status != RunRunning:
+		update += ", #fin = :now"
+		names["#fin"] = attrFinishedAt
+	case over:
+		update += ", #fin = :zero"
+		names["#fin"] = attrFinishedAt
+	}
+	if s.trigger != "" {
+		update += ", #trig = :trig"
+		names["#trig"], values[":trig"] = attrTrigger, avS(s.trigger)
+	}
+	if len(s.unswept) > 0 {
+		update += ", #unswept = :unswept"
+		names["#unswept"], values[":unswept"] = attrUnswept, &types.AttributeValueMemberSS{Value: s.unswept}
+	}
+	switch {
+	case s.skippedIn != 0:
+		update += ", #skin = :skin"
+		names["#skin"], values[":skin"] = attrSkippedIn, avN(s.skippedIn)
+	case over:
+		update += ", #skin = :zero"
+		names["#skin"] = attrSkippedIn
+	}
+	return update
+}
+
+// claimChecked judges the check on the lease item of a claim sent in a
+// transaction (checked), once the write is resolved (w): nil when the
+// claim may go on to its outcome, or the error that ends it.
+func (tm *term) claimChecked(w written, checked, resent bool, run *JobRun, spec claimSpec, id string) error {
+	l := tm.l
+	if _, ok := w.fails[0]; ok && checked && w.outcome != applied {
+		// The check on the lease item failed: the item, returned or read
+		// back, tells a pause from a loss.
+		item, err := w.stored(0)
+		if err == nil {
+			if err = tm.checkLease(item, spec, run.slot); err == nil {
+				err = errors.New("the lease item changed while the claim checked it; try again")
+			}
+		}
+		if errors.Is(err, ErrLost) || errors.Is(err, errPaused) {
+			return err
+		}
+		return fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
+	}
+	if w.outcome != applied || w.err == nil && !resent || !checked || spec.pause != pauseSlot || run.finished {
+		return nil
+	}
+	// The run item is this claim's, but perhaps not by this attempt's
+	// check: an earlier attempt landed, its answer lost, at an instant not
+	// known (the item showed it, or DynamoDB answered the resent token
+	// without checking again). A slot whose claim was being retried as a
+	// pause began is skipped, so the lease is checked as of now (the item
+	// returned with the failure, or read back) before fn may run.
+	item, err := w.stored(0)
+	if err == nil {
+		err = tm.checkLease(item, spec, run.slot)
+	}
+	if errors.Is(err, errPaused) || errors.Is(err, ErrLost) {
+		return err
+	}
 	if err != nil {
-		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
+		// Whether the job is paused is not known: fn does not run on that.
+		// The claim is tried again (it finds its own run), or given up
+		// with the firing, and its run marked abandoned.
+		return fmt.Errorf("ddblease: claim %q slot %s: the claim landed, but the lease item could not be read to check for a pause: %w", l.job, id, err)
+	}
+	return nil
+}
+
+// claimRefused returns the error of a claim refused by the run item
+// (item, as stored): the slot is taken. A run that an older tenure left
+// running is marked abandoned on the way, under NeverRerun.
+func (tm *term) claimRefused(ctx context.Context, item map[string]types.AttributeValue, fence int64, o *JobOptions, id string) error {
+	l := tm.l
+	if len(item) == 0 {
+		return fmt.Errorf("ddblease: claim %q slot %s: the condition failed but the run item is gone; try again", l.job, id)
+	}
+	rec, err := decodeRun(l.opts.Layout, item)
+	if err != nil {
+		return fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, err)
 	}
 	taken := &SlotTakenError{Run: rec}
-	if rec.orphanFor(t.fence) && o.Rerun == NeverRerun {
+	if rec.orphanFor(fence) && o.Rerun == NeverRerun {
 		var err error
 		if taken.Run, taken.Abandoned, err = tm.abandon(ctx, rec); err != nil {
 			l.log.Warn("ddblease: could not mark an orphaned run abandoned", "slot", id, "fence", rec.Fence, "err", err)
 		}
 	}
-	return nil, taken
+	return taken
 }
 
 // mine reports whether rec is the run this claim wrote: its token, under

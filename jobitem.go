@@ -126,101 +126,125 @@ type runItem struct {
 // present with the right type; anything else is ErrMalformedItem.
 func decodeRun(y Layout, item map[string]types.AttributeValue) (RunRecord, error) {
 	var it runItem
-	fail := func(e error) (RunRecord, error) {
-		return RunRecord{}, fmt.Errorf("%w: run item %q: %v", ErrMalformedItem, y.describe(item), e)
-	}
-	if err := unmarshalItem(item, &it); err != nil {
-		return fail(err)
-	}
 	var r RunRecord
+	err := unmarshalItem(item, &it)
+	if err == nil {
+		err = it.identity(y, item, &r)
+	}
+	if err == nil {
+		err = it.claimed(&r)
+	}
+	if err == nil {
+		err = it.outcome(&r)
+	}
+	if err != nil {
+		return RunRecord{}, fmt.Errorf("%w: run item %q: %v", ErrMalformedItem, y.describe(item), err)
+	}
+	return r, nil
+}
+
+// identity decodes which run the item is (job, slot, trigger) into r and
+// checks that its key is that run's.
+func (it *runItem) identity(y Layout, item map[string]types.AttributeValue, r *RunRecord) error {
 	var err error
 	if r.Job, err = it.Job.get(attrJob); err != nil {
-		return fail(err)
+		return err
 	}
 	id, err := it.Slot.get(attrSlot)
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	if r.Slot, err = time.Parse(time.RFC3339Nano, id); err != nil {
-		return fail(fmt.Errorf("attribute %s is %q, not an RFC 3339 time", attrSlot, id))
+		return fmt.Errorf("attribute %s is %q, not an RFC 3339 time", attrSlot, id)
 	}
 	r.Slot = r.Slot.UTC()
 	if it.Trigger.set {
 		if r.Trigger, err = it.Trigger.get(attrTrigger); err != nil {
-			return fail(err)
+			return err
 		}
 		if !validTriggerID(r.Trigger) {
-			return fail(fmt.Errorf("attribute %s is %q, not a trigger id", attrTrigger, r.Trigger))
+			return fmt.Errorf("attribute %s is %q, not a trigger id", attrTrigger, r.Trigger)
 		}
 	}
 	pk, _ := str(item, y.PartitionKey)
 	sk, _ := str(item, y.SortKey)
 	if want := runSK(r.Slot, r.Trigger); pk != y.jobPartition(r.Job) || sk != want {
-		return fail(fmt.Errorf("key does not match its job and slot (%q)", y.jobPartition(r.Job)+"/"+want))
+		return fmt.Errorf("key does not match its job and slot (%q)", y.jobPartition(r.Job)+"/"+want)
 	}
+	return nil
+}
+
+// claimed decodes who claimed the run, under which fence, and its status.
+func (it *runItem) claimed(r *RunRecord) error {
+	var err error
 	if r.Fence, err = it.Fence.get(attrFence); err != nil {
-		return fail(err)
+		return err
 	}
 	if r.Fence < 1 {
-		return fail(fmt.Errorf("fence %d is below 1", r.Fence))
+		return fmt.Errorf("fence %d is below 1", r.Fence)
 	}
 	if r.Owner, err = it.Owner.get(attrOwner); err != nil {
-		return fail(err)
+		return err
 	}
 	if r.claim, err = it.Claim.get(attrClaim); err != nil {
-		return fail(err)
+		return err
 	}
 	st, err := it.Status.get(attrStatus)
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	switch r.Status = RunStatus(st); r.Status {
 	case RunRunning, RunSucceeded, RunFailed, RunAbandoned, RunSkippedByPause:
 	default:
-		return fail(fmt.Errorf("unknown status %q", st))
+		return fmt.Errorf("unknown status %q", st)
 	}
+	return nil
+}
+
+// outcome decodes the run's times, error and counts.
+func (it *runItem) outcome(r *RunRecord) error {
 	ms, err := it.StartedAt.get(attrStartedAt)
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	r.StartedAt = time.UnixMilli(ms)
 	if ms, err = it.FinishedAt.opt(attrFinishedAt); err != nil {
-		return fail(err)
+		return err
 	} else if ms != 0 {
 		r.FinishedAt = time.UnixMilli(ms)
 	}
 	if r.Error, err = it.Error.opt(attrError); err != nil {
-		return fail(err)
+		return err
 	}
 	var n int64
 	if n, err = it.Claims.opt(attrClaims); err != nil {
-		return fail(err)
+		return err
 	}
 	r.Claims = int(max(n, 1))
 	if n, err = it.Missed.opt(attrMissed); err != nil {
-		return fail(err)
+		return err
 	}
 	switch {
 	case n == -1: // written when the catch-up could not count
 		r.MissedUnknown = true
 	case n < 0:
-		return fail(fmt.Errorf("%s %d is below -1", attrMissed, n))
+		return fmt.Errorf("%s %d is below -1", attrMissed, n)
 	default:
 		r.Missed = int(n)
 	}
 	if r.AbandonedBy, err = it.AbandonedBy.opt(attrAbandonedBy); err != nil {
-		return fail(err)
+		return err
 	}
 	if n, err = it.TTL.opt(RunTTLAttribute); err != nil {
-		return fail(err)
+		return err
 	} else if n != 0 {
 		r.ExpiresAt = time.Unix(n, 0)
 	}
 	r.unswept = it.Unswept
 	if r.skippedIn, err = it.SkippedIn.opt(attrSkippedIn); err != nil {
-		return fail(err)
+		return err
 	}
-	return r, nil
+	return nil
 }
 
 // ErrSlotTaken reports that a schedule slot already has a run that may not

@@ -403,10 +403,20 @@ type firing struct {
 // the slot was recorded as skipped by the pause, or the run was found
 // handled already. err is set only when the campaign must stop.
 func (r *runner) execute(ctx context.Context, tn *term, f firing) (done bool, err error) {
+	run, stop, err := r.claimRetrying(ctx, tn, f)
+	if err != nil {
+		return r.unclaimed(ctx, tn, f, stop, err)
+	}
+	return r.runClaimed(ctx, tn, f, run)
+}
+
+// claimRetrying claims f's run under tenure tn, retrying transient
+// failures until the next slot is due; the errors it returns are each the
+// claim's answer, or the last failure with the reason the retries stopped
+// (retrier.do's stop).
+func (r *runner) claimRetrying(ctx context.Context, tn *term, f firing) (*JobRun, int, error) {
 	l := r.l
 	var run *JobRun
-	// Transient failures are retried until the next slot is due; the
-	// errors below are each the claim's answer.
 	_, stop, err := retrier{backoff: fixed(l.opts.RetryInterval), now: l.opts.Now, deadline: r.giveUpAt(f),
 		again: func(err error) bool { return retryable(err) && !decided(err) },
 		onRetry: func(err error) {
@@ -417,9 +427,15 @@ func (r *runner) execute(ctx context.Context, tn *term, f firing) (done bool, er
 		run, err = tn.claim(ctx, f.slot, &r.o, f.token, f.missed, f.spec)
 		return err
 	})
+	return run, stop, err
+}
+
+// unclaimed settles a firing whose claim failed with err (stop: why the
+// retries ended): as execute's done and err say.
+func (r *runner) unclaimed(ctx context.Context, tn *term, f firing, stop int, err error) (done bool, _ error) {
+	l := r.l
 	var paused pausedError
 	switch {
-	case err == nil:
 	case errors.Is(err, errPaused) && f.spec.overSkip != 0:
 		return true, nil // the skip stands: a newer pause began since
 	case errors.As(err, &paused) && f.what == "slot":
@@ -486,6 +502,11 @@ func (r *runner) execute(ctx context.Context, tn *term, f firing) (done bool, er
 	default: // an error retrying cannot mend
 		return false, err
 	}
+}
+
+// runClaimed runs fn on the run claimed for f, and records its outcome.
+func (r *runner) runClaimed(ctx context.Context, tn *term, f firing, run *JobRun) (done bool, err error) {
+	l := r.l
 	if run.finished {
 		l.log.Info("ddblease: slot skipped: the job is paused", "slot", fmtSlot(f.slot), "fence", tn.fence)
 		return true, nil
