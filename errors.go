@@ -155,7 +155,7 @@ func retryable(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) || unsent(err) {
 		// A request never sent was not refused by the table, whatever a
 		// credentials service answered: Acquire decides whether a start
-		// that has never reached the table gives up (acquire.go).
+		// that has never reached the table gives up (fence.go).
 		return true
 	}
 	var tce *types.TransactionCanceledException

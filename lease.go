@@ -2,16 +2,10 @@ package ddblease
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
 // Lease is one contender's handle on the lease of one job. Its methods are
@@ -241,95 +235,4 @@ func (l *Lease) Holder(ctx context.Context) (Record, error) {
 		return Record{}, err
 	}
 	return rec, nil
-}
-
-// TryAcquire makes one conditional write that takes the lease if it is free,
-// expired, or already this owner's, and returns the new fence. When another
-// owner holds a live lease it returns a *HeldError (errors.Is(err, ErrHeld));
-// when the write's success is learned only after the tenure's local
-// deadline (a slow answer), an error wrapping ErrLost. On a handle that
-// already leads, it renews the lease and returns the current fence.
-// Errors the server blames on the request (a missing table, a wrong key
-// schema, denied access) name the table.
-func (l *Lease) TryAcquire(ctx context.Context) (int64, error) {
-	t, err := l.tryAcquire(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return t.fence, nil
-}
-
-// tryAcquire is TryAcquire, returning the term.
-func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
-	l.writes.lock()
-	defer l.writes.unlock()
-	if t := l.current(); t != nil && t.leads() {
-		err := t.renew(ctx)
-		if err == nil {
-			return t, nil
-		}
-		if !errors.Is(err, ErrLost) {
-			return nil, err
-		}
-	}
-	var sess *session
-	if l.pool != nil {
-		if sess = l.pool.liveSession(); sess == nil {
-			return nil, fmt.Errorf("%w: %q: pool %q", errNoSession, l.job, l.pool.name)
-		}
-	}
-	snt := l.opts.sendNow()
-	now := snt.at
-	rv := randomID(8)
-	names := map[string]string{
-		"#pk": l.opts.Layout.PartitionKey, "#owner": attrOwner, "#fence": attrFence, "#exp": attrExpires,
-		"#rv": attrVersion, "#lms": attrLeaseMs, "#acq": attrAcquiredAt, "#ren": attrRenewedAt,
-		"#drn": attrDraining, "#ses": attrSession, "#pool": attrPool,
-	}
-	values := map[string]types.AttributeValue{
-		":me":    avS(l.opts.Owner),
-		":zero":  avN(0),
-		":one":   avN(1),
-		":exp":   avN(now.Add(l.opts.LeaseDuration).UnixMilli()),
-		":lms":   avN(l.opts.LeaseDuration.Milliseconds()),
-		":now":   avN(now.UnixMilli()),
-		":false": avBool(false),
-		":rv":    avS(rv),
-	}
-	cond := l.takeoverRule().condition(snt, rv, l.mineIn(values), values)
-	update := "SET #owner = :me, #fence = if_not_exists(#fence, :zero) + :one, " +
-		"#exp = :exp, #rv = :rv, #lms = :lms, #acq = :now, #ren = :now, #drn = :false"
-	if sess != nil {
-		update += ", #ses = :ses, #pool = :pool"
-		values[":ses"], values[":pool"] = avS(sess.sid), avS(l.pool.name)
-	} else {
-		delete(names, "#pool") // an item bound to a session is not taken (condition): it stays unbound
-	}
-	in := &dynamodb.UpdateItemInput{
-		TableName:                           aws.String(l.table),
-		Key:                                 l.opts.Layout.leaseKey(l.job),
-		UpdateExpression:                    aws.String(update),
-		ConditionExpression:                 aws.String(cond),
-		ExpressionAttributeNames:            names,
-		ExpressionAttributeValues:           values,
-		ReturnValues:                        types.ReturnValueAllNew,
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
-	}
-	deadline := now.Add(l.opts.LeaseDuration - l.opts.margin())
-	rec, ours, err := l.write(ctx, l.opts.CallTimeout, deadline, in, rv)
-	switch {
-	case ours:
-		if t := l.begin(ctx, rec, snt, l.opts.Now().Sub(now), sess); t != nil {
-			if !rec.listed {
-				l.list(ctx, rec.Fence)
-			}
-			return t, nil
-		}
-		// The write landed, but we learned it only after the tenure's
-		// local deadline: it is over before it began.
-		return nil, fmt.Errorf("%w: %q fence %d: the acquisition was confirmed only after its local deadline", ErrLost, l.job, rec.Fence)
-	case err != nil:
-		return nil, fmt.Errorf("ddblease: acquire %q: %w", l.job, explainTableError(ctx, l.db, l.table, l.opts.Layout, err))
-	}
-	return nil, &HeldError{Job: l.job, Owner: rec.Owner, Fence: rec.Fence, ExpiresAt: rec.ExpiresAt, Draining: rec.Draining}
 }

@@ -874,7 +874,7 @@ func (p *Pool) unchanged(owner string) time.Duration {
 
 // liveIn returns the members that take jobs at now, sorted: not leaving,
 // and with a session not ended nor lapsed. A session lapses, as a lease
-// may be taken (takeover.go), once its expiry is MaxClockSkew old, or
+// may be taken (fence.go), once its expiry is MaxClockSkew old, or
 // once its version has been read unchanged for a LeaseDuration by the
 // runtime clock: a replica whose wall clock was ahead when it last
 // renewed wrote an expiry too far out, and no clocks are compared then.

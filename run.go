@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"sync"
-	"time"
 )
 
 // Run campaigns for the lease and, each time it is acquired, calls fn with a
@@ -167,11 +165,6 @@ func (t *term) lead(ctx context.Context, fn func(context.Context, *term) error) 
 	return ld.end(ctx)
 }
 
-// resignAtShutdown resigns a tenure that Run's ctx ended before fn began.
-func (t *term) resignAtShutdown(ctx context.Context) error {
-	return t.resignRetrying(ctx, fmt.Errorf("%w: %q fence %d: shutting down", ErrLost, t.l.job, t.fence))
-}
-
 // leading is a tenure while its fn runs: the leader context, the drain and
 // the keeper, and how fn ended.
 type leading struct {
@@ -279,85 +272,6 @@ func (ld *leading) end(ctx context.Context) (done bool, err error) {
 		return false, nil
 	}
 	return true, errors.Join(fnErr, resignErr, ld.drainErr)
-}
-
-// drainWatch drains a tenure when Run's context ends or an operator asks
-// it to resign: it cancels the leader context at once, marks the lease
-// draining if fn is still running a RetryInterval later (a standby polls
-// that often: a function that returns sooner is handed over by the
-// resignation alone, one write), and stops renewing once DrainTimeout has
-// passed. It holds no goroutine: its parts run on timers and
-// context.AfterFunc.
-type drainWatch struct {
-	t            *term
-	k            *keeper
-	cancelLeader context.CancelCauseFunc
-
-	mu            sync.Mutex
-	done, started bool
-	expired       bool // DrainTimeout passed before fn returned
-	mark, timeout *time.Timer
-	running       sync.WaitGroup // the timers' functions under way, which finish waits for
-}
-
-// fire returns a timer's function that runs f unless fn has returned, and
-// that finish waits for.
-func (w *drainWatch) fire(f func()) func() {
-	return func() {
-		w.mu.Lock()
-		if w.done {
-			w.mu.Unlock()
-			return
-		}
-		w.running.Add(1)
-		w.mu.Unlock()
-		defer w.running.Done()
-		f()
-	}
-}
-
-// start begins the drain, once, unless fn has returned or the tenure has
-// ended.
-func (w *drainWatch) start(cause error) {
-	l, fence := w.t.l, w.t.fence
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.done || w.started || w.t.ctx.Err() != nil {
-		return
-	}
-	w.started = true
-	w.cancelLeader(cause)
-	l.notify.emit(l.event(EventDraining, Event{Fence: fence}))
-	w.mark = time.AfterFunc(l.opts.RetryInterval, w.fire(w.k.drain))
-	w.timeout = time.AfterFunc(l.opts.DrainTimeout, w.fire(func() {
-		w.mu.Lock()
-		w.expired = true
-		w.mu.Unlock()
-		l.log.Warn("ddblease: leader function still running after DrainTimeout; no longer renewing", "fence", fence)
-		w.k.stop()
-		if w.t.sess != nil {
-			// The pool's session renews the lease while it lives: let it
-			// go by resigning it.
-			_ = w.t.resignRetrying(context.Background(), fmt.Errorf("%w: %q fence %d: DrainTimeout passed", ErrLost, l.job, fence))
-		}
-	}))
-}
-
-// finish is called once fn has returned: no drain starts after it, and a
-// timer's function under way has ended when it returns. It reports whether
-// DrainTimeout had passed.
-func (w *drainWatch) finish() (expired bool) {
-	w.mu.Lock()
-	w.done = true
-	if w.started {
-		w.mark.Stop()
-		w.timeout.Stop()
-	}
-	w.mu.Unlock()
-	w.running.Wait()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.expired
 }
 
 // endsWith reports whether err, returned by a function whose leader

@@ -318,7 +318,7 @@ func (p *Pool) sessionFree(ctx context.Context, owner, sid string) bool {
 }
 
 // lapsed reports whether a member's session lapsed, by the rules a
-// standby applies to a lease (takeover.go): its expiry is MaxClockSkew
+// standby applies to a lease (fence.go): its expiry is MaxClockSkew
 // old, or its version has been read unchanged for a LeaseDuration.
 func (p *Pool) lapsed(m member, w watchedEntry) bool {
 	now := p.opts.Now()

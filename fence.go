@@ -1,0 +1,404 @@
+package ddblease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// This file owns acquisition and the fence: the standby's polls
+// (Acquire), each attempt (a conditional write when the lease looks
+// takeable, a read otherwise), the write that takes the lease and
+// increments its fence (tryAcquire), and the takeover rule that write and
+// the standby's waiting both follow (takeover).
+
+// Acquire waits until it holds the lease or ctx ends, and returns the fence.
+// It polls with eventually consistent reads every RetryInterval (less a
+// jitter), ten times as often while the holder drains, and writes only when
+// the lease looks free: the conditional write decides. Throttling, server
+// and network errors are logged (rate-limited) and retried; errors the
+// server blames on the request (a missing table, a wrong key schema, denied
+// access, bad credentials) and a malformed lease item are returned at once,
+// and so is a request the client could not send (no credentials, no
+// region, a credentials service refusing the client) while no request of
+// this handle has ever reached the table, unless the failure looks like a
+// network that is not up yet (a credentials endpoint refusing connections
+// or timing out, a credentials service throttling or failing): that is
+// retried for one LeaseDuration first. Once a request has reached the
+// table, such failures are retried like a network error.
+// When ctx ends it returns an error wrapping ctx's cause, joined with the
+// last error if the last attempt failed.
+func (l *Lease) Acquire(ctx context.Context) (int64, error) {
+	t, _, err := l.acquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return t.fence, nil
+}
+
+// acquire is Acquire, returning the term; failing reports that every
+// attempt failed.
+func (l *Lease) acquire(ctx context.Context) (t *term, failing bool, err error) {
+	var lastErr error
+	succeeded := false
+	var unsentSince time.Time // first failure to send, while nothing has reached the table
+	// Failed attempts back off, so that a standby facing an outage of fast
+	// errors does not hammer the table even when the lease looks takeable.
+	bo := fixed(l.opts.RetryInterval)
+	for {
+		if ctx.Err() != nil {
+			return nil, !succeeded && lastErr != nil, errors.Join(fmt.Errorf("ddblease: acquire %q: %w", l.job, ended(ctx)), lastErr)
+		}
+		t, again, err := l.attempt(ctx)
+		switch {
+		case t != nil:
+			return t, false, nil
+		case again:
+			continue
+		}
+		wait := l.pollInterval()
+		switch {
+		case err == nil, errors.Is(err, ErrHeld), errors.Is(err, ErrLost), errors.Is(err, errNoSession):
+			lastErr, succeeded = nil, true
+			bo.reset()
+			if errors.Is(err, errNoSession) {
+				// A lease takeable now waits for the pool's session.
+				wait = max(wait, jitter(l.opts.RetryInterval))
+			}
+		case ctx.Err() != nil:
+			continue
+		case unsent(err) && !l.reached.Load() && !l.opts.mayPassAtStart(err, &unsentSince):
+			// Nothing has ever reached the table: a client without
+			// credentials or region would fail the same way for ever.
+			return nil, true, fmt.Errorf("ddblease: %q: no request could be sent to table %q (check the client's credentials and region): %w",
+				l.job, l.table, err)
+		case !retryable(err):
+			return nil, true, err
+		default:
+			lastErr = err
+			wait = max(wait, bo.next())
+			l.notify.emit(l.event(EventRetry, Event{Op: "acquire", Err: err}))
+		}
+		if sleep(ctx, wait) != nil {
+			continue
+		}
+	}
+}
+
+// attempt makes one attempt to acquire: a conditional write when the
+// lease may be takeable, a read otherwise (again reports that the read
+// found it takeable). A pool's job waits for its pool's token first
+// (Pool.attempt).
+func (l *Lease) attempt(ctx context.Context) (t *term, again bool, err error) {
+	done, err := l.pool.attempt(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	defer done()
+	if l.mayTry() {
+		t, err = l.tryAcquire(ctx)
+		return t, false, err
+	}
+	rec, present, err := l.read(ctx, false)
+	if err != nil {
+		return nil, false, err
+	}
+	l.observe(rec, present) // a standby's poll: an eventually consistent read
+	l.judgeBound(ctx)
+	return nil, l.mayTry(), nil
+}
+
+// mayPassAtStart reports whether err, of a request never sent while
+// nothing has reached the table, may still pass: it looks like a network
+// not up yet (mayPass), and such failures began, at *since (set by the
+// first), less than a LeaseDuration ago.
+func (o *Options) mayPassAtStart(err error, since *time.Time) bool {
+	if !mayPass(err) {
+		return false
+	}
+	now := o.Now()
+	if since.IsZero() {
+		*since = now
+	}
+	return now.Sub(*since) < o.LeaseDuration
+}
+
+// pollInterval is how long a standby waits before it looks again: a
+// jittered RetryInterval (a tenth of it while the holder drains), or less
+// when the lease becomes takeable sooner, by its recorded expiry or by the
+// watch on its renewal version, so that a crashed holder's lease is taken
+// the moment it may be, without extra reads. While this handle leaves a
+// free lease to the others (yieldUntil), it looks again after a jittered
+// RetryInterval, to see whether one took it, and at the end of the yield:
+// not in a loop while the lease looks takeable.
+func (l *Lease) pollInterval() time.Duration {
+	r := l.takeoverRule()
+	d := l.opts.RetryInterval
+	if r.obs.present && r.obs.rec.Draining {
+		d /= 10
+	}
+	d = jitter(d)
+	if r.obs.present && r.obs.rec.Session == "" {
+		d = min(d, r.wait(l.opts.sendNow()))
+	}
+	l.mu.Lock()
+	y := time.Until(l.yieldUntil)
+	l.mu.Unlock()
+	if y > 0 {
+		// Leaving a free lease to the standbys: look again after a
+		// RetryInterval, to see whether one took it.
+		d = min(max(d, jitter(l.opts.RetryInterval)), y)
+	}
+	return d
+}
+
+func (l *Lease) observe(rec Record, present bool) {
+	defer l.notify.flush()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !present {
+		l.obs = observation{valid: true}
+		return
+	}
+	if !l.obs.present || l.obs.rec.version != rec.version {
+		l.obs.since = time.Now()
+	}
+	if !l.obs.present || l.obs.rec.version != rec.version || l.obs.rec.Fence != rec.Fence || l.obs.rec.Session != rec.Session {
+		l.obs.boundFree = false
+	}
+	l.obs.valid, l.obs.present, l.obs.rec = true, true, rec
+	if rec.Owner != l.opts.Owner && !rec.ExpiresAt.IsZero() && (rec.Owner != l.seen.owner || rec.Fence != l.seen.fence) {
+		l.seen = seenHolder{owner: rec.Owner, fence: rec.Fence}
+		l.notify.push(l.event(EventLeaderSeen, Event{Holder: rec.Owner, Fence: rec.Fence}))
+	}
+}
+
+// mayTry reports whether Acquire may try to take the lease now: the last
+// observation allows it (see takeover), and this handle is not leaving a
+// free lease to the others (yieldUntil).
+func (l *Lease) mayTry() bool {
+	if !l.takeoverRule().mayTry(l.opts.sendNow()) {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.yieldUntil.After(time.Now())
+}
+
+// TryAcquire makes one conditional write that takes the lease if it is free,
+// expired, or already this owner's, and returns the new fence. When another
+// owner holds a live lease it returns a *HeldError (errors.Is(err, ErrHeld));
+// when the write's success is learned only after the tenure's local
+// deadline (a slow answer), an error wrapping ErrLost. On a handle that
+// already leads, it renews the lease and returns the current fence.
+// Errors the server blames on the request (a missing table, a wrong key
+// schema, denied access) name the table.
+func (l *Lease) TryAcquire(ctx context.Context) (int64, error) {
+	t, err := l.tryAcquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return t.fence, nil
+}
+
+// tryAcquire is TryAcquire, returning the term.
+func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
+	l.writes.lock()
+	defer l.writes.unlock()
+	if t := l.current(); t != nil && t.leads() {
+		err := t.renew(ctx)
+		if err == nil {
+			return t, nil
+		}
+		if !errors.Is(err, ErrLost) {
+			return nil, err
+		}
+	}
+	var sess *session
+	if l.pool != nil {
+		if sess = l.pool.liveSession(); sess == nil {
+			return nil, fmt.Errorf("%w: %q: pool %q", errNoSession, l.job, l.pool.name)
+		}
+	}
+	snt := l.opts.sendNow()
+	now := snt.at
+	rv := randomID(8)
+	names := map[string]string{
+		"#pk": l.opts.Layout.PartitionKey, "#owner": attrOwner, "#fence": attrFence, "#exp": attrExpires,
+		"#rv": attrVersion, "#lms": attrLeaseMs, "#acq": attrAcquiredAt, "#ren": attrRenewedAt,
+		"#drn": attrDraining, "#ses": attrSession, "#pool": attrPool,
+	}
+	values := map[string]types.AttributeValue{
+		":me":    avS(l.opts.Owner),
+		":zero":  avN(0),
+		":one":   avN(1),
+		":exp":   avN(now.Add(l.opts.LeaseDuration).UnixMilli()),
+		":lms":   avN(l.opts.LeaseDuration.Milliseconds()),
+		":now":   avN(now.UnixMilli()),
+		":false": avBool(false),
+		":rv":    avS(rv),
+	}
+	cond := l.takeoverRule().condition(snt, rv, l.mineIn(values), values)
+	update := "SET #owner = :me, #fence = if_not_exists(#fence, :zero) + :one, " +
+		"#exp = :exp, #rv = :rv, #lms = :lms, #acq = :now, #ren = :now, #drn = :false"
+	if sess != nil {
+		update += ", #ses = :ses, #pool = :pool"
+		values[":ses"], values[":pool"] = avS(sess.sid), avS(l.pool.name)
+	} else {
+		delete(names, "#pool") // an item bound to a session is not taken (condition): it stays unbound
+	}
+	in := &dynamodb.UpdateItemInput{
+		TableName:                           aws.String(l.table),
+		Key:                                 l.opts.Layout.leaseKey(l.job),
+		UpdateExpression:                    aws.String(update),
+		ConditionExpression:                 aws.String(cond),
+		ExpressionAttributeNames:            names,
+		ExpressionAttributeValues:           values,
+		ReturnValues:                        types.ReturnValueAllNew,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	}
+	deadline := now.Add(l.opts.LeaseDuration - l.opts.margin())
+	rec, ours, err := l.write(ctx, l.opts.CallTimeout, deadline, in, rv)
+	switch {
+	case ours:
+		if t := l.begin(ctx, rec, snt, l.opts.Now().Sub(now), sess); t != nil {
+			if !rec.listed {
+				l.list(ctx, rec.Fence)
+			}
+			return t, nil
+		}
+		// The write landed, but we learned it only after the tenure's
+		// local deadline: it is over before it began.
+		return nil, fmt.Errorf("%w: %q fence %d: the acquisition was confirmed only after its local deadline", ErrLost, l.job, rec.Fence)
+	case err != nil:
+		return nil, fmt.Errorf("ddblease: acquire %q: %w", l.job, explainTableError(ctx, l.db, l.table, l.opts.Layout, err))
+	}
+	return nil, &HeldError{Job: l.job, Owner: rec.Owner, Fence: rec.Fence, ExpiresAt: rec.ExpiresAt, Draining: rec.Draining}
+}
+
+// takeover is the one home of the rule by which a contender may take a
+// lease it has observed. A lease may be taken when:
+//   - there is no lease item;
+//   - its recorded expiry is older than MaxClockSkew on the contender's
+//     clock (the writer's clock may be that much behind);
+//   - the contender has watched one renewal version unchanged for a whole
+//     lease (the longer of its own LeaseDuration and the duration written)
+//     on the runtime's monotonic clock: no clocks compared at all, and no
+//     step of the wall clock (Options.Now) moves it;
+//   - it is this handle's own item, carrying a version this handle wrote.
+//
+// The same value yields the DynamoDB condition that decides (condition),
+// the client-side "may I try now" (mayTry), and how long a standby waits
+// before the lease becomes takeable by time alone (wait). Each takes the
+// instant as sent: by Options.Now, which expiries are compared with, and
+// by the runtime's clock, which the watch runs on.
+type takeover struct {
+	obs   observation
+	owner string        // this handle's owner id
+	sid   string        // this handle's pool session, if live: the items bound to it are this handle's to take
+	skew  time.Duration // MaxClockSkew
+	lease time.Duration // this handle's LeaseDuration
+}
+
+// takeoverRule returns the rule for the last observation.
+func (l *Lease) takeoverRule() takeover {
+	l.mu.Lock()
+	r := takeover{obs: l.obs, owner: l.opts.Owner, skew: l.opts.MaxClockSkew, lease: l.opts.LeaseDuration}
+	l.mu.Unlock()
+	if l.pool != nil {
+		if s := l.pool.liveSession(); s != nil {
+			r.sid = s.sid
+		}
+	}
+	return r
+}
+
+// expiredAt is when the observed lease becomes takeable by its recorded
+// expiry, on this handle's clock.
+func (r takeover) expiredAt() time.Time { return r.obs.rec.ExpiresAt.Add(r.skew) }
+
+// watchedAt is when the observed renewal version will have been watched
+// unchanged for a whole lease, by the runtime's clock.
+func (r takeover) watchedAt() time.Time {
+	return r.obs.since.Add(max(r.lease, r.obs.rec.Duration))
+}
+
+// watched returns the renewal version watched unchanged for a whole lease.
+func (r takeover) watched(now sent) (string, bool) {
+	if !r.obs.present {
+		return "", false
+	}
+	return r.obs.rec.version, !now.real.Before(r.watchedAt())
+}
+
+// mayTry reports whether an acquisition attempt may succeed now: nothing
+// observed yet, no item, this handle's own item, or takeable by expiry or
+// by watching.
+func (r takeover) mayTry(now sent) bool {
+	if !r.obs.valid || !r.obs.present {
+		return true
+	}
+	if r.obs.rec.Session != "" {
+		// Bound to a pool session: only the session rules free it.
+		return r.obs.boundFree || r.sid != "" && r.obs.rec.Owner == r.owner && r.obs.rec.Session == r.sid
+	}
+	if r.obs.rec.Owner == r.owner {
+		return true
+	}
+	_, watched := r.watched(now)
+	return watched || now.at.After(r.expiredAt())
+}
+
+// wait returns how long until the observed lease becomes takeable by time
+// alone (0 if it is, or if there is nothing to wait for).
+func (r takeover) wait(now sent) time.Duration {
+	if !r.obs.present || r.obs.rec.Session != "" {
+		return 0
+	}
+	return max(min(r.expiredAt().Sub(now.at), r.watchedAt().Sub(now.real))+time.Millisecond, 0)
+}
+
+// condition returns the DynamoDB condition under which an acquisition
+// sent at now takes the item, adding its values: the item is absent, or
+// takeable by expiry, by watching, or ours (mine: the condition that the
+// item carries a version this handle wrote, "" if none). rv is the version
+// the acquisition writes: an item that carries it already is refused, so
+// that a retry of a write that landed does not take a second fence. The
+// item must also be well formed: a fence that is missing or not a number
+// would restart fences.
+//
+// An item bound to a pool session is taken by expiry or watching never:
+// only as this handle's own, or, for a lease of a pool, when it is bound
+// to this handle's live session, or to the session last observed once
+// the session rules freed it (sessionFree), on condition that it is still
+// bound to that session with the fence observed.
+func (r takeover) condition(now sent, rv, mine string, values map[string]types.AttributeValue) string {
+	takeable := "#exp < :cutoff"
+	values[":cutoff"] = avN(now.at.Add(-r.skew).UnixMilli())
+	if seen, ok := r.watched(now); ok {
+		takeable += " OR #rv = :seen"
+		values[":seen"] = avS(seen)
+	}
+	takeable = "(attribute_not_exists(#ses) OR #ses = :nos) AND (" + takeable + ")"
+	values[":nos"] = avS(noSession)
+	if mine != "" {
+		takeable += " OR (#owner = :me AND " + mine + ")"
+	}
+	if r.sid != "" {
+		takeable += " OR (#owner = :me AND #ses = :mysid)"
+		values[":mysid"] = avS(r.sid)
+	}
+	if o := r.obs; o.present && o.rec.Session != "" && o.boundFree {
+		takeable += " OR (#owner = :bo AND #ses = :bs AND #fence = :bf)"
+		values[":bo"], values[":bs"], values[":bf"] = avS(o.rec.Owner), avS(o.rec.Session), avN(o.rec.Fence)
+	}
+	values[":rv"], values[":tn"], values[":ts"] = avS(rv), avS("N"), avS("S")
+	wellFormed := "attribute_type(#fence, :tn) AND attribute_type(#owner, :ts) AND attribute_type(#rv, :ts) " +
+		"AND attribute_type(#exp, :tn)"
+	return "attribute_not_exists(#pk) OR ((" + takeable + ") AND #rv <> :rv AND " + wellFormed + ")"
+}

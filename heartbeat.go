@@ -1,0 +1,258 @@
+package ddblease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// This file owns the heartbeat: the renewal of a tenure (term.renew,
+// Lease.Heartbeat), which extends the lease on condition that it still
+// carries this tenure's owner, fence and a renewal version this handle
+// wrote, and the keeper, a timer that renews a tenure every
+// HeartbeatInterval while Run leads. A pool's jobs have no keeper: their
+// session renews them (session.go).
+
+// Heartbeat renews the lease with a write conditional on this owner and
+// fence, so a stale leader cannot extend it. It returns ErrLost, and the
+// tenure ends, once the item names another owner or fence, or the local
+// deadline passed before the renewal was confirmed (a late confirmation
+// never revives a tenure); ErrNotLeader when this handle has no tenure.
+// Other errors (throttling, timeouts) leave the tenure open until its
+// deadline: call again.
+func (l *Lease) Heartbeat(ctx context.Context) error {
+	l.writes.lock()
+	defer l.writes.unlock()
+	t := l.current()
+	if t == nil {
+		return fmt.Errorf("%w: heartbeat %q", ErrNotLeader, l.job)
+	}
+	return t.renew(ctx)
+}
+
+// renew is Heartbeat for this term, called with the write lock held.
+func (tm *term) renew(ctx context.Context) error {
+	l := tm.l
+	t := tm.snapshot()
+	if !t.held {
+		if t.lost != nil {
+			return t.lost
+		}
+		return fmt.Errorf("%w: heartbeat %q", ErrNotLeader, l.job)
+	}
+	if tm.sess != nil {
+		// The pool's session renews a tenure bound to it.
+		if !tm.leads() {
+			err := fmt.Errorf("%w: %q fence %d: the pool session's local deadline passed", ErrLost, l.job, t.fence)
+			tm.end(err, LossDeadline)
+			return err
+		}
+		return nil
+	}
+	snt := l.opts.sendNow()
+	now := snt.at
+	if !now.Before(t.deadline) {
+		err := fmt.Errorf("%w: %q fence %d: local deadline passed without a confirmed heartbeat", ErrLost, l.job, t.fence)
+		tm.end(err, LossDeadline)
+		return err
+	}
+	rv := randomID(8)
+	update := "SET #exp = :exp, #rv = :rv, #lms = :lms, #ren = :now, #drn = :drn"
+	names := map[string]string{
+		"#owner": attrOwner, "#fence": attrFence, "#exp": attrExpires, "#rv": attrVersion,
+		"#lms": attrLeaseMs, "#ren": attrRenewedAt, "#drn": attrDraining,
+	}
+	values := map[string]types.AttributeValue{
+		":me":    avS(l.opts.Owner),
+		":fence": avN(t.fence),
+		":exp":   avN(now.Add(l.opts.LeaseDuration).UnixMilli()),
+		":rv":    avS(rv),
+		":lms":   avN(l.opts.LeaseDuration.Milliseconds()),
+		":now":   avN(now.UnixMilli()),
+		":drn":   avBool(t.draining),
+	}
+	// The write and its read-back end at the deadline: past it, nothing
+	// they learn could keep the tenure.
+	if err := tm.fencedWrite(ctx, l.opts.CallTimeout, t.deadline, update, names, values, rv); err != nil {
+		return err
+	}
+	if !tm.renewed(rv, snt, l.opts.Now().Sub(now)) {
+		return fmt.Errorf("%w: %q fence %d: the heartbeat was confirmed only after the local deadline", ErrLost, l.job, t.fence)
+	}
+	return nil
+}
+
+// keeper renews a tenure on a timer until it is stopped or the tenure
+// ends: no goroutine waits between renewals, each runs on the timer's own.
+// It does not decide when the tenure ends: the term's own timer does, and
+// a renewal stuck in a request cannot hold that up.
+type keeper struct {
+	t  *term
+	bo *backoff // back off, from RetryInterval up to half the heartbeat interval
+	// onResign is called once, from a renewal, when the item it returned
+	// asks this tenure to resign (control.go).
+	onResign   func()
+	resignOnce sync.Once
+	// stopping reports that fn is being stopped (Run's ctx or the leader
+	// context has ended): a renewal due then is put off (putOffLocked).
+	stopping func() bool
+
+	mu       sync.Mutex
+	timer    *time.Timer
+	next     time.Time // when the next renewal is due, by Options.Now
+	stopped  bool
+	drained  bool
+	putOff   bool           // a renewal was put off while fn was being stopped
+	urgent   int            // drain requests: a renewal that began before one is followed by another at once
+	inFlight sync.WaitGroup // the renewal running, if any
+}
+
+// keeper returns a keeper of the term; start sets it going.
+func (t *term) keeper(onResign func(), stopping func() bool) *keeper {
+	l := t.l
+	return &keeper{t: t, onResign: onResign, stopping: stopping,
+		bo:   &backoff{base: l.opts.RetryInterval, max: l.opts.HeartbeatInterval / 2},
+		next: t.snapshot().sentAt.Add(l.opts.HeartbeatInterval)}
+}
+
+// start arms the first renewal, a heartbeat interval after the term's last
+// write was sent.
+func (k *keeper) start() {
+	if k.t.sess != nil {
+		return // the pool's session renews the tenure
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.armLocked()
+}
+
+// armLocked sets the timer for the next renewal. Called with k.mu held.
+func (k *keeper) armLocked() {
+	if k.stopped || !k.t.holds() {
+		return
+	}
+	k.timer = time.AfterFunc(max(k.next.Sub(k.t.l.opts.Now()), 0), k.fire)
+}
+
+// stop ends the keeper and waits for a renewal in flight: it is not
+// abandoned (it completes, bounded by CallTimeout and the deadline), so that
+// the resignation that usually follows finds its outcome known. It is
+// idempotent.
+func (k *keeper) stop() {
+	k.mu.Lock()
+	k.stopped = true
+	if k.timer != nil {
+		k.timer.Stop()
+	}
+	k.mu.Unlock()
+	k.inFlight.Wait()
+}
+
+// drain marks the lease as draining with a renewal sent at once, so that
+// standbys poll fast until the resignation.
+func (k *keeper) drain() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.stopped || k.drained || k.t.sess != nil {
+		return
+	}
+	k.drained = true
+	k.t.setDraining()
+	k.urgent++
+	k.next = time.Time{}
+	if k.timer != nil && k.timer.Stop() {
+		k.armLocked()
+	} // else a renewal is running: it is followed by another at once
+}
+
+// fire is the timer's function: one renewal, then the timer for the next.
+func (k *keeper) fire() {
+	t, l := k.t, k.t.l
+	k.mu.Lock()
+	if k.stopped || !t.holds() {
+		k.mu.Unlock()
+		return
+	}
+	if l.opts.Now().Before(k.next) {
+		k.armLocked() // the runtime's clock ran ahead of Options.Now
+		k.mu.Unlock()
+		return
+	}
+	if k.putOffLocked() {
+		k.mu.Unlock()
+		return
+	}
+	urgent := k.urgent
+	k.inFlight.Add(1)
+	k.mu.Unlock()
+	defer k.inFlight.Done()
+
+	l.writes.lock()
+	err := t.renew(context.Background())
+	l.writes.unlock()
+	if err == nil {
+		k.noticeControl() // control.go: resign requests, operator controls
+	}
+	k.mu.Lock()
+	stopped := k.stopped
+	k.mu.Unlock()
+	if err != nil && !stopped && !errors.Is(err, ErrLost) && !errors.Is(err, ErrNotLeader) {
+		l.notify.emit(l.event(EventRetry, Event{Op: "heartbeat", Fence: t.fence, Err: err}))
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	switch {
+	case k.stopped, errors.Is(err, ErrLost), errors.Is(err, ErrNotLeader):
+		return
+	case err == nil:
+		k.next = t.snapshot().sentAt.Add(l.opts.HeartbeatInterval)
+		k.bo.reset()
+	default:
+		k.next = l.opts.Now().Add(k.bo.next())
+	}
+	if k.urgent != urgent {
+		k.next = time.Time{}
+	}
+	k.armLocked()
+}
+
+// putOffLocked puts off, once, a renewal that falls due while fn is being
+// stopped and no drain mark was asked for: fn is about to return, and the
+// resignation that follows makes the renewal moot (at shutdown, thousands
+// of leases would otherwise renew while their resignations queue). It is
+// put off until one heartbeat interval is left to the deadline, so that
+// the renewal still has the time a regular one has to get through; the
+// drain mark, written if fn still runs a RetryInterval after the drain
+// began, renews at once. It reports whether it put the renewal off.
+// Called with k.mu held.
+func (k *keeper) putOffLocked() bool {
+	if k.putOff || k.drained || !k.stopping() {
+		return false
+	}
+	o := k.t.l.opts
+	s := k.t.snapshot()
+	wait := min(s.deadline.Sub(o.Now()), time.Until(s.realDeadline)) - o.HeartbeatInterval
+	if wait <= 0 {
+		return false
+	}
+	k.putOff = true
+	k.next = o.Now().Add(wait)
+	k.armLocked()
+	return true
+}
+
+// movedOnError reports that the lease item names another owner or fence.
+// inDoubt: the write's own outcome is unknown (it may have landed before
+// the item moved on).
+type movedOnError struct {
+	err     error
+	inDoubt bool
+}
+
+func (e *movedOnError) Error() string { return e.err.Error() }
+
+func (e *movedOnError) Unwrap() error { return e.err }

@@ -1,0 +1,261 @@
+package ddblease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// This file owns the end of a tenure by its holder: the drain (drainWatch:
+// fn's leader context ended, fn given DrainTimeout to return), the
+// resignation that hands the lease over in one write (term.resign, and
+// term.resignRetrying where a hand-over must not be lost), Resign, and
+// ResignOnSignal for SIGTERM.
+
+// Resign gives the lease up with a write conditional on this owner, fence
+// and renewal version that sets its expiry to zero, so that a polling
+// standby takes over at once. The item keeps its fence: the next holder's
+// is one higher. The tenure ends before the write is sent, whatever its
+// outcome: IsLeader is false and the leader context of a Run on this
+// handle is cancelled (its cause wraps ErrLost) before a standby can lead.
+// ErrLost means another owner had already taken over, ErrNotLeader that
+// this handle had no tenure. Any other error leaves the lease to expire by
+// itself.
+//
+// Called while Run or RunSchedule leads on this handle, Resign hands the
+// lease over: Run's function sees its context end, and Run goes on
+// campaigning, leaving the free lease to the standbys for two
+// RetryIntervals before it tries again. To stop Run, cancel its context
+// instead: it drains the function before it resigns.
+func (l *Lease) Resign(ctx context.Context) error {
+	t := l.current()
+	if t == nil || !t.holds() {
+		return ErrNotLeader
+	}
+	// Stop believing before the write can land: a standby may lead the
+	// moment it does, before its answer reaches us.
+	var reason LossReason
+	l.mu.Lock()
+	if l.campaigning.Load() {
+		// Run leads: to it, this is a loss; it campaigns again after a
+		// pause that leaves the lease to the standbys.
+		reason = LossResignedElsewhere
+		l.yieldUntil = time.Now().Add(2 * l.opts.RetryInterval)
+	}
+	l.mu.Unlock()
+	cause := fmt.Errorf("%w: %q fence %d: resigned by a call to Resign", ErrLost, l.job, t.fence)
+	if reason != "" {
+		t.end(cause, reason)
+	} else {
+		t.endResigning(cause)
+	}
+	l.writes.lock()
+	defer l.writes.unlock()
+	return t.resign(ctx)
+}
+
+func (t *term) resign(ctx context.Context) error {
+	l := t.l
+	now := l.opts.Now()
+	rv := randomID(8)
+	names := map[string]string{
+		"#owner": attrOwner, "#fence": attrFence, "#exp": attrExpires, "#rv": attrVersion,
+		"#ren": attrRenewedAt, "#drn": attrDraining,
+	}
+	values := map[string]types.AttributeValue{
+		":me":    avS(l.opts.Owner),
+		":fence": avN(t.fence),
+		":zero":  avN(0),
+		":rv":    avS(rv),
+		":now":   avN(now.UnixMilli()),
+		":false": avBool(false),
+	}
+	update := "SET #exp = :zero, #rv = :rv, #ren = :now, #drn = :false"
+	if t.sess != nil {
+		update += ", #ses = :nos" // free: a standby of the pool takes it at its next poll
+		names["#ses"], values[":nos"] = attrSession, avS(noSession)
+	}
+	err := t.fencedWrite(ctx, l.opts.CallTimeout, time.Time{}, update, names, values, rv)
+	var moved *movedOnError
+	if errors.As(err, &moved) && moved.inDoubt {
+		// The answer was lost and the lease has a newer holder: either our
+		// resignation landed and a standby took over, or the lease expired
+		// first. Either way it is given up.
+		return nil
+	}
+	return err
+}
+
+// resignRetrying ends the tenure with this fence and resigns it, retrying
+// transient failures every RetryInterval while the lease may still be in
+// force (until the tenure's deadline). It returns nil when the lease was
+// given up or another owner already held it, and an error wrapping
+// ErrNotResigned otherwise. The context's cancellation is ignored.
+func (tm *term) resignRetrying(ctx context.Context, cause error) error {
+	l, fence := tm.l, tm.fence
+	ctx = context.WithoutCancel(ctx)
+	t := tm.snapshot()
+	if !t.held {
+		return nil
+	}
+	tm.endResigning(cause)
+	// The lock is taken for each attempt, not across the waits between
+	// them, so that the events of each are delivered as it ends.
+	r := retrier{backoff: fixed(l.opts.RetryInterval), now: l.opts.Now, deadline: t.deadline,
+		onRetry: func(err error) { l.notify.emit(l.event(EventRetry, Event{Op: "resign", Fence: fence, Err: err})) },
+	}
+	if tm.sess != nil {
+		// A lease bound to a pool session stays this replica's while the
+		// session lives, and no other replica may take it: retry while it
+		// does, not only until the deadline the session had when the
+		// resignation began.
+		r.deadline = time.Time{}
+		r.again = func(err error) bool { return retryable(err) && !tm.sess.isOver() }
+	}
+	_, _, err := r.do(ctx, func(ctx context.Context) error {
+		l.writes.lock()
+		defer l.writes.unlock()
+		return tm.resign(ctx)
+	})
+	if err == nil || errors.Is(err, ErrLost) {
+		return nil
+	}
+	err = fmt.Errorf("%w: %q fence %d: %w", ErrNotResigned, l.job, fence, err)
+	l.log.Warn("ddblease: could not resign; the lease lapses at its expiry", "fence", fence, "err", err)
+	return err
+}
+
+// ResignOnSignal resigns the lease when one of sigs arrives (SIGTERM and
+// os.Interrupt when none are given), and does not exit the process: the
+// program's own shutdown goes on. It suits code that drives TryAcquire and
+// Heartbeat itself. With Run, prefer signal.NotifyContext: cancelling Run's
+// context drains the leader's function before resigning.
+//
+// It handles one signal: from the moment it arrives, the signals are no
+// longer caught here, so a second one has its default effect (a second
+// Ctrl-C ends the process) unless the program catches it elsewhere.
+//
+// The returned stop function unregisters the handler, waits for a
+// resignation in progress and returns its error (nil if no signal came or
+// this handle held no lease). It is safe to call more than once.
+func (l *Lease) ResignOnSignal(sigs ...os.Signal) (stop func() error) {
+	if len(sigs) == 0 {
+		sigs = []os.Signal{syscall.SIGTERM, os.Interrupt}
+	}
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, sigs...)
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	var err error
+	go func() {
+		defer close(done)
+		select {
+		case <-ch:
+			signal.Stop(ch)
+			if e := l.Resign(context.Background()); e != nil && !errors.Is(e, ErrNotLeader) {
+				err = e
+			}
+		case <-quit:
+		}
+	}()
+	var once sync.Once
+	return func() error {
+		once.Do(func() {
+			signal.Stop(ch)
+			close(quit)
+		})
+		<-done
+		return err
+	}
+}
+
+// resignAtShutdown resigns a tenure that Run's ctx ended before fn began.
+func (t *term) resignAtShutdown(ctx context.Context) error {
+	return t.resignRetrying(ctx, fmt.Errorf("%w: %q fence %d: shutting down", ErrLost, t.l.job, t.fence))
+}
+
+// drainWatch drains a tenure when Run's context ends or an operator asks
+// it to resign: it cancels the leader context at once, marks the lease
+// draining if fn is still running a RetryInterval later (a standby polls
+// that often: a function that returns sooner is handed over by the
+// resignation alone, one write), and stops renewing once DrainTimeout has
+// passed. It holds no goroutine: its parts run on timers and
+// context.AfterFunc.
+type drainWatch struct {
+	t            *term
+	k            *keeper
+	cancelLeader context.CancelCauseFunc
+
+	mu            sync.Mutex
+	done, started bool
+	expired       bool // DrainTimeout passed before fn returned
+	mark, timeout *time.Timer
+	running       sync.WaitGroup // the timers' functions under way, which finish waits for
+}
+
+// fire returns a timer's function that runs f unless fn has returned, and
+// that finish waits for.
+func (w *drainWatch) fire(f func()) func() {
+	return func() {
+		w.mu.Lock()
+		if w.done {
+			w.mu.Unlock()
+			return
+		}
+		w.running.Add(1)
+		w.mu.Unlock()
+		defer w.running.Done()
+		f()
+	}
+}
+
+// start begins the drain, once, unless fn has returned or the tenure has
+// ended.
+func (w *drainWatch) start(cause error) {
+	l, fence := w.t.l, w.t.fence
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done || w.started || w.t.ctx.Err() != nil {
+		return
+	}
+	w.started = true
+	w.cancelLeader(cause)
+	l.notify.emit(l.event(EventDraining, Event{Fence: fence}))
+	w.mark = time.AfterFunc(l.opts.RetryInterval, w.fire(w.k.drain))
+	w.timeout = time.AfterFunc(l.opts.DrainTimeout, w.fire(func() {
+		w.mu.Lock()
+		w.expired = true
+		w.mu.Unlock()
+		l.log.Warn("ddblease: leader function still running after DrainTimeout; no longer renewing", "fence", fence)
+		w.k.stop()
+		if w.t.sess != nil {
+			// The pool's session renews the lease while it lives: let it
+			// go by resigning it.
+			_ = w.t.resignRetrying(context.Background(), fmt.Errorf("%w: %q fence %d: DrainTimeout passed", ErrLost, l.job, fence))
+		}
+	}))
+}
+
+// finish is called once fn has returned: no drain starts after it, and a
+// timer's function under way has ended when it returns. It reports whether
+// DrainTimeout had passed.
+func (w *drainWatch) finish() (expired bool) {
+	w.mu.Lock()
+	w.done = true
+	if w.started {
+		w.mark.Stop()
+		w.timeout.Stop()
+	}
+	w.mu.Unlock()
+	w.running.Wait()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.expired
+}
