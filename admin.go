@@ -2,7 +2,6 @@ package ddblease
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"sync/atomic"
@@ -11,16 +10,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
-)
-
-var (
-	// ErrUnknownJob reports an operator call on a job whose lease item does
-	// not exist: no replica ever acquired its lease.
-	ErrUnknownJob = errors.New("ddblease: unknown job")
-
-	// ErrNotHeld reports a resign request for a lease that no tenure holds:
-	// it was resigned, released or has expired.
-	ErrNotHeld = errors.New("ddblease: lease not held")
 )
 
 // DefaultAdminCallTimeout is the default of AdminOptions.CallTimeout.
@@ -526,6 +515,3 @@ func (a *Admin) WaitRun(ctx context.Context, t Trigger, poll time.Duration) (Run
 	}
 	return rec, nil
 }
-
-// errPending reports a run not finished yet.
-var errPending = errors.New("ddblease: run not finished")

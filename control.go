@@ -1,18 +1,12 @@
 package ddblease
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
-
-// ErrResignRequested is the cause (context.Cause) of a leader context that
-// Run cancelled because an operator asked the tenure to resign (see
-// Admin.RequestResign).
-var ErrResignRequested = errors.New("ddblease: resignation requested")
 
 // controlWatch lets the keeper wake a RunSchedule that waits for its next
 // slot when the operator controls in the lease item change. Its channel is

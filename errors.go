@@ -47,6 +47,77 @@ var (
 	// ErrInvalid reports bad input to a constructor or method; the message
 	// names what was wrong.
 	ErrInvalid = errors.New("ddblease: invalid argument")
+
+	// ErrUnknownJob reports an operator call on a job whose lease item does
+	// not exist: no replica ever acquired its lease.
+	ErrUnknownJob = errors.New("ddblease: unknown job")
+
+	// ErrNotHeld reports a resign request for a lease that no tenure holds:
+	// it was resigned, released or has expired.
+	ErrNotHeld = errors.New("ddblease: lease not held")
+
+	// ErrResignRequested is the cause (context.Cause) of a leader context that
+	// Run cancelled because an operator asked the tenure to resign (see
+	// Admin.RequestResign).
+	ErrResignRequested = errors.New("ddblease: resignation requested")
+
+	// ErrStaleFence reports a write or check refused because the fence
+	// presented is not the job's current one: a newer tenure exists. The
+	// error is a *StaleFenceError, which carries both fences.
+	ErrStaleFence = errors.New("ddblease: stale fence")
+
+	// ErrTransactionsUnsupported reports that the server answered a
+	// TransactWriteItems request with UnknownOperationException (dynalite
+	// does, for one).
+	ErrTransactionsUnsupported = errors.New("ddblease: server does not support transactions")
+
+	// ErrUnhealthy is wrapped by the errors CheckHealth returns.
+	ErrUnhealthy = errors.New("ddblease: unhealthy")
+
+	// ErrSlotTaken reports that a schedule slot already has a run that may not
+	// be claimed again. The error is a *SlotTakenError, which holds that run.
+	ErrSlotTaken = errors.New("ddblease: slot taken")
+
+	// ErrNoSlot reports that a firing could not be matched to a slot of its
+	// schedule: no slot lies within the tolerance of the time it fired
+	// (MatchSlot). The scheduler adapters run nothing for such a firing.
+	ErrNoSlot = errors.New("ddblease: no slot near the firing")
+
+	// ErrTableSchema reports a table whose key schema is not the one the
+	// Layout in use needs: a string partition key and a string sort key with
+	// the Layout's names.
+	ErrTableSchema = errors.New("ddblease: table has the wrong key schema")
+)
+
+// The library's own sentinels: each marks an internal outcome, and
+// reaches a user only wrapped in one of the errors above, or not at all.
+var (
+	// errPending reports a run not finished yet.
+	errPending = errors.New("ddblease: run not finished")
+
+	// errPaused is returned by a claim whose pause check (claimSpec.pause)
+	// refused it, as a pausedError.
+	errPaused = errors.New("ddblease: the job is paused")
+
+	// errClaimedLate marks a claim that was applied but answered once the
+	// tenure no longer led by both clocks: fn is not run, and the run is left
+	// running for a newer tenure to find. Errors carrying it wrap ErrNotLeader.
+	errClaimedLate = errors.New("the tenure ended while the claim was answered; its run is left for the next tenure")
+
+	// errGoexit is recorded as the error of a run whose function called
+	// runtime.Goexit (t.FailNow in a test, say) instead of returning.
+	errGoexit = errors.New("ddblease: the job's function exited without returning (runtime.Goexit)")
+
+	// errUnprocessed reports keys that BatchGetItem left unprocessed.
+	errUnprocessed = errors.New("ddblease: keys left unprocessed")
+
+	// errSessionEnded is a renewal refused: the member item no longer holds
+	// the session, or it was ended by a replica that found it lapsed.
+	errSessionEnded = errors.New("ddblease: the pool session was ended")
+
+	// errNoSession is an acquisition by a pool's lease while its pool has no
+	// live session: it waits for one, as for a held lease.
+	errNoSession = errors.New("ddblease: the pool has no live session")
 )
 
 // HeldError is returned by TryAcquire when another owner holds a live lease.

@@ -14,18 +14,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-var (
-	// ErrStaleFence reports a write or check refused because the fence
-	// presented is not the job's current one: a newer tenure exists. The
-	// error is a *StaleFenceError, which carries both fences.
-	ErrStaleFence = errors.New("ddblease: stale fence")
-
-	// ErrTransactionsUnsupported reports that the server answered a
-	// TransactWriteItems request with UnknownOperationException (dynalite
-	// does, for one).
-	ErrTransactionsUnsupported = errors.New("ddblease: server does not support transactions")
-)
-
 // StaleFenceError reports a refused fence. errors.Is(err, ErrStaleFence)
 // reports true for it; the SDK's error, if there was one, stays in the chain
 // for errors.As.

@@ -12,9 +12,6 @@ import (
 	"github.com/aws/smithy-go"
 )
 
-// ErrUnhealthy is wrapped by the errors CheckHealth returns.
-var ErrUnhealthy = errors.New("ddblease: unhealthy")
-
 // CheckHealth reports whether this handle is in a state that restarting
 // its process could cure, in the spirit of client-go's HealthzAdaptor. It
 // returns nil, or an error wrapping ErrUnhealthy that says why in one line,

@@ -143,21 +143,12 @@ func (p pauseCheck) refuses(c Control, slot time.Time) bool {
 		c.PausedAt.UnixMilli() <= ms && c.ResumedAt.UnixMilli() >= ms
 }
 
-// errPaused is returned by a claim whose pause check (claimSpec.pause)
-// refused it, as a pausedError.
-var errPaused = errors.New("ddblease: the job is paused")
-
 // pausedError is errPaused with the pause's start as the lease item held
 // it (Unix ms; 0 if not recorded), which a skip record keeps.
 type pausedError struct{ pausedAt int64 }
 
 func (e pausedError) Error() string        { return errPaused.Error() }
 func (e pausedError) Is(target error) bool { return target == errPaused }
-
-// errClaimedLate marks a claim that was applied but answered once the
-// tenure no longer led by both clocks: fn is not run, and the run is left
-// running for a newer tenure to find. Errors carrying it wrap ErrNotLeader.
-var errClaimedLate = errors.New("the tenure ended while the claim was answered; its run is left for the next tenure")
 
 // claim is Claim under this term, with the given token (one per firing,
 // reused by its retries) and claimSpec.

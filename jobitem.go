@@ -247,10 +247,6 @@ func (it *runItem) outcome(r *RunRecord) error {
 	return nil
 }
 
-// ErrSlotTaken reports that a schedule slot already has a run that may not
-// be claimed again. The error is a *SlotTakenError, which holds that run.
-var ErrSlotTaken = errors.New("ddblease: slot taken")
-
 // SlotTakenError is returned by Claim when the slot already has a run that
 // may not be claimed again. errors.Is(err, ErrSlotTaken) reports true for it.
 type SlotTakenError struct {

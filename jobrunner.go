@@ -613,10 +613,6 @@ func (r *runner) call(ctx context.Context, tn *term, run *JobRun) error {
 	return err
 }
 
-// errGoexit is recorded as the error of a run whose function called
-// runtime.Goexit (t.FailNow in a test, say) instead of returning.
-var errGoexit = errors.New("ddblease: the job's function exited without returning (runtime.Goexit)")
-
 // finish records the run's outcome, retrying transient errors while the
 // tenure lasts, even when ctx has ended (the firing is draining). It
 // reports whether the outcome is recorded, and whether it was refused

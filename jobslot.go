@@ -1,15 +1,9 @@
 package ddblease
 
 import (
-	"errors"
 	"fmt"
 	"time"
 )
-
-// ErrNoSlot reports that a firing could not be matched to a slot of its
-// schedule: no slot lies within the tolerance of the time it fired
-// (MatchSlot). The scheduler adapters run nothing for such a firing.
-var ErrNoSlot = errors.New("ddblease: no slot near the firing")
 
 // DefaultSlotTolerance is the widest tolerance MatchSlot allows when it is
 // given none.

@@ -87,9 +87,6 @@ func batchGet(ctx context.Context, db DynamoDBAPI, table string, y Layout, what 
 	return found, nil
 }
 
-// errUnprocessed reports keys that BatchGetItem left unprocessed.
-var errUnprocessed = errors.New("ddblease: keys left unprocessed")
-
 // query returns the items of partition pk whose sort key is from lo to
 // hi, both included, in sort key order (backwards when newest is set),
 // at most limit of them when limit is positive, with strongly consistent

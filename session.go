@@ -35,14 +35,6 @@ const (
 	noSession = "-"
 )
 
-// errSessionEnded is a renewal refused: the member item no longer holds
-// the session, or it was ended by a replica that found it lapsed.
-var errSessionEnded = errors.New("ddblease: the pool session was ended")
-
-// errNoSession is an acquisition by a pool's lease while its pool has no
-// live session: it waits for one, as for a held lease.
-var errNoSession = errors.New("ddblease: the pool has no live session")
-
 // session is one session of a pool replica: from its first renewal to
 // its end (a refusal, its deadline passing, or the end of Pool.Run). It
 // owns its deadline, its timer and the tenures bound to it: each job the

@@ -13,11 +13,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// ErrTableSchema reports a table whose key schema is not the one the
-// Layout in use needs: a string partition key and a string sort key with
-// the Layout's names.
-var ErrTableSchema = errors.New("ddblease: table has the wrong key schema")
-
 // tableCallTimeout bounds each call CreateTable makes.
 const tableCallTimeout = 10 * time.Second
 
