@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/ddblease/ddblease"
-	"github.com/ddblease/ddblease/internal/runtenure"
 	"github.com/go-co-op/gocron/v2"
 )
 
@@ -36,7 +35,7 @@ var ErrStopped = errors.New("ddbleasegocron: stopped")
 // a Locker for exactly once per slot.
 type Elector struct {
 	lease *ddblease.Lease
-	ts    *runtenure.Tenures // a Locker job's runs, or nil
+	ts    *ddblease.Tenures // a Locker job's runs, or nil
 
 	mu      sync.Mutex
 	started bool
@@ -53,21 +52,18 @@ var _ gocron.Elector = (*Elector)(nil)
 // begins the campaign. The Options.Observer, if set, is still called: the
 // Elector wraps it to learn who leads.
 func NewElector(db ddblease.DynamoDBAPI, table, job string, optFns ...func(*ddblease.Options)) (*Elector, error) {
-	return newElector(db, table, job, nil, optFns)
+	return newElector(db, table, job, false, optFns)
 }
 
-// newElector returns an Elector whose tenures are led by ts (a Locker
-// job's), or, if ts is nil, by a function that holds the lease until the
-// tenure ends.
-func newElector(db ddblease.DynamoDBAPI, table, job string, ts *runtenure.Tenures, optFns []func(*ddblease.Options)) (*Elector, error) {
-	e := &Elector{done: make(chan struct{}), ts: ts}
+// newElector returns an Elector whose tenures are led, for a Locker's job
+// (runs true), by a ddblease.Tenures that carries the job's runs, or by a
+// function that holds the lease until the tenure ends.
+func newElector(db ddblease.DynamoDBAPI, table, job string, runs bool, optFns []func(*ddblease.Options)) (*Elector, error) {
+	e := &Elector{done: make(chan struct{})}
 	optFns = append(slices.Clip(optFns), func(o *ddblease.Options) {
 		user := o.Observer
 		o.Observer = func(ev ddblease.Event) {
 			e.observe(ev)
-			if ts != nil {
-				ts.Observe(ev)
-			}
 			if user != nil {
 				user(ev)
 			}
@@ -78,8 +74,10 @@ func newElector(db ddblease.DynamoDBAPI, table, job string, ts *runtenure.Tenure
 		return nil, err
 	}
 	e.lease = l
-	if ts != nil {
-		ts.Lease = l
+	if runs {
+		if e.ts, err = ddblease.NewTenures(l); err != nil {
+			return nil, err
+		}
 	}
 	return e, nil
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/ddblease/ddblease"
-	"github.com/ddblease/ddblease/internal/runtenure"
 	"github.com/go-co-op/gocron/v2"
 	"github.com/google/uuid"
 )
@@ -104,7 +103,7 @@ type Locker struct {
 type lockerJob struct {
 	Job
 	el *Elector
-	ts *runtenure.Tenures
+	ts *ddblease.Tenures
 }
 
 var _ gocron.Locker = (*Locker)(nil)
@@ -130,8 +129,7 @@ func (l *Locker) Add(key string, job Job) error {
 	if job.Tolerance < 0 {
 		return fmt.Errorf("%w: job %q: Tolerance %v is negative", ddblease.ErrInvalid, key, job.Tolerance)
 	}
-	ts := &runtenure.Tenures{}
-	el, err := newElector(l.db, l.table, key, ts, l.optFns)
+	el, err := newElector(l.db, l.table, key, true, l.optFns)
 	if err != nil {
 		return err
 	}
@@ -143,7 +141,7 @@ func (l *Locker) Add(key string, job Job) error {
 	case l.jobs[key] != nil:
 		return fmt.Errorf("%w: job %q added twice", ddblease.ErrInvalid, key)
 	}
-	l.jobs[key] = &lockerJob{Job: job, el: el, ts: ts}
+	l.jobs[key] = &lockerJob{Job: job, el: el, ts: el.ts}
 	return nil
 }
 
@@ -357,9 +355,9 @@ type runLock struct {
 	l    *Locker
 	key  string
 	run  *ddblease.JobRun
-	ten  *runtenure.Tenure // the tenure it was claimed under
-	err  error             // guarded by l.mu
-	task bool              // a Task runs it; guarded by l.mu
+	ten  *ddblease.Tenure // the tenure it was claimed under
+	err  error            // guarded by l.mu
+	task bool             // a Task runs it; guarded by l.mu
 	// unlocked is set by Unlock; guarded by l.mu
 	unlocked bool
 }

@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/ddblease/ddblease"
-	"github.com/ddblease/ddblease/internal/runtenure"
 	"github.com/robfig/cron/v3"
 )
 
@@ -73,7 +71,7 @@ func New(db ddblease.DynamoDBAPI, table string, optFns ...func(*ddblease.Options
 type job struct {
 	w     *Wrapper
 	lease *ddblease.Lease
-	ts    *runtenure.Tenures
+	ts    *ddblease.Tenures
 	sched ddblease.Schedule
 	tol   time.Duration // 0: the rule of ddblease.MatchSlot
 	o     ddblease.JobOptions
@@ -124,21 +122,14 @@ func (w *Wrapper) Job(name string, sched cron.Schedule, fn func(ctx context.Cont
 	if o.Tolerance < 0 {
 		return nil, fmt.Errorf("%w: job %q: Tolerance %v is negative", ddblease.ErrInvalid, name, o.Tolerance)
 	}
-	ts := &runtenure.Tenures{}
-	optFns := append(slices.Clip(w.optFns), func(o *ddblease.Options) {
-		user := o.Observer
-		o.Observer = func(ev ddblease.Event) {
-			ts.Observe(ev)
-			if user != nil {
-				user(ev)
-			}
-		}
-	})
-	l, err := ddblease.New(w.db, w.table, name, optFns...)
+	l, err := ddblease.New(w.db, w.table, name, w.optFns...)
 	if err != nil {
 		return nil, err
 	}
-	ts.Lease = l
+	ts, err := ddblease.NewTenures(l)
+	if err != nil {
+		return nil, err
+	}
 	j := &job{w: w, lease: l, ts: ts, sched: sched, tol: o.Tolerance, o: o.Job, fn: fn}
 	if cd, ok := sched.(cron.ConstantDelaySchedule); ok {
 		j.sched, j.tol = ddblease.Every(cd.Delay), cd.Delay/2
