@@ -191,6 +191,18 @@ func (p *Pool) Assigned() []string {
 // that joins or leaves moves few jobs besides the ones it must (rendezvous
 // hashing: each job goes to the replica ranked highest for it that has
 // room).
+//
+// The contract a balancing policy keeps (assign is its one home, and the
+// place for another policy): the result depends on the sets of jobs and
+// replicas only, not on their order or duplicates, so that replicas that
+// read the same members agree; each job goes to exactly one of the
+// replicas; a replica that declines a job (an operator's resign request)
+// gets it only if every replica declines it. Nothing else rests on it: a
+// job has one leader at a time because its lease says so, whatever the
+// replicas compute, and an assignment that replicas disagree on (their
+// views differ for a heartbeat) delays a job's move, never doubles it. The
+// even shares and the few moves are what the policy is for, not what the
+// guarantees need.
 func Assign(jobs, replicas []string) map[string][]string {
 	return assign(jobs, replicas, nil)
 }
