@@ -1,0 +1,309 @@
+package ddblease
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// This file owns a pool's member items: the renewal that writes this
+// replica's item (its session, session.go) and reads the others', how a
+// member is read and judged live or gone, the removal of dead members,
+// and the leave at the end of a Run.
+
+// maxWrites bounds the writes of one renewal whose answers keep showing
+// another view than the one written.
+const maxWrites = 3
+
+// renew writes this replica's member item (its expiry, the view it acts
+// on, its job list and the jobs it declines) and returns the live members
+// the pool's partition holds. An answer that shows another view than the
+// one written is written again at once, so that the others learn within a
+// round trip which view this replica acts on.
+func (p *Pool) renew(ctx context.Context) (poolView, error) {
+	seen, declined := p.view()
+	view := p.viewOf(seen)
+	for range maxWrites {
+		members, err := p.write(ctx, view, slices.Sorted(maps.Keys(declined)))
+		if err != nil {
+			return poolView{}, err
+		}
+		now := p.opts.Now()
+		p.watch(members)
+		p.forgetDead(ctx, members, now)
+		seen = poolView{live: p.liveIn(members, now), members: map[string]member{}}
+		for _, r := range seen.live {
+			seen.members[r] = members[r]
+		}
+		if p.viewOf(seen) == view {
+			break
+		}
+		view = p.viewOf(seen)
+	}
+	return seen, nil
+}
+
+// write renews this replica's session (its member item: a new session
+// at once when the current one ended), handles the notes it returns,
+// then reads the pool's member items, and returns the members they list.
+func (p *Pool) write(ctx context.Context, view string, declined []string) (map[string]member, error) {
+	y := p.opts.Layout
+	list, err := json.Marshal(declined)
+	if err != nil {
+		return nil, err
+	}
+	if declined == nil {
+		list = []byte("[]")
+	}
+	f := memberFields{view: view, list: p.jobsHash, declined: string(list), leaving: p.leaving.Load()}
+	s := p.session()
+	notes, err := s.renew(ctx, f)
+	if errors.Is(err, errSessionEnded) {
+		p.log.Info("ddblease: the pool session ended; starting another", "err", err)
+		s = p.session()
+		notes, err = s.renew(ctx, f)
+	}
+	if err != nil {
+		return nil, err
+	}
+	p.handleNotes(ctx, s, notes)
+	lo, hi := prefixRange(skMember)
+	items, err := query(ctx, p.db, p.table, y, y.poolPartition(p.name), lo, hi, 0, false, p.opts.CallTimeout,
+		fmt.Sprintf("pool %q: read the members", p.name))
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]member, len(items))
+	for _, item := range items {
+		m, err := decodeMember(y, item)
+		if err != nil {
+			p.log.Warn("ddblease: the pool has a malformed member item; ignoring it", "err", err)
+		}
+		if m.owner != "" {
+			out[m.owner] = m
+		}
+	}
+	return out, nil
+}
+
+// handleNotes handles the jobs noted in the session's member item
+// (Lease.noticeNote); the next renewal deletes the notes handled.
+func (p *Pool) handleNotes(ctx context.Context, s *session, notes []string) {
+	var handled []string
+	for _, job := range notes {
+		if l := p.leases[job]; l == nil || l.noticeNote(ctx, s) {
+			handled = append(handled, job)
+		}
+	}
+	s.noteHandled(handled)
+}
+
+// Attributes of a pool's member item (and session.go's).
+const (
+	memberExpiry   = "exp"      // N: the member's expiry, Unix ms, by its clock
+	memberView     = "view"     // S: the view it acts on (viewOf)
+	memberJobs     = "list"     // S: its job list (listHash)
+	memberDeclined = "declined" // S: the jobs it declines, a JSON array of names
+)
+
+// member is a pool's member item.
+type member struct {
+	owner    string
+	exp      int64 // Unix ms; -1 if the item is malformed
+	view     string
+	jobs     string
+	declined []string // sorted
+	sid, sv  string   // its session and the session's version
+	ended    string   // who ended the session; "" while it is not ended
+	leaving  bool
+}
+
+// decodeMember reads a member item. A malformed one is returned with
+// expiry -1 (it is ignored, then removed) and an error, with its owner
+// when its key names one.
+func decodeMember(y Layout, item map[string]types.AttributeValue) (member, error) {
+	m := member{exp: -1}
+	sk, err := str(item, y.SortKey)
+	if err == nil {
+		m.owner = strings.TrimPrefix(sk, skMember)
+	}
+	m.sid, _ = str(item, memberSession)
+	m.sv, _ = str(item, memberVersion)
+	exp, eerr := num(item, memberExpiry)
+	view, verr := str(item, memberView)
+	jobs, jerr := str(item, memberJobs)
+	list, lerr := str(item, memberDeclined)
+	_, serr := str(item, memberSession)
+	_, vserr := str(item, memberVersion)
+	var nerr, lverr error
+	if _, ok := item[memberEnded]; ok {
+		if m.ended, nerr = str(item, memberEnded); m.ended == noSession {
+			m.ended = "" // not ended
+		}
+	}
+	if v, ok := item[memberLeaving]; ok {
+		b, isBool := v.(*types.AttributeValueMemberBOOL)
+		if !isBool {
+			lverr = fmt.Errorf("attribute %q is not a BOOL", memberLeaving)
+		} else {
+			m.leaving = b.Value
+		}
+	}
+	var declined []string
+	if lerr == nil {
+		if derr := json.Unmarshal([]byte(list), &declined); derr != nil {
+			lerr = fmt.Errorf("attribute %q is not a JSON array of names: %v", memberDeclined, derr)
+		}
+	}
+	if err = errors.Join(err, eerr, verr, jerr, lerr, serr, vserr, nerr, lverr); err != nil || exp < 0 {
+		return m, fmt.Errorf("%w: member item %q: %v", ErrMalformedItem, y.describe(item), errors.Join(err, fmt.Errorf("expiry %d", exp)))
+	}
+	if len(declined) == 0 {
+		declined = nil // "[]": none
+	}
+	slices.Sort(declined)
+	m.exp, m.view, m.jobs, m.declined = exp, view, jobs, declined
+	return m, nil
+}
+
+// watch records the members read and, for each, since when its session's
+// version has been read unchanged, by the runtime clock; it forgets
+// sessions found gone long ago (sessionFree).
+func (p *Pool) watch(members map[string]member) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.members = members
+	real := time.Now()
+	for owner, m := range members {
+		if w, ok := p.watched[owner]; !ok || w.sv != m.sid+"\x00"+m.sv {
+			p.watched[owner] = watchedEntry{sv: m.sid + "\x00" + m.sv, since: real}
+		}
+	}
+	for owner := range p.watched {
+		if _, ok := members[owner]; !ok {
+			delete(p.watched, owner)
+		}
+	}
+	for k, since := range p.gone {
+		if real.Sub(since) > 4*p.opts.LeaseDuration {
+			delete(p.gone, k)
+		}
+	}
+}
+
+// unchanged returns how long owner's session version has been read
+// unchanged.
+func (p *Pool) unchanged(owner string) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w, ok := p.watched[owner]
+	if !ok {
+		return 0
+	}
+	return time.Since(w.since)
+}
+
+// liveIn returns the members that take jobs at now, sorted: not leaving,
+// and with a session not ended nor lapsed. A session lapses, as a lease
+// may be taken (fence.go), once its expiry is MaxClockSkew old, or
+// once its version has been read unchanged for a LeaseDuration by the
+// runtime clock: a replica whose wall clock was ahead when it last
+// renewed wrote an expiry too far out, and no clocks are compared then.
+func (p *Pool) liveIn(members map[string]member, now time.Time) []string {
+	live := []string{}
+	for owner, m := range members {
+		if m.exp >= 0 && !m.leaving && m.ended == "" && time.UnixMilli(m.exp).Add(p.opts.MaxClockSkew).After(now) &&
+			(owner == p.opts.Owner || p.unchanged(owner) < p.opts.LeaseDuration) {
+			live = append(live, owner)
+		}
+	}
+	slices.Sort(live)
+	return live
+}
+
+// maxForget bounds the members one renewal removes from the pool's item.
+const maxForget = 10
+
+// forgetDead deletes the member items whose expiry is older than a
+// LeaseDuration, or which have been read unchanged for two (replicas that
+// died, or whose leave failed), and malformed ones, so that the pool's
+// partition does not grow with every deploy. Each deletion is conditional
+// on the session and its version read (it ends the session, as
+// sessionFree's end does), or, for an item without a session, on having
+// none; a failure is left for a later renewal.
+func (p *Pool) forgetDead(ctx context.Context, members map[string]member, now time.Time) {
+	n := 0
+	for owner, m := range members {
+		ms := m.exp
+		if owner == p.opts.Owner || n == maxForget ||
+			ms >= 0 && !time.UnixMilli(ms).Add(p.opts.LeaseDuration).Before(now) &&
+				p.unchanged(owner) < 2*p.opts.LeaseDuration {
+			continue
+		}
+		n++
+		in := &dynamodb.DeleteItemInput{TableName: aws.String(p.table), Key: p.opts.Layout.memberKey(p.name, owner),
+			ExpressionAttributeNames: map[string]string{"#sid": memberSession}}
+		if m.sid != "" && m.sv != "" {
+			in.ConditionExpression = aws.String("#sid = :sid AND #sv = :sv")
+			in.ExpressionAttributeNames["#sv"] = memberVersion
+			in.ExpressionAttributeValues = map[string]types.AttributeValue{":sid": avS(m.sid), ":sv": avS(m.sv)}
+		} else {
+			in.ConditionExpression = aws.String("attribute_not_exists(#sid)")
+		}
+		cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
+		_, err := p.db.DeleteItem(cctx, in)
+		cancel()
+		if err == nil {
+			p.log.Info("ddblease: removed a replica gone from the pool", "member", owner)
+		}
+	}
+}
+
+// leave ends this replica's session, whose jobs have all been resigned,
+// and deletes its member item (on condition that it holds the session),
+// so that the pool's partition does not keep it. A failure is logged: a
+// job whose resignation failed waits for the others' watch of the
+// session, as after a crash.
+func (p *Pool) leave() {
+	p.mu.Lock()
+	s := p.sess
+	p.seen = poolView{}
+	p.mu.Unlock()
+	s.end(LossDeadline, func(t *term) error {
+		return fmt.Errorf("%w: %q fence %d: the pool stopped", ErrLost, t.l.job, t.fence)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), p.opts.CallTimeout)
+	defer cancel()
+	_, err := p.db.DeleteItem(ctx, &dynamodb.DeleteItemInput{
+		TableName: aws.String(p.table), Key: p.opts.Layout.memberKey(p.name, p.opts.Owner),
+		ConditionExpression:       aws.String("#sid = :sid"),
+		ExpressionAttributeNames:  map[string]string{"#sid": memberSession},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":sid": avS(s.sid)},
+	})
+	var ccf *types.ConditionalCheckFailedException
+	if err != nil && !errors.As(err, &ccf) {
+		p.log.Warn("ddblease: could not leave the pool; the others remove its member item after its expiry", "err", err)
+	}
+}
+
+// list writes the pool's directory entry, with its jobs, so that Admin
+// lists it. A failure is logged: the pool runs all the same.
+func (p *Pool) list(ctx context.Context) {
+	entry := p.opts.Layout.directoryKey(skPoolPrefix, p.name)
+	entry[attrPool] = avS(p.name)
+	entry[attrPoolJobs] = &types.AttributeValueMemberSS{Value: p.jobs}
+	cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
+	defer cancel()
+	if _, err := p.db.PutItem(cctx, &dynamodb.PutItemInput{TableName: aws.String(p.table), Item: entry}); err != nil {
+		p.log.Warn("ddblease: could not list the pool in the table's directory", "err", err)
+	}
+}
