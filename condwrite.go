@@ -96,17 +96,72 @@ func failedConditions(err error) map[int]map[string]types.AttributeValue {
 	if errors.As(err, &ccf) {
 		return map[int]map[string]types.AttributeValue{0: ccf.Item}
 	}
-	var tce *types.TransactionCanceledException
-	if !errors.As(err, &tce) {
+	reasons, ok := cancelReasons(err)
+	if !ok {
 		return nil
 	}
 	fails := map[int]map[string]types.AttributeValue{}
-	for i, r := range tce.CancellationReasons {
-		if aws.ToString(r.Code) == "ConditionalCheckFailed" {
-			fails[i] = r.Item
+	for i, r := range reasons {
+		if r.kind == cancelCondition {
+			fails[i] = r.item
 		}
 	}
 	return fails
+}
+
+// cancelKind is what a cancelled transaction says of one of its actions.
+type cancelKind int
+
+const (
+	cancelNone      cancelKind = iota // the action was not the cause
+	cancelTransient                   // a conflict with another write, or throttling: sending again may pass
+	cancelCondition                   // its condition failed
+	cancelOther                       // anything else (a validation error, an item too large): sending again fails the same way
+)
+
+// cancelReason is the reason a cancelled transaction gives for one action.
+type cancelReason struct {
+	kind cancelKind
+	item map[string]types.AttributeValue // the item the server returned with a failed condition, if any
+}
+
+// cancelReasons reads the reasons of a cancelled transaction, one per
+// action in order; ok is false when err is not a cancelled transaction.
+// It is the one reader of CancellationReasons.
+func cancelReasons(err error) (reasons []cancelReason, ok bool) {
+	var tce *types.TransactionCanceledException
+	if !errors.As(err, &tce) {
+		return nil, false
+	}
+	for _, r := range tce.CancellationReasons {
+		k := cancelOther
+		switch aws.ToString(r.Code) {
+		case "", "None":
+			k = cancelNone
+		case "TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded", "RequestLimitExceeded":
+			k = cancelTransient
+		case "ConditionalCheckFailed":
+			k = cancelCondition
+		}
+		reasons = append(reasons, cancelReason{kind: k, item: r.Item})
+	}
+	return reasons, true
+}
+
+// onlyTransient reports whether no reason of a cancelled transaction is
+// lasting (a failed condition or another error), and whether one of them
+// is transient.
+func onlyTransient(reasons []cancelReason) (only, some bool) {
+	for _, r := range reasons {
+		switch r.kind {
+		case cancelNone:
+		case cancelTransient:
+			some = true
+		default:
+			return false, some
+		}
+	}
+	return true, some
 }
 
 // outcome is what became of a conditional write.

@@ -10,7 +10,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
@@ -229,16 +228,9 @@ func retryable(err error) bool {
 		// that has never reached the table gives up (fence.go).
 		return true
 	}
-	var tce *types.TransactionCanceledException
-	if errors.As(err, &tce) {
-		for _, r := range tce.CancellationReasons {
-			switch aws.ToString(r.Code) {
-			case "", "None", "TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded", "RequestLimitExceeded":
-			default:
-				return false
-			}
-		}
-		return true
+	if reasons, ok := cancelReasons(err); ok {
+		only, _ := onlyTransient(reasons)
+		return only
 	}
 	var api smithy.APIError
 	if errors.As(err, &api) {
@@ -260,19 +252,9 @@ func retryable(err error) bool {
 // transaction is using its item, or a transaction with the same token
 // still in progress.
 func conflicted(err error) bool {
-	var tce *types.TransactionCanceledException
-	if errors.As(err, &tce) {
-		found := false
-		for _, r := range tce.CancellationReasons {
-			switch aws.ToString(r.Code) {
-			case "", "None":
-			case "TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded", "RequestLimitExceeded":
-				found = true
-			default:
-				return false
-			}
-		}
-		return found
+	if reasons, ok := cancelReasons(err); ok {
+		only, some := onlyTransient(reasons)
+		return only && some
 	}
 	var api smithy.APIError
 	if errors.As(err, &api) {
