@@ -308,18 +308,14 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 	if err != nil {
 		return err
 	}
-	all := make([]types.TransactWriteItem, 0, len(items)+1)
-	all = append(all, types.TransactWriteItem{ConditionCheck: fenceCheck(g.table, g.key, fence)})
-	all = append(all, marked...)
+	all := guarded(g.table, g.key, fence, marked)
 	_, err = transactRetrying(ctx, g.db, all, g.retry())
 	if err == nil {
 		return nil
 	}
 	w := condWrite{db: g.db, actions: all, keys: &g.keys, watch: -1, timeout: g.opts.CallTimeout}.resolve(ctx, nil, err)
-	if _, ok := w.fails[0]; ok {
-		item, rerr := w.stored(0)
-		cur, cerr := fenceOf(g.opts.Layout, item)
-		return errors.Join(g.stale("TransactWrite", &StaleFenceError{Job: g.job, Fence: fence, Current: cur, err: err}), rerr, cerr)
+	if stale, rerr := staleByCheck(w, g.opts.Layout, g.job, fence, err); stale != nil {
+		return errors.Join(g.stale("TransactWrite", stale), rerr)
 	}
 	applied, mark, merr := g.mark.markRefusal(&w, 1, items, fence, tok)
 	switch {
@@ -331,6 +327,29 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 		return fmt.Errorf("ddblease: guarded transaction %q refused: %w", g.job, errors.Join(err, merr))
 	}
 	return fmt.Errorf("ddblease: guarded transaction %q: %w", g.job, err)
+}
+
+// guarded is the guarded transaction, the one rule behind
+// Guard.TransactWrite and JobRun.Commit: a check that the job's lease item
+// (leaseKey) still carries fence, first, then the actions, in one
+// TransactWriteItems.
+func guarded(table string, leaseKey map[string]types.AttributeValue, fence int64, actions []types.TransactWriteItem) []types.TransactWriteItem {
+	all := make([]types.TransactWriteItem, 0, len(actions)+1)
+	all = append(all, types.TransactWriteItem{ConditionCheck: fenceCheck(table, leaseKey, fence)})
+	return append(all, actions...)
+}
+
+// staleByCheck returns the *StaleFenceError that a guarded transaction's
+// failed fence check means (w: the transaction resolved; err: its error),
+// with the error of reading the lease item back, if any; a nil
+// *StaleFenceError when the check did not fail.
+func staleByCheck(w written, y Layout, job string, fence int64, err error) (*StaleFenceError, error) {
+	if _, ok := w.fails[0]; !ok {
+		return nil, nil
+	}
+	item, rerr := w.stored(0)
+	cur, cerr := fenceOf(y, item)
+	return &StaleFenceError{Job: job, Fence: fence, Current: cur, err: err}, errors.Join(rerr, cerr)
 }
 
 // refusal explains a failed guarded write from the stored item: a fence

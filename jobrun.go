@@ -239,7 +239,7 @@ func (r *JobRun) write(ctx context.Context, upd *types.Update, st RunStatus, c *
 		_, err = l.db.UpdateItem(cctx, updateItemInput(upd))
 		cancel()
 	} else {
-		all, watch = append([]types.TransactWriteItem{{ConditionCheck: fenceCheck(l.table, l.opts.Layout.leaseKey(l.job), r.fence)}}, append(all, c.marked...)...), 1
+		all, watch = guarded(l.table, l.opts.Layout.leaseKey(l.job), r.fence, append(all, c.marked...)), 1
 		_, err = transactRetrying(ctx, l.db, all, retrier{now: l.opts.Now, deadline: l.opts.Now().Add(l.opts.CallTimeout), timeout: l.opts.CallTimeout})
 		if errors.Is(err, ErrTransactionsUnsupported) {
 			return err
@@ -259,9 +259,8 @@ func (r *JobRun) write(ctx context.Context, upd *types.Update, st RunStatus, c *
 	case w.outcome == applied:
 		return nil
 	case c != nil && leaseFailed:
-		item, rerr := w.stored(0)
-		cur, cerr := fenceOf(r.l.opts.Layout, item)
-		return errors.Join(&StaleFenceError{Job: l.job, Fence: r.fence, Current: cur, err: err}, rerr, cerr)
+		stale, rerr := staleByCheck(w, l.opts.Layout, l.job, r.fence, err)
+		return errors.Join(stale, rerr)
 	case runFailed && w.rerr == nil:
 		return r.refused(w.item, err)
 	case c == nil && runFailed:
