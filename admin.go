@@ -367,7 +367,7 @@ type JobStatus struct {
 // now's: the lease was resigned or released (a zero expiry), or its expiry
 // is older than skew.
 func (s JobStatus) Free(now time.Time, skew time.Duration) bool {
-	return s.Lease.ExpiresAt.IsZero() || s.Lease.ExpiresAt.Before(now.Add(-skew))
+	return s.Lease.ExpiresAt.IsZero() || expiredBy(s.Lease.ExpiresAt, now, skew)
 }
 
 // Released reports that an operator released the lease by force

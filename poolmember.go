@@ -221,7 +221,7 @@ func (p *Pool) unchanged(owner string) time.Duration {
 func (p *Pool) liveIn(members map[string]member, now time.Time) []string {
 	live := []string{}
 	for owner, m := range members {
-		if m.exp >= 0 && !m.leaving && m.ended == "" && time.UnixMilli(m.exp).Add(p.opts.MaxClockSkew).After(now) &&
+		if m.exp >= 0 && !m.leaving && m.ended == "" && !expiredBy(time.UnixMilli(m.exp), now, p.opts.MaxClockSkew) &&
 			(owner == p.opts.Owner || p.unchanged(owner) < p.opts.LeaseDuration) {
 			live = append(live, owner)
 		}

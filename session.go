@@ -314,7 +314,7 @@ func (p *Pool) sessionFree(ctx context.Context, owner, sid string) bool {
 // old, or its version has been read unchanged for a LeaseDuration.
 func (p *Pool) lapsed(m member, w watchedEntry) bool {
 	now := p.opts.Now()
-	return !time.UnixMilli(m.exp).Add(p.opts.MaxClockSkew).After(now) ||
+	return expiredBy(time.UnixMilli(m.exp), now, p.opts.MaxClockSkew) ||
 		w.sv == m.sv && time.Since(w.since) >= p.opts.LeaseDuration
 }
 
