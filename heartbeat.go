@@ -55,7 +55,7 @@ func (tm *term) renew(ctx context.Context) error {
 	}
 	snt := l.opts.sendNow()
 	now := snt.at
-	if !now.Before(t.deadline) {
+	if !tm.leads() {
 		err := fmt.Errorf("%w: %q fence %d: local deadline passed without a confirmed heartbeat", ErrLost, l.job, t.fence)
 		tm.end(err, LossDeadline)
 		return err
@@ -234,8 +234,7 @@ func (k *keeper) putOffLocked() bool {
 		return false
 	}
 	o := k.t.l.opts
-	s := k.t.snapshot()
-	wait := min(s.deadline.Sub(o.Now()), time.Until(s.realDeadline)) - o.HeartbeatInterval
+	wait := k.t.remaining() - o.HeartbeatInterval
 	if wait <= 0 {
 		return false
 	}

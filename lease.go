@@ -200,7 +200,6 @@ type State struct {
 
 // State returns this handle's view of its leadership.
 func (l *Lease) State() State {
-	now := l.opts.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := State{Job: l.job, Owner: l.opts.Owner}
@@ -211,7 +210,8 @@ func (l *Lease) State() State {
 				s.RenewedAt = r
 			}
 		}
-		if d, _ := t.deadlines(); !t.over && now.Before(d) && (t.sess == nil || t.left() > 0) {
+		if t.leadsLocked() {
+			d, _ := t.deadlines()
 			s.Leader = true
 			s.Deadline = d.Round(0)
 		}

@@ -176,7 +176,19 @@ func (t *term) snapshot() tenure {
 func (t *term) leads() bool {
 	t.l.mu.Lock()
 	defer t.l.mu.Unlock()
-	return !t.over && t.left() > 0
+	return t.leadsLocked()
+}
+
+// leadsLocked is leads, called with Lease.mu held: the one answer to
+// "does this tenure lead now", by both clocks, and by its session's
+// deadline for a tenure bound to one.
+func (t *term) leadsLocked() bool { return !t.over && t.left() > 0 }
+
+// remaining is left, taking Lease.mu.
+func (t *term) remaining() time.Duration {
+	t.l.mu.Lock()
+	defer t.l.mu.Unlock()
+	return t.left()
 }
 
 // holds reports whether the term is still open.
