@@ -16,13 +16,13 @@ import (
 
 // Environment variables DefaultOwner reads.
 const (
-	// ECSMetadataEnv is set by the ECS agent (platform 1.4.0 on Fargate,
+	// ecsMetadataEnv is set by the ECS agent (platform 1.4.0 on Fargate,
 	// agent 1.39.0 on EC2) to the task metadata endpoint, version 4.
-	ECSMetadataEnv = "ECS_CONTAINER_METADATA_URI_V4"
-	// PodNameEnv and PodNamespaceEnv are the variables a pod spec sets
+	ecsMetadataEnv = "ECS_CONTAINER_METADATA_URI_V4"
+	// podNameEnv and podNamespaceEnv are the variables a pod spec sets
 	// from the downward API (fieldRef metadata.name, metadata.namespace).
-	PodNameEnv      = "POD_NAME"
-	PodNamespaceEnv = "POD_NAMESPACE"
+	podNameEnv      = "POD_NAME"
+	podNamespaceEnv = "POD_NAMESPACE"
 )
 
 // ownerMetadataTimeout bounds the request to the ECS task metadata
@@ -67,17 +67,17 @@ var processSuffix = sync.OnceValue(func() string { return randomID(4) })
 
 // ownerBase returns the traceable part of DefaultOwner.
 func ownerBase(ctx context.Context) string {
-	if uri := os.Getenv(ECSMetadataEnv); uri != "" {
+	if uri := os.Getenv(ecsMetadataEnv); uri != "" {
 		if arn, err := ecsTaskARN(ctx, uri); err == nil {
 			return arn
 		}
 	}
 	if os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
-		pod := cleanOwnerPart(os.Getenv(PodNameEnv))
+		pod := cleanOwnerPart(os.Getenv(podNameEnv))
 		if pod == "" {
 			pod = hostname()
 		}
-		if ns := cleanOwnerPart(os.Getenv(PodNamespaceEnv)); ns != "" {
+		if ns := cleanOwnerPart(os.Getenv(podNamespaceEnv)); ns != "" {
 			pod = ns + "/" + pod
 		}
 		return truncate(pod, maxOwnerBase)
@@ -169,7 +169,7 @@ func defaultOwner(table string, contends []string) string {
 	base := processOwner.base
 	if base == "" {
 		base = ownerBase(context.Background())
-		if os.Getenv(ECSMetadataEnv) == "" || strings.HasPrefix(base, "arn:") {
+		if os.Getenv(ecsMetadataEnv) == "" || strings.HasPrefix(base, "arn:") {
 			processOwner.base = base
 		}
 	}

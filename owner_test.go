@@ -39,7 +39,7 @@ var suffix = regexp.MustCompile(`-[0-9a-f]{8}$`)
 
 // clearOwnerEnv unsets the variables DefaultOwner reads, for this test.
 func clearOwnerEnv(t *testing.T) {
-	for _, k := range []string{ddblease.ECSMetadataEnv, ddblease.PodNameEnv, ddblease.PodNamespaceEnv, "KUBERNETES_SERVICE_HOST"} {
+	for _, k := range []string{"ECS_CONTAINER_METADATA_URI_V4", "POD_NAME", "POD_NAMESPACE", "KUBERNETES_SERVICE_HOST"} {
 		t.Setenv(k, "")
 		require.NoError(t, os.Unsetenv(k))
 	}
@@ -54,7 +54,7 @@ func TestDefaultOwnerECS(t *testing.T) {
 		fmt.Fprint(w, taskMetadata)
 	}))
 	defer ts.Close()
-	t.Setenv(ddblease.ECSMetadataEnv, ts.URL+"/v4/0123abcd-metadata")
+	t.Setenv("ECS_CONTAINER_METADATA_URI_V4", ts.URL+"/v4/0123abcd-metadata")
 	t.Setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1") // ECS wins
 
 	a, b := ddblease.DefaultOwner(context.Background()), ddblease.DefaultOwner(context.Background())
@@ -99,7 +99,7 @@ func TestDefaultOwnerECSFallsBack(t *testing.T) {
 			clearOwnerEnv(t)
 			ts := httptest.NewServer(tc.handler)
 			defer ts.Close()
-			t.Setenv(ddblease.ECSMetadataEnv, ts.URL)
+			t.Setenv("ECS_CONTAINER_METADATA_URI_V4", ts.URL)
 			start := time.Now()
 			owner := ddblease.DefaultOwner(context.Background())
 			assert.Regexp(t, fallback, owner)
@@ -116,7 +116,7 @@ func TestDefaultOwnerECSFallsBack(t *testing.T) {
 		ts := httptest.NewServer(http.NotFoundHandler())
 		url := ts.URL
 		ts.Close()
-		t.Setenv(ddblease.ECSMetadataEnv, url)
+		t.Setenv("ECS_CONTAINER_METADATA_URI_V4", url)
 		assert.Regexp(t, fallback, ddblease.DefaultOwner(context.Background()))
 	})
 
@@ -124,7 +124,7 @@ func TestDefaultOwnerECSFallsBack(t *testing.T) {
 		clearOwnerEnv(t)
 		ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, taskMetadata) }))
 		defer ts.Close()
-		t.Setenv(ddblease.ECSMetadataEnv, ts.URL)
+		t.Setenv("ECS_CONTAINER_METADATA_URI_V4", ts.URL)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		assert.Regexp(t, fallback, ddblease.DefaultOwner(ctx))
@@ -147,8 +147,8 @@ func TestDefaultOwnerKubernetes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clearOwnerEnv(t)
 			t.Setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
-			t.Setenv(ddblease.PodNameEnv, tc.pod)
-			t.Setenv(ddblease.PodNamespaceEnv, tc.ns)
+			t.Setenv("POD_NAME", tc.pod)
+			t.Setenv("POD_NAMESPACE", tc.ns)
 			owner := ddblease.DefaultOwner(context.Background())
 			assert.True(t, strings.HasPrefix(owner, tc.wantStart), "%q does not start with %q", owner, tc.wantStart)
 			assert.Regexp(t, regexp.MustCompile("^"+regexp.QuoteMeta(tc.wantStart)+"[0-9a-f]{8}$"), owner)
