@@ -353,3 +353,33 @@ const (
 	tokenValue     = ":ddbleaseToken"
 	reservedPrefix = "ddblease"
 )
+
+// withFenceSet adds the guard's fence and token assignments to the SET
+// clause of an update expression, creating the clause if there is none.
+func withFenceSet(expr string) string {
+	const set = fenceName + " = " + fenceValue + ", " + tokenName + " = " + tokenValue
+	if strings.TrimSpace(expr) == "" {
+		return "SET " + set
+	}
+	if i := setKeyword(expr); i >= 0 {
+		return expr[:i+3] + " " + set + "," + expr[i+3:]
+	}
+	return "SET " + set + " " + expr
+}
+
+// setKeyword returns the index of the SET keyword in an update expression,
+// or -1. SET is a reserved word, so outside placeholders it is the keyword.
+func setKeyword(expr string) int {
+	isName := func(c byte) bool {
+		return c == '_' || c == '#' || c == ':' || c == '.' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+	}
+	for i := 0; i+3 <= len(expr); i++ {
+		if !strings.EqualFold(expr[i:i+3], "SET") || i > 0 && isName(expr[i-1]) {
+			continue
+		}
+		if i+3 == len(expr) || !isName(expr[i+3]) || expr[i+3] == '#' || expr[i+3] == ':' {
+			return i
+		}
+	}
+	return -1
+}
