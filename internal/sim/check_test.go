@@ -316,10 +316,14 @@ func check(s *sim, admin *dynamodb.Client, checkAt time.Duration) []string {
 			c.spread(samples, shutdown)
 		}
 		if p.Schedule {
-			c.runs(admin, calls)
+			for _, j := range p.jobs() {
+				c.job = j
+				c.runs(admin, callsOf(calls, j))
+			}
+			c.job = ""
 		}
 	}
-	if p.Schedule {
+	if p.Schedule && !p.Pool { // the operator's calls name one job: none under a pool
 		c.triggers(admin, calls, samples, shutdown)
 		c.pauses(calls)
 	}
@@ -613,7 +617,11 @@ func (c *checker) spread(samples []sample, shutdown map[int]time.Duration) {
 // missed counts right.
 func (c *checker) runs(admin *dynamodb.Client, calls []fnCall) {
 	p := c.p
-	lh, err := ddblease.New(admin, table, job)
+	j := job
+	if c.job != "" {
+		j = c.job
+	}
+	lh, err := ddblease.New(admin, table, j)
 	if err != nil {
 		c.fail(VSetup, "%v", err)
 		return
@@ -681,7 +689,12 @@ func (c *checker) runs(admin *dynamodb.Client, calls []fnCall) {
 	// behind the simulation's time as a whole (clocks within the bound of
 	// each other, all far from true time): the window starts late by the
 	// clock furthest ahead and ends early by the one furthest behind.
-	loAt := p.FaultEnd + p.liveBound() + p.Interval + p.Skew
+	loAt := p.FaultEnd + c.liveBound() + p.Interval + p.Skew
+	if p.Pool {
+		// A pool's jobs move until the split settles; a slot due while
+		// its job moved is caught up only if it is the latest.
+		loAt = max(loAt, c.spreadFrom()+p.Interval+p.Skew)
+	}
 	hiAt := end - p.Interval - 2*p.Skew - 2*p.CallTimeout - p.Work
 	ahead, behind := p.Clocks[0].offsetAt(loAt), p.Clocks[0].offsetAt(hiAt)
 	for _, k := range p.Clocks[1:] {
@@ -821,6 +834,17 @@ func (c *checker) runs(admin *dynamodb.Client, calls []fnCall) {
 				r.Slot.Sub(start), r.Status, r.Fence, r.Missed, lo, hi, loFloor.Sub(start), hiFloor.Sub(start), prevLo.Sub(start), prevHi.Sub(start))
 		}
 	}
+}
+
+// callsOf returns the calls of fn for job j.
+func callsOf(calls []fnCall, j string) []fnCall {
+	var out []fnCall
+	for _, x := range calls {
+		if x.job == j {
+			out = append(out, x)
+		}
+	}
+	return out
 }
 
 // later returns the later of a and b.

@@ -390,6 +390,7 @@ func newPlan(seed uint64) *Plan {
 		// process (Lease.Run panics again, in the pool's goroutine).
 		p.Resigns, p.Panics, p.Double = nil, nil, -1
 		p.drawJoins(pr, phase)
+		p.drawPoolSchedule(pr)
 	}
 
 	// A handle used by two goroutines of the user (Resign, two Run calls)
@@ -443,6 +444,10 @@ func newPlan(seed uint64) *Plan {
 		if len(p.Crashes) > 0 {
 			p.Quiet += p.maxDelay() + p.CallTimeout + p.Lease + 2*p.Skew
 		}
+		if p.Schedule {
+			// Slots of every job to judge once the jobs have settled.
+			p.Quiet += 4*p.Interval + p.Work + 2*p.Skew + 2*p.CallTimeout
+		}
 		p.Tags = append(p.Tags, "pool")
 	}
 	p.drawOperator(phase)
@@ -464,6 +469,22 @@ func (p *Plan) poolStream() *rand.Rand {
 		p.Jobs = append(p.Jobs, fmt.Sprintf("job-%d", i))
 	}
 	return r
+}
+
+// drawPoolSchedule makes half the pools run Pool.RunSchedule, each job
+// on Every(Interval), with a schedule's work and effects.
+func (p *Plan) drawPoolSchedule(r *rand.Rand) {
+	if r.Float64() >= 0.5 {
+		return
+	}
+	p.Schedule = true
+	p.Work = time.Duration(float64(p.Interval) * pick(r, 0.0, 0.1, 0.4))
+	p.Effect = pick(r, "commit", "commit", "idem", "slotput")
+	p.FnError = 0
+	if r.Float64() < 0.2 {
+		p.FnError = 0.1
+	}
+	p.Tags = append(p.Tags, "schedule")
 }
 
 // drawJoins makes some replicas of a pool (never r0) call Run late, within
@@ -730,6 +751,10 @@ func (p *Plan) String() string {
 	}
 	if p.Schedule {
 		mode = fmt.Sprintf("RunSchedule(Every(%v), window=%v, rerun=%v, fnError=%v)", p.Interval, p.Window, p.Rerun, p.FnError)
+		if p.Pool {
+			mode = fmt.Sprintf("Pool.RunSchedule(%d jobs %v, Every(%v), window=%v, rerun=%v, fnError=%v)",
+				len(p.Jobs), p.Jobs, p.Interval, p.Window, p.Rerun, p.FnError)
+		}
 	}
 	fmt.Fprintf(&b, "seed %d: %d replicas, %s, effect=%s work=%v %v\n", p.Seed, p.N, mode, p.Effect, p.Work, p.Tags)
 	fmt.Fprintf(&b, "  lease=%v heartbeat=%v retry=%v skew=%v callTimeout=%v drain=%v sdkAttempts=%d\n",

@@ -46,6 +46,7 @@ type sample struct {
 
 type fnCall struct {
 	rep, call int
+	job       string
 	slot      string    // the run's id: the slot, then "#trigger-<id>" for a triggered run
 	slotAt    time.Time // run.Slot()
 	trigger   string    // run.Trigger()
@@ -251,58 +252,80 @@ func (s *sim) lead(rep, call int, j string, ctx context.Context, fence int64) er
 }
 
 func (s *sim) fnSchedule(rep, call int) func(context.Context, *ddblease.JobRun) error {
+	return func(ctx context.Context, run *ddblease.JobRun) error { return s.scheduled(rep, call, job, ctx, run) }
+}
+
+// fnPoolSchedule is fnSchedule for each job of a pool.
+func (s *sim) fnPoolSchedule(rep, call int) func(context.Context, string, *ddblease.JobRun) error {
+	return func(ctx context.Context, j string, run *ddblease.JobRun) error {
+		return s.scheduled(rep, call, j, ctx, run)
+	}
+}
+
+// jobOptions are the plan's options of RunSchedule.
+func (s *sim) jobOptions(o *ddblease.JobOptions) {
+	o.CatchUpWindow = s.p.Window
+	if s.p.Rerun {
+		o.Rerun = ddblease.Rerun
+	}
+}
+
+// scheduled is a firing of RunSchedule (the pool's, under a pool) on job
+// j: it records the call, samples, works, and makes the plan's effect.
+func (s *sim) scheduled(rep, call int, j string, ctx context.Context, run *ddblease.JobRun) (err error) {
 	r := s.reps[rep]
-	return func(ctx context.Context, run *ddblease.JobRun) (err error) {
-		fence := run.Fence()
-		dead := ctx.Err() != nil
-		s.enter(rep, call, job, ctx, fence)
-		slot := run.Slot().UTC().Format(time.RFC3339Nano)
-		if run.Trigger() != "" {
-			// Its own key for the effects: a trigger's instant may be a slot's.
-			slot += "#trigger-" + run.Trigger()
-		}
+	fence := run.Fence()
+	dead := ctx.Err() != nil
+	s.enter(rep, call, j, ctx, fence)
+	slot := run.Slot().UTC().Format(time.RFC3339Nano)
+	if run.Trigger() != "" {
+		// Its own key for the effects: a trigger's instant may be a slot's.
+		slot += "#trigger-" + run.Trigger()
+	}
+	if s.p.Pool {
+		slot = j + "/" + slot // each job's slots are its own
+	}
+	s.h.mu.Lock()
+	idx := len(s.h.calls)
+	s.h.calls = append(s.h.calls, fnCall{rep: rep, call: call, job: j, slot: slot, slotAt: run.Slot(), trigger: run.Trigger(),
+		fence: fence, at: s.now(), dead: dead})
+	s.h.mu.Unlock()
+	defer func() {
 		s.h.mu.Lock()
-		idx := len(s.h.calls)
-		s.h.calls = append(s.h.calls, fnCall{rep: rep, call: call, slot: slot, slotAt: run.Slot(), trigger: run.Trigger(),
-			fence: fence, at: s.now(), dead: dead})
+		s.h.calls[idx].result = fmt.Sprint(err)
 		s.h.mu.Unlock()
-		defer func() {
-			s.h.mu.Lock()
-			s.h.calls[idx].result = fmt.Sprint(err)
-			s.h.mu.Unlock()
-		}()
+	}()
+	r.hold(nil)
+	s.maybePanic(rep)
+	s.sample(rep)
+	if s.p.Work > 0 && !sleepCtx(ctx, s.p.Work) {
 		r.hold(nil)
-		s.maybePanic(rep)
-		s.sample(rep)
-		if s.p.Work > 0 && !sleepCtx(ctx, s.p.Work) {
-			r.hold(nil)
-			return ctx.Err()
-		}
-		r.hold(nil)
-		s.mu.Lock()
-		s.nEffect++
-		n := s.nEffect
-		s.mu.Unlock()
-		switch s.p.Effect {
-		case "commit":
-			err = run.Commit(ctx, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(sink),
-				Item: map[string]types.AttributeValue{"pk": as(fmt.Sprintf("eff#%s|%d|%d|%d", slot, fence, rep, n)), "wf": av(fence)}}}})
-		case "idem":
-			_, err = s.gs[rep][job].Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(sink),
-				Item:                map[string]types.AttributeValue{"pk": as("idem#" + run.IdempotencyKey()), "wf": av(fence)},
-				ConditionExpression: aws.String("attribute_not_exists(pk)")})
-		case "slotput":
-			_, err = s.gs[rep][job].Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(sink),
-				Item: map[string]types.AttributeValue{"pk": as("slotsink#" + slot), "wf": av(fence)}})
-		}
-		if err != nil {
-			return err
-		}
-		if s.p.FnError > 0 && n%10 == 0 {
-			err = errors.New("simulated job failure")
-		}
+		return ctx.Err()
+	}
+	r.hold(nil)
+	s.mu.Lock()
+	s.nEffect++
+	n := s.nEffect
+	s.mu.Unlock()
+	switch s.p.Effect {
+	case "commit":
+		err = run.Commit(ctx, []types.TransactWriteItem{{Put: &types.Put{TableName: aws.String(sink),
+			Item: map[string]types.AttributeValue{"pk": as(fmt.Sprintf("eff#%s|%d|%d|%d", slot, fence, rep, n)), "wf": av(fence)}}}})
+	case "idem":
+		_, err = s.gs[rep][j].Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(sink),
+			Item:                map[string]types.AttributeValue{"pk": as("idem#" + run.IdempotencyKey()), "wf": av(fence)},
+			ConditionExpression: aws.String("attribute_not_exists(pk)")})
+	case "slotput":
+		_, err = s.gs[rep][j].Put(ctx, fence, &dynamodb.PutItemInput{TableName: aws.String(sink),
+			Item: map[string]types.AttributeValue{"pk": as("slotsink#" + slot), "wf": av(fence)}})
+	}
+	if err != nil {
 		return err
 	}
+	if s.p.FnError > 0 && n%10 == 0 {
+		err = errors.New("simulated job failure")
+	}
+	return err
 }
 
 // operate makes the operator's calls of the plan, in time order, from
@@ -396,15 +419,12 @@ func (s *sim) supervise(rep, call int, wg *sync.WaitGroup, done chan struct{}) {
 				}
 			}()
 			switch {
+			case s.p.Pool && s.p.Schedule:
+				err = s.pools[rep].RunSchedule(ctx, ddblease.AllJobs(ddblease.Every(s.p.Interval)), s.fnPoolSchedule(rep, call), s.jobOptions)
 			case s.p.Pool:
 				err = s.pools[rep].Run(ctx, s.fnPool(rep, call))
 			case s.p.Schedule:
-				err = s.ls[rep].RunSchedule(ctx, ddblease.Every(s.p.Interval), s.fnSchedule(rep, call), func(o *ddblease.JobOptions) {
-					o.CatchUpWindow = s.p.Window
-					if s.p.Rerun {
-						o.Rerun = ddblease.Rerun
-					}
-				})
+				err = s.ls[rep].RunSchedule(ctx, ddblease.Every(s.p.Interval), s.fnSchedule(rep, call), s.jobOptions)
 			default:
 				err = s.ls[rep].Run(ctx, s.fnRun(rep, call))
 			}

@@ -28,6 +28,7 @@ var (
 	flagKeepOn  = flag.Bool("sim.keepgoing", false, "report violations without failing the test (to survey a code base)")
 	flagLog     = flag.Bool("sim.log", false, "with -sim.seed: print the library's log lines (debug level) as the replay runs")
 	flagReplays = flag.Int("sim.replays", 0, "replays of each seed in foundSeeds (CI: 1); without it TestFoundSeeds skips")
+	flagOnly    = flag.String("sim.only", "", `run only the seeds whose plan is a pool ("pool") or a pool of schedules ("poolschedule"); the others are drawn and skipped`)
 	flagEvery   = flag.Int("sim.progress", 0, "print a line to stderr after every N seeds (seeds done, failing so far, the failing seeds' numbers); 0: none")
 )
 
@@ -173,6 +174,7 @@ func TestSim(t *testing.T) {
 		seedsBy  = map[string]int{}
 		wallFrom = time.Now()
 		done     int
+		skipped  int
 	)
 	next.Store(*flagFirst)
 	// A seed that does not end in real time has stopped virtual time: a
@@ -207,6 +209,12 @@ func TestSim(t *testing.T) {
 					seed := next.Add(1) - 1
 					if seed >= last {
 						return
+					}
+					if !wanted(seed) {
+						mu.Lock()
+						skipped++
+						mu.Unlock()
+						continue
 					}
 					running.Store(seed, time.Now())
 					res := runSeed(t, seed)
@@ -245,6 +253,10 @@ func TestSim(t *testing.T) {
 	})
 	wall := time.Since(wallFrom)
 	sort.Slice(failed, func(i, j int) bool { return failed[i].seed < failed[j].seed })
+	if skipped > 0 {
+		t.Logf("%d of the %d seeds drawn are not %s plans: skipped", skipped, n, *flagOnly)
+		n -= skipped
+	}
 	t.Logf("%d seeds in %v (%.1f seeds/s), %v of virtual time (%.0fx), %d failing",
 		n, wall.Round(time.Millisecond), float64(n)/wall.Seconds(), virtual.Round(time.Second), virtual.Seconds()/wall.Seconds(), len(failed))
 	var kinds []string
@@ -305,4 +317,18 @@ func TestSim(t *testing.T) {
 			t.Fail()
 		}
 	}
+}
+
+// wanted reports whether seed's plan is of the kind -sim.only asks for.
+func wanted(seed uint64) bool {
+	switch *flagOnly {
+	case "":
+		return true
+	case "pool":
+		return newPlan(seed).Pool
+	case "poolschedule":
+		p := newPlan(seed)
+		return p.Pool && p.Schedule
+	}
+	return true
 }
