@@ -62,10 +62,15 @@
 // 80% of the faulty phase, so that the others hand them their share. The
 // network faults, clocks, wall steps, crashes and pauses are drawn as for
 // a single lease; a fault or wall step aimed at the leader hits a replica
-// that leads some job. A pool seed has no RunSchedule, no operator (its
-// calls name one job), and no Resign, second Run call or panic in fn (a
-// panic in a pool's fn panics again in the pool's goroutine, which stops
-// the process). A pool replica's busy-loop limit is the single lease's
+// that leads some job. Half the pool seeds (drawPoolSchedule) run
+// Pool.RunSchedule instead of Pool.Run: every job on Every(Interval), its
+// fn doing for the job what a RunSchedule firing does (a guarded commit,
+// an idempotent put or a put per slot, on the job's own items; each job's
+// slots are keyed apart). A pool seed has no operator (its calls name one
+// job), and no Resign, second Run call or panic in fn (a panic in a
+// pool's fn panics again in the pool's goroutine, which stops the
+// process). -sim.only=pool (or poolschedule) runs only the seeds whose
+// plan is one. A pool replica's busy-loop limit is the single lease's
 // times the number of jobs plus one (a lease for each, and the
 // membership).
 //
@@ -80,7 +85,12 @@
 // pool's bounds (below); guard-order judges transactions per lease item;
 // run-returned, run-shutdown and run-hang judge Pool.Run's returns (it
 // returns only when its context ends, and then nil); busy-loop and leak
-// apply as they are; and spread is judged besides.
+// apply as they are; and spread is judged besides. Under a pool of
+// schedules, fn-twice and two-effects judge each job's slots, and
+// run-fence, slot-missed, run-running and missed-count judge each job's
+// run items, with the pool's bounds: the slots judged are those due once
+// the split has settled (spreadFrom), as a slot due while its job moved
+// is caught up only if it is the latest.
 //
 // Every invariant is judged from what the users observed, in virtual time:
 // the leader contexts handed to fn (when fn first saw one and when a
