@@ -171,11 +171,12 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 		return nil, fmt.Errorf("%w: claim %q slot %s", ErrNotLeader, l.job, id)
 	}
 	t := tm.snapshot()
+	c := claim{tm: tm, t: t, o: o, spec: spec, slot: slot, id: id, token: token}
 	key := l.opts.Layout.runKey(l.job, runSK(slot, spec.trigger))
-	upd := tm.claimUpdate(key, slotText, t.fence, token, now, missed, o, spec)
+	upd := c.update(key, slotText, now, missed)
 	run := &JobRun{l: l, slot: slot, id: id, key: key, fence: t.fence, claim: token, started: now.Round(0), missed: missed,
 		trigger: spec.trigger, finished: spec.status != RunRunning}
-	actions, resent, err := tm.claimWrite(ctx, t, upd, o, spec, slot)
+	actions, resent, err := c.write(ctx, upd)
 	if errors.Is(err, ErrLost) || errors.Is(err, errPaused) {
 		return nil, err
 	}
@@ -184,7 +185,7 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 			rec, err := decodeRun(l.opts.Layout, item)
 			return len(item) > 0 && err == nil && mine(rec, token, t.fence)
 		}}.resolve(ctx, nil, err)
-	if err := tm.claimChecked(w, len(actions) == 2, resent, run, spec, id); err != nil {
+	if err := c.checked(w, len(actions) == 2, resent, run); err != nil {
 		return nil, err
 	}
 	switch {
@@ -193,17 +194,16 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 	case w.outcome != refused || w.rerr != nil:
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, errors.Join(err, w.rerr))
 	}
-	return nil, tm.claimRefused(ctx, w.item, t.fence, o, id)
+	return nil, c.refused(ctx, w.item)
 }
 
-// claimUpdate is the claim's write to the run item: it creates the run,
+// update is the claim's write to the run item: it creates the run,
 // running under this tenure's fence with the claim's token, on condition
 // that no run of the slot exists, or that the one there may be claimed
 // again (a running run of an older fence under the Rerun policy; a run
 // skipped by a pause, as spec says).
-func (tm *term) claimUpdate(key map[string]types.AttributeValue, slotText string, fence int64, token string, now time.Time,
-	missed int, o *JobOptions, spec claimSpec) *types.Update {
-	l := tm.l
+func (c claim) update(key map[string]types.AttributeValue, slotText string, now time.Time, missed int) *types.Update {
+	l, fence, token, o, spec := c.tm.l, c.t.fence, c.token, c.o, c.spec
 	names := map[string]string{
 		"#pk": l.opts.Layout.PartitionKey, "#job": attrJob, "#slot": attrSlot, "#fence": attrFence, "#owner": attrOwner,
 		"#claim": attrClaim, "#status": attrStatus, "#start": attrStartedAt, "#ttl": RunTTLAttribute,
@@ -283,11 +283,11 @@ func (s claimSpec) claimFields(names map[string]string, values map[string]types.
 	return update
 }
 
-// claimChecked judges the check on the lease item of a claim sent in a
+// checked judges the check on the lease item of a claim sent in a
 // transaction (checked), once the write is resolved (w): nil when the
 // claim may go on to its outcome, or the error that ends it.
-func (tm *term) claimChecked(w written, checked, resent bool, run *JobRun, spec claimSpec, id string) error {
-	l := tm.l
+func (c claim) checked(w written, checked, resent bool, run *JobRun) error {
+	tm, l, spec, id := c.tm, c.tm.l, c.spec, c.id
 	if _, ok := w.fails[0]; ok && checked && w.outcome != applied {
 		// The check on the lease item failed: the item, returned or read
 		// back, tells a pause from a loss.
@@ -327,11 +327,11 @@ func (tm *term) claimChecked(w written, checked, resent bool, run *JobRun, spec 
 	return nil
 }
 
-// claimRefused returns the error of a claim refused by the run item
+// refused returns the error of a claim refused by the run item
 // (item, as stored): the slot is taken. A run that an older tenure left
 // running is marked abandoned on the way, under NeverRerun.
-func (tm *term) claimRefused(ctx context.Context, item map[string]types.AttributeValue, fence int64, o *JobOptions, id string) error {
-	l := tm.l
+func (c claim) refused(ctx context.Context, item map[string]types.AttributeValue) error {
+	tm, l, fence, o, id := c.tm, c.tm.l, c.t.fence, c.o, c.id
 	if len(item) == 0 {
 		return fmt.Errorf("ddblease: claim %q slot %s: the condition failed but the run item is gone; try again", l.job, id)
 	}
@@ -347,6 +347,20 @@ func (tm *term) claimRefused(ctx context.Context, item map[string]types.Attribut
 		}
 	}
 	return taken
+}
+
+// claim is one claim of a run under a tenure, from its write to its
+// answer: the tenure as it stood when the claim began (t), the slot and
+// the run's id, the claim's token, the options and what the claim checks
+// (spec). Its methods are the claim's steps; term.claim makes one.
+type claim struct {
+	tm    *term
+	t     tenure
+	o     *JobOptions
+	spec  claimSpec
+	slot  time.Time
+	id    string
+	token string
 }
 
 // mine reports whether rec is the run this claim wrote: its token, under
@@ -373,11 +387,11 @@ func (tm *term) claimed(run *JobRun) (*JobRun, error) {
 	return run, nil
 }
 
-// claimWrite writes the claim, in a transaction with a check on the lease
+// write writes the claim, in a transaction with a check on the lease
 // item where the server supports them, and returns the write's actions
 // (the run's update last) and its error, for condWrite.
-func (tm *term) claimWrite(ctx context.Context, t tenure, upd *types.Update, o *JobOptions, spec claimSpec, slot time.Time) ([]types.TransactWriteItem, bool, error) {
-	l := tm.l
+func (c claim) write(ctx context.Context, upd *types.Update) ([]types.TransactWriteItem, bool, error) {
+	tm, l, t, o, spec, slot := c.tm, c.tm.l, c.t, c.o, c.spec, c.slot
 	if !o.NoTransactions && !l.noTxn.Load() {
 		check := &types.ConditionCheck{
 			TableName:                           aws.String(l.table),
