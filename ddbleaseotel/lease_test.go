@@ -12,7 +12,7 @@ import (
 	"github.com/ddblease/ddblease"
 	"github.com/ddblease/ddblease/ddbleaseotel"
 	"github.com/ddblease/ddblease/ddbleasetest"
-	"github.com/ddblease/ddblease/internal/leakcheck"
+	"go.uber.org/goleak"
 )
 
 var srv *ddbleasetest.Server
@@ -22,7 +22,11 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	srv.Close()
 	if code == 0 {
-		if err := leakcheck.Find(5 * time.Second); err != nil {
+		err := goleak.Find()
+		for i := 0; err != nil && i < 2; i++ { // goroutines winding down get a few seconds
+			err = goleak.Find()
+		}
+		if err != nil {
 			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
 			code = 1
 		}

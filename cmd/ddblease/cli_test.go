@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ddblease/ddblease/internal/ddbtest"
+	"github.com/ddblease/ddblease/ddbleasetest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -119,7 +119,7 @@ func TestLogFormat(t *testing.T) {
 
 func newTableFor(t *testing.T) string {
 	t.Helper()
-	table := "ddblease-cli-" + ddbtest.RandomID()
+	table := "ddblease-cli-" + ddbleasetest.RandomID()
 	ok(t, cli(t, baseEnv(), "create-table", "--table", table))
 	return table
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
-	"github.com/ddblease/ddblease/internal/ddbtest"
+	"github.com/ddblease/ddblease/ddbleasetest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
@@ -81,7 +81,7 @@ func TestTableDefinitionsAgreeWithCreateTable(t *testing.T) {
 	// server reports it made.
 	rec := &recorder{}
 	db := srv.Client(rec.wrap)
-	table := "ddblease-def-" + ddbtest.RandomID()
+	table := "ddblease-def-" + ddbleasetest.RandomID()
 	require.NoError(t, ddblease.CreateTable(ctx, db, table))
 	var sent struct {
 		AttributeDefinitions []struct{ AttributeName, AttributeType string }
@@ -254,7 +254,7 @@ func (l *accessLog) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	_ = req.Body.Close()
 	req.Body = io.NopCloser(bytes.NewReader(b))
-	accesses, err := accessesOf(ddbtest.Op(req), b)
+	accesses, err := accessesOf(ddbleasetest.Op(req), b)
 	if err != nil {
 		return nil, err
 	}
@@ -353,7 +353,7 @@ func TestIAMPolicies(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	table := "ddblease-iam-" + ddbtest.RandomID()
+	table := "ddblease-iam-" + ddbleasetest.RandomID()
 	require.NoError(t, ddblease.CreateTable(ctx, srv.Client(nil), table))
 
 	// The billing service runs its two jobs and its pool; another service
@@ -496,7 +496,7 @@ func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	if r.bodies == nil {
 		r.bodies = map[string][]byte{}
 	}
-	r.bodies[ddbtest.Op(req)] = b
+	r.bodies[ddbleasetest.Op(req)] = b
 	r.mu.Unlock()
 	return r.base.RoundTrip(req)
 }

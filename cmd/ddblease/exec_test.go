@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/ddblease/ddblease/ddbleasetest"
-	"github.com/ddblease/ddblease/internal/ddbtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -101,7 +100,7 @@ func alive(pid int) bool {
 
 func newTable(t *testing.T) string {
 	t.Helper()
-	table := "ddblease-exec-" + ddbtest.RandomID()
+	table := "ddblease-exec-" + ddbleasetest.RandomID()
 	ok(t, cli(t, baseEnv(), "create-table", "--table", table))
 	return table
 }

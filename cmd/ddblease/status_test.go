@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/ddblease/ddblease"
-	"github.com/ddblease/ddblease/internal/ddbtest"
+	"github.com/ddblease/ddblease/ddbleasetest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -18,7 +18,7 @@ import (
 // fails every slot does not look healthy.
 func TestStatusShowsLastRuns(t *testing.T) {
 	env := baseEnv()
-	table := "ddblease-cli-" + ddbtest.RandomID()
+	table := "ddblease-cli-" + ddbleasetest.RandomID()
 	ok(t, cli(t, env, "create-table", "--table", table))
 	var n atomic.Int32
 	a := startReplica(t, table, "billing", "replica-a", func(ctx context.Context, run *ddblease.JobRun) error {
@@ -88,7 +88,7 @@ func lineWith(t *testing.T, out, s string) string {
 // status A B with B unknown shows A and exits 1 naming B.
 func TestStatusUnknownAmongKnown(t *testing.T) {
 	env := baseEnv()
-	table := "ddblease-cli-" + ddbtest.RandomID()
+	table := "ddblease-cli-" + ddbleasetest.RandomID()
 	ok(t, cli(t, env, "create-table", "--table", table))
 	a := startReplica(t, table, "billing", "replica-a", func(context.Context, *ddblease.JobRun) error { return nil })
 	waitFor(t, "a leads", a.l.IsLeader)
@@ -105,7 +105,7 @@ func TestStatusUnknownAmongKnown(t *testing.T) {
 // it until a new holder leads; then it no longer does.
 func TestStatusAfterForceRelease(t *testing.T) {
 	env := baseEnv()
-	table := "ddblease-cli-" + ddbtest.RandomID()
+	table := "ddblease-cli-" + ddbleasetest.RandomID()
 	ok(t, cli(t, env, "create-table", "--table", table))
 	a := startReplica(t, table, "billing", "replica-a", func(context.Context, *ddblease.JobRun) error { return nil })
 	waitFor(t, "a leads", a.l.IsLeader)

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/ddblease/ddblease"
-	"github.com/ddblease/ddblease/internal/ddbtest"
+	"github.com/ddblease/ddblease/ddbleasetest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -93,12 +93,13 @@ func (p *uiProc) state(t *testing.T, query string) uiState {
 
 // relay is a counting proxy in front of the test server: the requests the
 // page's server makes, by DynamoDB operation.
-func relay(t *testing.T) (string, *ddbtest.Faults) {
+func relay(t *testing.T) (string, *ddbleasetest.Faults) {
 	t.Helper()
 	target, err := url.Parse(srv.URL)
 	require.NoError(t, err)
 	tr := &http.Transport{}
-	f := ddbtest.NewFaults(tr)
+	f := ddbleasetest.NewFaults()
+	f.Base = tr
 	rp := httputil.NewSingleHostReverseProxy(target)
 	rp.Transport = f
 	ts := httptest.NewServer(rp)

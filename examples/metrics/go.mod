@@ -15,6 +15,7 @@ require (
 	github.com/prometheus/common v0.72.0
 	go.opentelemetry.io/otel/exporters/prometheus v0.69.0
 	go.opentelemetry.io/otel/sdk/metric v1.47.0
+	go.uber.org/goleak v1.3.0
 )
 
 require (
