@@ -323,9 +323,20 @@ func check(s *sim, admin *dynamodb.Client, checkAt time.Duration) []string {
 			c.job = ""
 		}
 	}
-	if p.Schedule && !p.Pool { // the operator's calls name one job: none under a pool
-		c.triggers(admin, calls, samples, shutdown)
-		c.pauses(calls)
+	if p.Schedule {
+		// Every job's triggered runs are judged (a job the operator never
+		// triggered has none); the pause names the operator's job.
+		for _, j := range p.jobs() {
+			c.job = j
+			if p.Pool {
+				c.triggers(admin, callsOf(calls, j), samplesOf(samples, j), shutdown)
+			} else {
+				c.triggers(admin, calls, samples, shutdown)
+			}
+		}
+		c.job = p.OpJob
+		c.pauses(callsOf(calls, p.opJob()))
+		c.job = ""
 	}
 	return c.out
 }
@@ -617,11 +628,7 @@ func (c *checker) spread(samples []sample, shutdown map[int]time.Duration) {
 // missed counts right.
 func (c *checker) runs(admin *dynamodb.Client, calls []fnCall) {
 	p := c.p
-	j := job
-	if c.job != "" {
-		j = c.job
-	}
-	lh, err := ddblease.New(admin, table, j)
+	lh, err := ddblease.New(admin, table, c.jobName())
 	if err != nil {
 		c.fail(VSetup, "%v", err)
 		return
@@ -847,6 +854,25 @@ func callsOf(calls []fnCall, j string) []fnCall {
 	return out
 }
 
+// samplesOf returns the IsLeader samples of job j.
+func samplesOf(samples []sample, j string) []sample {
+	var out []sample
+	for _, x := range samples {
+		if x.job == j {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// jobName is the job being judged: the pool's job, or the one job.
+func (c *checker) jobName() string {
+	if c.job != "" {
+		return c.job
+	}
+	return job
+}
+
 // later returns the later of a and b.
 func later(a, b time.Time) time.Time {
 	if a.After(b) {
@@ -878,6 +904,7 @@ func describeCalls(xs []fnCall) string {
 // holds, once under NeverRerun (trigger-fence, every run).
 func (c *checker) triggers(admin *dynamodb.Client, calls []fnCall, samples []sample, shutdown map[int]time.Duration) {
 	p := c.p
+	j := c.jobName()
 	start := c.s.w.start
 	adm, err := ddblease.NewAdmin(admin, table, func(o *ddblease.AdminOptions) { o.Operator = "checker" })
 	if err != nil {
@@ -903,28 +930,28 @@ func (c *checker) triggers(admin *dynamodb.Client, calls []fnCall, samples []sam
 		return x
 	}
 	for _, o := range c.ops {
-		if o.kind == OpTrigger && o.err == nil {
+		if o.kind == OpTrigger && o.err == nil && o.trigger.Job == j {
 			get(o.trigger).requested = o.returned
 		}
 	}
 	for _, x := range calls {
 		if x.trigger != "" {
-			t := get(ddblease.Trigger{Job: job, ID: x.trigger, At: x.slotAt.UTC()})
+			t := get(ddblease.Trigger{Job: j, ID: x.trigger, At: x.slotAt.UTC()})
 			t.calls = append(t.calls, x)
 		}
 	}
 	// Runs the operator's Trigger did not return (its answer lost) and fn
 	// never saw: Admin.Runs lists every triggered run.
-	all, err := adm.Runs(ctx, job, ddblease.RunRange{})
+	all, err := adm.Runs(ctx, j, ddblease.RunRange{})
 	if err != nil {
 		c.fail(VSetup, "Admin.Runs: %v", err)
 	}
 	for _, r := range all {
 		if r.Trigger != "" {
-			get(ddblease.Trigger{Job: job, ID: r.Trigger, At: r.Slot})
+			get(ddblease.Trigger{Job: j, ID: r.Trigger, At: r.Slot})
 		}
 	}
-	st, err := adm.Job(ctx, job)
+	st, err := adm.Job(ctx, j)
 	if err != nil {
 		c.fail(VSetup, "Admin.Job: %v", err)
 	}

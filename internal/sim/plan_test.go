@@ -128,6 +128,7 @@ type Plan struct {
 	Ops      []Op
 	OpClock  Clock
 	OpFaulty bool
+	OpJob    string // under a pool of schedules, the job the calls name
 
 	// The pool (drawPool): each replica runs Pool.Run over Jobs instead
 	// of Lease.Run on one job; Joins are replicas whose first Run call is
@@ -455,8 +456,8 @@ func newPlan(seed uint64) *Plan {
 }
 
 // poolStream draws from a stream of its own whether the seed runs a pool
-// (about 20% of the seeds, never one of foundSeeds, which replay paths
-// found in single leases) and its jobs (3 to 6), so that every other seed
+// (about 20% of the seeds, never one of foundSeeds that replays a path
+// found in a single lease) and its jobs (3 to 6), so that every other seed
 // draws everything as it did before pools existed. It returns the stream
 // for the rest of the pool's draws (drawJoins).
 func (p *Plan) poolStream() *rand.Rand {
@@ -472,12 +473,23 @@ func (p *Plan) poolStream() *rand.Rand {
 }
 
 // drawPoolSchedule makes half the pools run Pool.RunSchedule, each job
-// on Every(Interval), with a schedule's work and effects.
+// on Every(Interval), with a schedule's work and effects. A pool's slots
+// come no more often than every quarter lease (half a lease where the
+// heartbeat is a hundredth of it, the throttle shape): every job's run
+// items share the table with the pool's member items, and the simulated
+// server reads the whole table for each renewal's Query of the members,
+// so that a pool of short slots and frequent renewals would cost a seed
+// tens of seconds.
 func (p *Plan) drawPoolSchedule(r *rand.Rand) {
 	if r.Float64() >= 0.5 {
 		return
 	}
 	p.Schedule = true
+	p.Interval = max(p.Interval, p.Lease/4)
+	if p.Heartbeat <= p.Lease/100 {
+		p.Interval = max(p.Interval, p.Lease/2)
+	}
+	p.Window = pick(r, time.Duration(0), time.Duration(0), 20*p.Interval, 3*p.Lease+p.Interval)
 	p.Work = time.Duration(float64(p.Interval) * pick(r, 0.0, 0.1, 0.4))
 	p.Effect = pick(r, "commit", "commit", "idem", "slotput")
 	p.FnError = 0
@@ -528,6 +540,14 @@ func (p *Plan) maxDelay() time.Duration {
 	return d
 }
 
+// opJob is the job the operator's calls name.
+func (p *Plan) opJob() string {
+	if p.OpJob != "" {
+		return p.OpJob
+	}
+	return job
+}
+
 // opRep is the operator's number in the fault plan: its faults have Rep
 // opRep; faults of every replica (Rep -1) reach it too when OpFaulty.
 func (p *Plan) opRep() int { return p.N }
@@ -537,7 +557,9 @@ func (p *Plan) opRep() int { return p.N }
 // and a seed without an operator runs as it did then. About 40% of the
 // seeds have an operator. Under RunSchedule it triggers runs, pauses and
 // resumes the schedule (with or without the catch-up) and sometimes
-// releases the lease by force; under Run it releases the lease. Every
+// releases the lease by force; under Run it releases the lease. Under a
+// pool of schedules its calls name one of the jobs (OpJob); a pool of
+// Run has no operator. Every
 // call is made at least a lease before the phase of faults ends (a
 // release two leases before it), and the operator's own faults end
 // by then too, so that FaultEnd and the quiet period are the plan's
@@ -545,8 +567,11 @@ func (p *Plan) opRep() int { return p.N }
 // of the quiet period start.
 func (p *Plan) drawOperator(phase time.Duration) {
 	r := rand.New(rand.NewPCG(p.Seed^0x6f70657261746f72, p.Seed*0x2545f4914f6cdd1d+1))
-	if r.Float64() >= 0.4 || p.Pool {
-		return // the operator's calls name one job: none under a pool
+	if r.Float64() >= 0.4 || p.Pool && !p.Schedule {
+		return // the operator's calls name one job: under a pool, only of schedules
+	}
+	if p.Pool {
+		p.OpJob = p.Jobs[r.IntN(len(p.Jobs))]
 	}
 	last := phase - p.Lease
 	between := func(lo, hi time.Duration) time.Duration {
@@ -801,7 +826,11 @@ func (p *Plan) String() string {
 		if p.OpFaulty {
 			net = fmt.Sprintf("the world's network (faults of r%d and of all)", p.opRep())
 		}
-		fmt.Fprintf(&b, "  operator (clock %v, %s):", p.OpClock.Offset, net)
+		on := ""
+		if p.OpJob != "" {
+			on = " on " + p.OpJob
+		}
+		fmt.Fprintf(&b, "  operator%s (clock %v, %s):", on, p.OpClock.Offset, net)
 		for _, o := range p.Ops {
 			fmt.Fprintf(&b, " %s at %v", o.Kind, o.At)
 			if o.Kind == OpResume {

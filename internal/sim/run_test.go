@@ -357,14 +357,14 @@ func (s *sim) operate(adm *ddblease.Admin) {
 		switch o.Kind {
 		case OpTrigger:
 			c := opCall{kind: o.Kind, try: 1, called: s.now()}
-			c.trigger, c.err = adm.Trigger(ctx, job)
+			c.trigger, c.err = adm.Trigger(ctx, p.opJob())
 			rec(c)
 		case OpPause:
 			// Tried again while it fails, as an operator would: a pause
 			// whose answer was lost finds the job paused and says so.
 			for try := 1; try <= 3; try++ {
 				c := opCall{kind: o.Kind, try: try, called: s.now()}
-				_, c.err = adm.Pause(ctx, job)
+				_, c.err = adm.Pause(ctx, p.opJob())
 				rec(c)
 				if c.err == nil {
 					break
@@ -376,7 +376,7 @@ func (s *sim) operate(adm *ddblease.Admin) {
 			// not paused (a lost answer's write landed, or no pause did).
 			for try := 1; try <= 40; try++ {
 				c := opCall{kind: o.Kind, try: try, called: s.now(), catchUp: o.CatchUp}
-				_, c.err = adm.Resume(ctx, job, o.CatchUp)
+				_, c.err = adm.Resume(ctx, p.opJob(), o.CatchUp)
 				rec(c)
 				if c.err == nil || errors.Is(c.err, ddblease.ErrInvalid) {
 					break
@@ -385,14 +385,14 @@ func (s *sim) operate(adm *ddblease.Admin) {
 			}
 		case OpRelease:
 			c := opCall{kind: o.Kind, try: 1, called: s.now()}
-			st, err := adm.Job(ctx, job)
+			st, err := adm.Job(ctx, p.opJob())
 			if err != nil {
 				c.err = fmt.Errorf("Job: %w", err)
 				rec(c)
 				continue
 			}
 			c.fence = st.Lease.Fence
-			_, c.err = adm.ForceRelease(ctx, job, c.fence)
+			_, c.err = adm.ForceRelease(ctx, p.opJob(), c.fence)
 			rec(c)
 		}
 	}
@@ -599,7 +599,16 @@ func execute(p *Plan) (violations []string, h *history) {
 	}
 	crashed := map[int]bool{}
 	// The replica that leads now, outside Clean and the crashed; -3 if none.
+	// Under a pool whose operator names a job, the one that leads that job
+	// if any, so that the operator's targeted faults hit its leader.
 	leading := func() int {
+		if p.OpJob != "" {
+			for i := range p.N {
+				if !crashed[i] && !slices.Contains(p.Clean, i) && s.lease(i, p.OpJob).IsLeader() {
+					return i
+				}
+			}
+		}
 		for i := range p.N {
 			if !crashed[i] && !slices.Contains(p.Clean, i) && s.leads(i) {
 				return i

@@ -80,12 +80,23 @@ var foundSeeds = []foundSeed{
 	{288928, "a checker defect: slots that came due by a wall clock stepped 15 s ahead during the faults were claimed early, given up to the faults and abandoned without fn; the checker counted them as never fired"},
 }
 
-// TestFoundSeeds replays the seeds in foundSeeds.
+// foundPoolSeeds are seeds that found faults running a pool. A seed of
+// foundSeeds replays a single lease even where its draw is a pool's (it
+// was found before pools existed, or in a single lease); a seed here is
+// one whose draw is a pool's, and replays it.
+var foundPoolSeeds = []foundSeed{}
+
+// TestFoundSeeds replays the seeds in foundSeeds and foundPoolSeeds.
 func TestFoundSeeds(t *testing.T) {
 	if *flagReplays <= 0 {
 		t.Skip("runs in the simulation's own step: go test ./internal/sim -run 'TestFoundSeeds$' -sim.replays=40")
 	}
-	for _, f := range foundSeeds {
+	for _, f := range foundPoolSeeds {
+		if !newPlan(f.seed).Pool {
+			t.Errorf("seed %d of foundPoolSeeds does not draw a pool", f.seed)
+		}
+	}
+	for _, f := range append(slices.Clone(foundSeeds), foundPoolSeeds...) {
 		t.Run(fmt.Sprint(f.seed), func(t *testing.T) {
 			t.Parallel() // one seed per core at a time
 			for i := range *flagReplays {

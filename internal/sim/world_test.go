@@ -82,9 +82,62 @@ func (w *world) apply(rep int, target string, hdr http.Header, body []byte) *htt
 	w.h.ServeHTTP(rec, req)
 	if rec.Code == http.StatusOK {
 		w.record(rep, target, body)
+		if target == "DynamoDB_20120810.UpdateItem" && bytes.Contains(body, []byte("DELETE")) {
+			w.dropEmptySets(body)
+		}
 	}
 	w.mu.Unlock()
 	return rec.Result()
+}
+
+// dropEmptySets removes the sets an UpdateItem's DELETE left empty, as
+// DynamoDB does: minidyn keeps an empty set as a value without a type,
+// which fails every later read of the item by an expression, and every
+// Query or Scan of the table (a pool session's notes, emptied by the
+// renewal that handled them), and which its REMOVE does not remove. The
+// item is read and, if it holds such a value, written back without it:
+// called with w.mu held, right after the update, so that nothing else
+// wrote the item in between.
+func (w *world) dropEmptySets(body []byte) {
+	var u struct {
+		TableName string
+		Key       map[string]json.RawMessage
+	}
+	if json.Unmarshal(body, &u) != nil {
+		return
+	}
+	call := func(target string, in map[string]any) (int, []byte) {
+		b, _ := json.Marshal(in)
+		req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(b))
+		req.Header.Set("Content-Type", "application/x-amz-json-1.0")
+		req.Header.Set("X-Amz-Target", target)
+		rec := httptest.NewRecorder()
+		w.h.ServeHTTP(rec, req)
+		return rec.Code, rec.Body.Bytes()
+	}
+	code, out := call("DynamoDB_20120810.GetItem", map[string]any{"TableName": u.TableName, "Key": u.Key, "ConsistentRead": true})
+	var got struct {
+		Item map[string]map[string]json.RawMessage
+	}
+	if code != http.StatusOK || json.Unmarshal(out, &got) != nil || got.Item == nil {
+		return
+	}
+	dropped := false
+	for k, av := range got.Item {
+		empty := len(av) == 0
+		for _, set := range []string{"SS", "NS", "BS"} {
+			if v, ok := av[set]; ok && (string(v) == "[]" || string(v) == "null") {
+				empty = true
+			}
+		}
+		if empty {
+			delete(got.Item, k)
+			dropped = true
+		}
+	}
+	if dropped {
+		call("DynamoDB_20120810.PutItem", map[string]any{"TableName": u.TableName, "Item": got.Item})
+	}
 }
 
 type wireAV map[string]json.RawMessage
