@@ -12,6 +12,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
+// This file owns Admin: the operator's reads and writes of a job's lease
+// item (resign requests, forced releases, pauses, resumptions, triggers) and
+// what it reports of a job.
+
 // DefaultAdminCallTimeout is the default of AdminOptions.CallTimeout.
 const DefaultAdminCallTimeout = 10 * time.Second
 

@@ -7,6 +7,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 )
 
+// This file owns the DynamoDB calls the library makes (DynamoDBAPI) and the
+// check of a client given to it.
+
 // DynamoDBAPI is the part of the DynamoDB client that this package uses.
 // *dynamodb.Client satisfies it; wrap it to count or intercept calls.
 type DynamoDBAPI interface {

@@ -12,6 +12,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
+// This file owns the reading of item attributes: typed getters that name
+// what is missing or malformed.
+
 // The items of the table are records: Go structs whose fields carry
 // dynamodbav tags (leaseItem, controlItem, runItem), decoded with
 // attributevalue.UnmarshalMap and validated after decoding. Their fields are

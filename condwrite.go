@@ -14,6 +14,10 @@ import (
 	"github.com/aws/smithy-go"
 )
 
+// This file owns the one resolver of a conditional write whose answer may be
+// lost (condWrite), and the one reader of the conditions that failed
+// (failedConditions, cancelReasons).
+
 // Back-off between attempts of a write refused by a conflict: from
 // conflictBackoff, doubling up to maxConflictBackoff (see backoff).
 const (

@@ -11,6 +11,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
+// This file owns the operator's controls in the lease item (pause, resign
+// request, release, triggers) as the replicas read them, and the runner's
+// handling of them.
+
 // controlWatch lets the keeper wake a RunSchedule that waits for its next
 // slot when the operator controls in the lease item change. Its channel is
 // made by RunSchedule (watch), so that a Lease that only runs Run holds

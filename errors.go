@@ -14,6 +14,9 @@ import (
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
 
+// This file owns every error sentinel, the error types, and the
+// classification of errors (retryable, conflicted, mayHaveApplied).
+
 var (
 	// ErrHeld reports that another owner holds a live lease. The error is a
 	// *HeldError, which names the holder.

@@ -13,6 +13,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
+// This file owns Guard: every guarded form (Check, Do, Put, Update,
+// TransactWrite), its condition, and the guarded transaction; the fence mark
+// is guardmark.go's.
+
 // StaleFenceError reports a refused fence. errors.Is(err, ErrStaleFence)
 // reports true for it; the SDK's error, if there was one, stays in the chain
 // for errors.As.

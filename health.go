@@ -12,6 +12,9 @@ import (
 	"github.com/aws/smithy-go"
 )
 
+// This file owns CheckHealth and HealthHandler: what a lease's and a pool's
+// health is judged by.
+
 // CheckHealth reports whether this handle is in a state that restarting
 // its process could cure, in the spirit of client-go's HealthzAdaptor. It
 // returns nil, or an error wrapping ErrUnhealthy that says why in one line,

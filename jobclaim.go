@@ -11,6 +11,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
+// This file owns the claim of a run: Lease.Claim, and the claim value whose
+// steps write the run item under a tenure's fence.
+
 // Claim records a run of slot for this handle's tenure, with one
 // conditional write of the slot's run item (in the job's partition, sort
 // key run#<slot>: see Layout), and returns the run. The slot is the

@@ -9,6 +9,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
+// This file owns the run items: their attributes, RunRecord and its
+// decoding, and ListRuns.
+
 // Attribute names of a job-run item (owner and fence as in the lease
 // item). Several are reserved words: expressions use expression attribute
 // names throughout.

@@ -4,6 +4,8 @@ import (
 	"time"
 )
 
+// This file owns JobOptions and their defaults.
+
 // Default values of JobOptions.
 const (
 	DefaultRetention     = 30 * 24 * time.Hour

@@ -13,6 +13,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
+// This file owns JobRun: a claimed run, its Finish and its Commit.
+
 // JobRun is a claimed run of one slot of a job: the handle that Claim and
 // RunSchedule return, with which the claimant records the outcome. Its
 // methods are safe for concurrent use.

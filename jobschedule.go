@@ -6,6 +6,8 @@ import (
 	"time"
 )
 
+// This file owns Schedule, Every and the validation of a schedule.
+
 // Schedule tells when a job's slots fall due. Next returns the first slot
 // strictly after t, or the zero time when the schedule has no further slot.
 // It has the method set of robfig/cron's Schedule, so a parsed cron

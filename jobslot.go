@@ -5,6 +5,9 @@ import (
 	"time"
 )
 
+// This file owns MatchSlot: the slot an external scheduler's firing stands
+// for.
+
 // DefaultSlotTolerance is the widest tolerance MatchSlot allows when it is
 // given none.
 const DefaultSlotTolerance = 2 * time.Second

@@ -8,6 +8,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
+// This file owns Layout and the key of every item the library writes.
+
 // Default names of the table's key attributes (Layout).
 const (
 	DefaultPartitionKey = "pk"

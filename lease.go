@@ -8,6 +8,10 @@ import (
 	"time"
 )
 
+// This file owns Lease: the handle, New, State and the write lock;
+// acquisition, heartbeat and resignation are fence.go's, heartbeat.go's and
+// resign.go's.
+
 // Lease is one contender's handle on the lease of one job. Its methods are
 // safe for concurrent use; writes to the lease item are serialised. At most
 // one Run or RunSchedule may be active on a handle at a time.

@@ -15,6 +15,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
+// This file owns the lease item: its attributes, Record and its decoding,
+// and the lease's conditional write (Lease.write).
+
 // Attribute names of the lease item. Several are DynamoDB reserved words, so
 // expressions always refer to them through expression attribute names.
 const (

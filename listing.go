@@ -13,6 +13,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
+// This file owns the directory (a job listed by its first acquisition, a
+// pool by its start) and the reads that list: Admin.Jobs, Admin.Runs,
+// Admin.Pools.
+
 // This file holds the directory of jobs and pools (Layout) and the reads
 // that list what a table holds: each is a GetItem, a BatchGetItem or a
 // Query on a key, so that its cost grows with what it returns, never with

@@ -9,6 +9,9 @@ import (
 	awsretry "github.com/aws/aws-sdk-go-v2/aws/retry"
 )
 
+// This file owns the library's log lines: their attributes and the trace ids
+// of a context.
+
 // lineHandler is the handler behind every log line of a Lease: it passes
 // records to the user's handler with each attribute value made one line,
 // and errors worded by what happened. A user's fn may return an error with

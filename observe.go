@@ -14,6 +14,9 @@ import (
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
 
+// This file owns events: Event, the notifier that delivers them to
+// Options.Observer after locks are released, and their log lines.
+
 // EventKind says what an Event reports.
 type EventKind uint8
 

@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 )
 
+// This file owns Options and their defaults and validation.
+
 // Default values of Options.
 const (
 	DefaultLeaseDuration = 30 * time.Second

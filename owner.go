@@ -14,6 +14,9 @@ import (
 	"unicode/utf8"
 )
 
+// This file owns DefaultOwner: the owner id a replica takes by default (ECS
+// task, pod, host).
+
 // Environment variables DefaultOwner reads.
 const (
 	// ecsMetadataEnv is set by the ECS agent (platform 1.4.0 on Fargate,

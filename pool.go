@@ -13,6 +13,9 @@ import (
 	"time"
 )
 
+// This file owns Pool: NewPool, Run's membership loop (poolRun) and Run's
+// one Lease.Run per job assigned to this replica.
+
 // Pool runs a set of singleton jobs spread across the replicas that run the
 // same pool: each replica leads its share of the jobs (the jobs divided by
 // the live replicas, rounded up or down), hands its surplus over (drained,

@@ -6,6 +6,9 @@ import (
 	"time"
 )
 
+// This file owns the one waiting policy (backoff, jitter) and the one retry
+// loop (retrier.do).
+
 // The library's one waiting policy between attempts of a step that failed
 // with a retryable error (see retryable): a backoff, whose waits start at
 // base and double up to max (max equal to base gives a fixed interval),

@@ -7,6 +7,9 @@ import (
 	"runtime/debug"
 )
 
+// This file owns Run: the campaign, and term.lead, which runs fn for one
+// tenure.
+
 // Run campaigns for the lease and, each time it is acquired, calls fn with a
 // leader context and the tenure's fence, while a background heartbeat keeps
 // the lease alive.

@@ -13,6 +13,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
+// This file owns CreateTable, Layout.TableSpec and the one check of a
+// table's key schema.
+
 // tableCallTimeout bounds each call CreateTable makes.
 const tableCallTimeout = 10 * time.Second
 

@@ -10,6 +10,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
+// This file owns term, one tenure: its fence, deadline, timer, leader
+// context and end, and its fenced write.
+
 // term is one tenure of this handle: from the acquisition that gave it a
 // fence to its end. It owns the tenure's deadline, its timer and the
 // leader context, and is the one place where "belief ends at the deadline"
