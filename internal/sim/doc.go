@@ -8,7 +8,10 @@
 //
 // Each replica has its own *dynamodb.Client whose HTTP transport is an
 // in-memory http.RoundTripper to github.com/truora/minidyn's handler
-// (serialised by a mutex, an httptest.ResponseRecorder per request). A plan
+// (serialised by a mutex, an httptest.ResponseRecorder per request; a set
+// that an update's DELETE leaves empty is removed, as DynamoDB does,
+// where minidyn would keep an untyped value that fails every later Query
+// of the table: dropEmptySets). A plan
 // drawn from the seed decides the faults applied at that transport: black
 // holes (no answer until the request's context ends), answers lost after the
 // server applied the request (hang or reset), delays before or after the
@@ -54,7 +57,8 @@
 //
 // At about 20% of the seeds the replicas run a pool instead, drawn from a
 // hash stream of its own too (never at a seed of foundSeeds, which replay
-// paths found in single leases): each replica calls Pool.Run over 3 to 6
+// paths found in single leases; foundPoolSeeds replay pool seeds): each
+// replica calls Pool.Run over 3 to 6
 // jobs, its fn doing for each job what a Run leader does (a guarded
 // effect on the job's own items, with a Guard per job, every Work times
 // the number of jobs: as many effects in all as one leader makes). Some
@@ -63,14 +67,22 @@
 // network faults, clocks, wall steps, crashes and pauses are drawn as for
 // a single lease; a fault or wall step aimed at the leader hits a replica
 // that leads some job. Half the pool seeds (drawPoolSchedule) run
-// Pool.RunSchedule instead of Pool.Run: every job on Every(Interval), its
-// fn doing for the job what a RunSchedule firing does (a guarded commit,
-// an idempotent put or a put per slot, on the job's own items; each job's
-// slots are keyed apart). A pool seed has no operator (its calls name one
-// job), and no Resign, second Run call or panic in fn (a panic in a
-// pool's fn panics again in the pool's goroutine, which stops the
-// process). -sim.only=pool (or poolschedule) runs only the seeds whose
-// plan is one. A pool replica's busy-loop limit is the single lease's
+// Pool.RunSchedule instead of Pool.Run (the plan prints which): every job
+// on Every(Interval), its fn doing for the job what a RunSchedule firing
+// does (a guarded commit, an idempotent put or a put per slot, on the
+// job's own items; each job's slots are keyed apart). Their slots come no
+// more often than every quarter lease (half a lease under the throttle
+// shape's frequent heartbeats): the jobs' run items share the table with
+// the member items, which minidyn reads whole for each renewal's Query.
+// At a pool of schedules the operator acts as under RunSchedule (at about
+// 40% of them, from its own stream), its calls naming one job (OpJob,
+// printed with the operator), its targeted faults aimed at that job's
+// leader; its writes reach the job's holder through the session's notes.
+// A pool of Run has no operator, and no pool seed has a Resign, a second
+// Run call or a panic in fn (a panic in a pool's fn panics again in the
+// pool's goroutine, which stops the process). -sim.only=pool (or
+// poolschedule) runs only the seeds whose plan is one. A pool replica's
+// busy-loop limit is the single lease's
 // times the number of jobs plus one (a lease for each, and the
 // membership).
 //
@@ -90,7 +102,11 @@
 // run-fence, slot-missed, run-running and missed-count judge each job's
 // run items, with the pool's bounds: the slots judged are those due once
 // the split has settled (spreadFrom), as a slot due while its job moved
-// is caught up only if it is the latest.
+// is caught up only if it is the latest. trigger-fence, trigger-final and
+// trigger-lost judge each job's triggered runs (from that job's fn calls,
+// IsLeader samples and Admin.Runs: a job the operator never triggered
+// must have none), and pause-respect and catch-up-once judge the
+// operator's job's slots against its Pause and Resume.
 //
 // Every invariant is judged from what the users observed, in virtual time:
 // the leader contexts handed to fn (when fn first saw one and when a
