@@ -34,6 +34,22 @@ type world struct {
 	nreq    int
 
 	resolved sync.Map // fault index -> replica, for faults aimed at the leader
+
+	// A pool session's notes (guarded by mu): per member item, the jobs
+	// whose note a renewal has returned and that are still in the item;
+	// lostNotes, operator notes merged into one of those, which the
+	// holder's next renewal deletes unread (notes).
+	returned  map[string]map[string]bool
+	lostNotes []lostNote
+}
+
+// lostNote is an operator's note on job, added to member's notes while
+// they held a note on job that a renewal had already returned: the set
+// merges the two, and the renewal's DELETE of the note it handled takes
+// the new one too, so the holder never reads it (a library defect).
+type lostNote struct {
+	at          time.Duration
+	member, job string
 }
 
 // resolve returns the replica a fault aimed at the leader hits, or -3
@@ -79,15 +95,79 @@ func (w *world) apply(rep int, target string, hdr http.Header, body []byte) *htt
 	if debugReq && w.nreq%20000 == 0 {
 		fmt.Fprintf(os.Stderr, "req %d at %v rep %d %s\n", w.nreq, w.since(), rep, target)
 	}
+	var merged []lostNote
+	if target == "DynamoDB_20120810.UpdateItem" && bytes.Contains(body, []byte("member#")) {
+		merged = w.mergedNotes(body)
+	}
 	w.h.ServeHTTP(rec, req)
 	if rec.Code == http.StatusOK {
 		w.record(rep, target, body)
 		if target == "DynamoDB_20120810.UpdateItem" && bytes.Contains(body, []byte("DELETE")) {
 			w.dropEmptySets(body)
 		}
+		if target == "DynamoDB_20120810.UpdateItem" && bytes.Contains(body, []byte("member#")) {
+			w.lostNotes = append(w.lostNotes, merged...)
+			w.notesRead(body, rec.Body.Bytes())
+		}
 	}
 	w.mu.Unlock()
 	return rec.Result()
+}
+
+// noteUpdate is what notes and notesRead read of an update of a member
+// item and of its answer.
+type noteUpdate struct {
+	Key                       map[string]map[string]string
+	UpdateExpression          string
+	ExpressionAttributeValues map[string]struct{ SS []string }
+}
+
+func (u noteUpdate) member() string { return u.Key["pk"]["S"] + "/" + u.Key["sk"]["S"] }
+
+// mergedNotes returns the notes an operator's ADD (Admin's noteSession)
+// would merge into notes a renewal has already returned.
+func (w *world) mergedNotes(body []byte) []lostNote {
+	var u noteUpdate
+	if json.Unmarshal(body, &u) != nil || !strings.HasPrefix(u.UpdateExpression, "ADD ") {
+		return nil
+	}
+	var out []lostNote
+	for _, j := range u.ExpressionAttributeValues[":job"].SS {
+		if w.returned[u.member()][j] {
+			out = append(out, lostNote{at: w.since(), member: u.member(), job: j})
+		}
+	}
+	return out
+}
+
+// notesRead follows, from a renewal of a member item and its answer, the
+// notes it deleted and the notes it returned.
+func (w *world) notesRead(body, answer []byte) {
+	var u noteUpdate
+	if json.Unmarshal(body, &u) != nil {
+		return
+	}
+	m := u.member()
+	if strings.Contains(u.UpdateExpression, "DELETE ") {
+		for _, j := range u.ExpressionAttributeValues[":h"].SS {
+			delete(w.returned[m], j)
+		}
+	}
+	var a struct {
+		Attributes map[string]struct{ SS []string }
+	}
+	if json.Unmarshal(answer, &a) != nil {
+		return
+	}
+	for _, j := range a.Attributes["notes"].SS {
+		if w.returned == nil {
+			w.returned = map[string]map[string]bool{}
+		}
+		if w.returned[m] == nil {
+			w.returned[m] = map[string]bool{}
+		}
+		w.returned[m][j] = true
+	}
 }
 
 // dropEmptySets removes the sets an UpdateItem's DELETE left empty, as
