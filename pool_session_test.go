@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -197,3 +198,73 @@ func leaders(p *ddblease.Pool, jobs []string) []string {
 }
 
 func blackholeAll(string) ddbtest.Action { return ddbtest.Blackhole }
+
+// afterRead decorates a pool's client: once armed, it calls hook after the
+// skip+1-th strongly consistent read of a lease item has been answered.
+type afterRead struct {
+	ddblease.DynamoDBAPI
+	mu   sync.Mutex
+	skip int
+	hook func()
+}
+
+func (c *afterRead) GetItem(ctx context.Context, in *dynamodb.GetItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error) {
+	out, err := c.DynamoDBAPI.GetItem(ctx, in, optFns...)
+	if sk, _ := in.Key[ddblease.DefaultSortKey].(*types.AttributeValueMemberS); err == nil && sk != nil && sk.Value == "lease" && aws.ToBool(in.ConsistentRead) {
+		c.mu.Lock()
+		hook := c.hook
+		if c.skip > 0 {
+			c.skip, hook = c.skip-1, nil
+		} else {
+			c.hook = nil
+		}
+		c.mu.Unlock()
+		if hook != nil {
+			hook()
+		}
+	}
+	return out, err
+}
+
+// An operator's change made while the job's holder handles the note of an
+// earlier one (after it read the lease item, before its next renewal
+// deletes the note it handled) reaches the holder too: here a second
+// trigger, noted once the holder has read the item for the first (the
+// note's read, then the schedule's read of the controls). Both run.
+func TestPoolSessionNoteDuringHandlingIsNotLost(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(1)
+	client := &afterRead{DynamoDBAPI: db}
+	p := newPool(t, client, table, jobs, fast("a"))
+	ran := make(chan string, 4)
+	stop := async(ctx, func(ctx context.Context) error {
+		return p.RunSchedule(ctx, ddblease.AllJobs(ddblease.Every(time.Hour)), func(_ context.Context, _ string, run *ddblease.JobRun) error {
+			if run.Trigger() != "" {
+				ran <- run.Trigger()
+			}
+			return nil
+		})
+	})
+	eventually(t, "a leads", p.Lease(jobs[0]).IsLeader)
+	admin := newAdmin(t, db, table)
+	second := make(chan ddblease.Trigger, 1)
+	client.mu.Lock()
+	client.skip = 1
+	client.hook = func() {
+		tr, err := admin.Trigger(context.WithoutCancel(ctx), jobs[0])
+		assert.NoError(t, err)
+		second <- tr
+	}
+	client.mu.Unlock()
+	first, err := admin.Trigger(ctx, jobs[0])
+	require.NoError(t, err)
+	tr2 := receive(t, (<-chan ddblease.Trigger)(second), "the second trigger, made as the holder read the item")
+	for _, tr := range []ddblease.Trigger{first, tr2} {
+		rec, err := admin.WaitRun(ctx, tr, 50*time.Millisecond)
+		require.NoError(t, err, "trigger %s", tr.ID)
+		assert.Equal(t, ddblease.RunSucceeded, rec.Status)
+	}
+	require.NoError(t, stop())
+}

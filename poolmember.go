@@ -98,10 +98,19 @@ func (p *Pool) write(ctx context.Context, view string, declined []string) (map[s
 // handleNotes handles the jobs noted in the session's member item
 // (Lease.noticeNote); the next renewal deletes the notes handled.
 func (p *Pool) handleNotes(ctx context.Context, s *session, notes []string) {
+	byJob := map[string][]string{}
+	var jobs []string
+	for _, n := range notes {
+		job := noteJob(n)
+		if byJob[job] == nil {
+			jobs = append(jobs, job)
+		}
+		byJob[job] = append(byJob[job], n)
+	}
 	var handled []string
-	for _, job := range notes {
+	for _, job := range jobs { // each job read once, however many notes name it
 		if l := p.leases[job]; l == nil || l.noticeNote(ctx, s) {
-			handled = append(handled, job)
+			handled = append(handled, byJob[job]...)
 		}
 	}
 	s.noteHandled(handled)

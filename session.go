@@ -25,7 +25,7 @@ const (
 	memberVersion = "sv"      // S: the session's version, new at each renewal
 	memberEnded   = "ended"   // S: set once, by the replica that ended the lapsed session
 	memberLeaving = "leaving" // BOOL: the replica is leaving the pool: assign it nothing
-	memberNotes   = "notes"   // SS: jobs whose lease item an operator changed (Admin)
+	memberNotes   = "notes"   // SS: notes on jobs whose lease item an operator changed (Admin; newNote)
 	attrSession   = "session" // S, lease item: the id of the session it is bound to
 	// The pool of that session is the lease item's attrPool.
 
@@ -467,6 +467,25 @@ func (a *Admin) sessionExpiries(ctx context.Context, recs []*Record) error {
 	return nil
 }
 
+// A note names the job whose lease item an operator changed, behind an id
+// of its own (noteIDLen hex characters and a colon): a second change of the
+// job noted while the holder handles the first is a second element of the
+// set, which the holder's deletion of the first leaves in place. Were the
+// note the job's name alone, the two would be one element, deleted unread
+// with the first.
+const noteIDLen = 16
+
+// newNote returns a new note on job.
+func newNote(job string) string { return randomID(noteIDLen/2) + ":" + job }
+
+// noteJob returns the job a note names.
+func noteJob(note string) string {
+	if len(note) > noteIDLen && note[noteIDLen] == ':' {
+		return note[noteIDLen+1:]
+	}
+	return note
+}
+
 // noteSession notes job in the member item of the session its lease item
 // is bound to, after an operator changed the item: the session's holder
 // reads the item at its next renewal (Lease.noticeNote). A session no
@@ -482,7 +501,7 @@ func (a *Admin) noteSession(ctx context.Context, job string, rec Record) error {
 		UpdateExpression:          aws.String("ADD #n :job"),
 		ConditionExpression:       aws.String("#sid = :sid"),
 		ExpressionAttributeNames:  map[string]string{"#n": memberNotes, "#sid": memberSession},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":job": &types.AttributeValueMemberSS{Value: []string{job}}, ":sid": avS(rec.Session)},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":job": &types.AttributeValueMemberSS{Value: []string{newNote(job)}}, ":sid": avS(rec.Session)},
 	})
 	var ccf *types.ConditionalCheckFailedException
 	if err != nil && !errors.As(err, &ccf) {
