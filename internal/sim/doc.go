@@ -71,9 +71,10 @@
 // on Every(Interval), its fn doing for the job what a RunSchedule firing
 // does (a guarded commit, an idempotent put or a put per slot, on the
 // job's own items; each job's slots are keyed apart). Their slots come no
-// more often than every quarter lease (half a lease under the throttle
-// shape's frequent heartbeats): the jobs' run items share the table with
-// the member items, which minidyn reads whole for each renewal's Query.
+// more often than every quarter lease, and a pool drawn with the throttle
+// shape's frequent heartbeats runs Pool.Run: the jobs' run items share
+// the table with the member items, which minidyn reads whole for each
+// renewal's Query.
 // At a pool of schedules the operator acts as under RunSchedule (at about
 // 40% of them, from its own stream), its calls naming one job (OpJob,
 // printed with the operator), its targeted faults aimed at that job's

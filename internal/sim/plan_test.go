@@ -474,21 +474,18 @@ func (p *Plan) poolStream() *rand.Rand {
 
 // drawPoolSchedule makes half the pools run Pool.RunSchedule, each job
 // on Every(Interval), with a schedule's work and effects. A pool's slots
-// come no more often than every quarter lease (half a lease where the
-// heartbeat is a hundredth of it, the throttle shape): every job's run
-// items share the table with the pool's member items, and the simulated
-// server reads the whole table for each renewal's Query of the members,
-// so that a pool of short slots and frequent renewals would cost a seed
-// tens of seconds.
+// come no more often than every quarter lease, and a pool under the
+// throttle shape (a heartbeat of a hundredth of the lease) runs Pool.Run:
+// every job's run items share the table with the pool's member items,
+// and the simulated server reads the whole table for each renewal's
+// Query of the members, so that short slots or frequent renewals would
+// cost a seed seconds to tens of seconds.
 func (p *Plan) drawPoolSchedule(r *rand.Rand) {
-	if r.Float64() >= 0.5 {
+	if r.Float64() >= 0.5 || p.Heartbeat <= p.Lease/100 {
 		return
 	}
 	p.Schedule = true
 	p.Interval = max(p.Interval, p.Lease/4)
-	if p.Heartbeat <= p.Lease/100 {
-		p.Interval = max(p.Interval, p.Lease/2)
-	}
 	p.Window = pick(r, time.Duration(0), time.Duration(0), 20*p.Interval, 3*p.Lease+p.Interval)
 	p.Work = time.Duration(float64(p.Interval) * pick(r, 0.0, 0.1, 0.4))
 	p.Effect = pick(r, "commit", "commit", "idem", "slotput")
