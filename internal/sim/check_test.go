@@ -41,6 +41,7 @@ const (
 	VPauseRespect = "pause-respect" // a slot's fn was called while the job was paused
 	VCatchUpOnce  = "catch-up-once" // more than one run after a Resume with catchUp of the slots the pause covered
 	VSpread       = "spread"        // a pool's jobs not led as Assign splits them over the live replicas, once settled
+	VNoteLost     = "note-lost"     // an operator's note merged into one the holder had handled: deleted unread
 	VLeak         = "leak"          // a goroutine outlived the run (synctest deadlock)
 	VSetup        = "setup"
 )
@@ -56,33 +57,6 @@ type checker struct {
 	crashAt map[int]time.Duration
 	checkAt time.Duration
 	job     string // under a pool, the job being judged (named in each violation)
-	lost    []lostNote
-}
-
-// lostNote returns the first operator's note on the job being judged that
-// the world saw lost (world.lostNotes) in [from, to].
-func (c *checker) lostNote(from, to time.Duration) (lostNote, bool) {
-	for _, n := range c.lost {
-		if n.job == c.jobName() && n.at >= from && n.at <= to {
-			return n, true
-		}
-	}
-	return lostNote{}, false
-}
-
-// excuse notes a violation of kind that a known defect of the library
-// explains, instead of failing the seed.
-func (c *checker) excuse(kind, why, format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	if c.p.Pool && c.job != "" {
-		msg = "job " + c.job + ": " + msg
-	}
-	c.s.note("%s %s (%s): %s", knownNote, why, kind, msg)
-}
-
-// noteLost explains a lost note for excuse.
-func noteLost(n lostNote) string {
-	return fmt.Sprintf("the operator's note on %s, added to %s at %v while a handled note on it awaited its deletion, was deleted with it unread", n.job, n.member, n.at)
 }
 
 func (c *checker) fail(kind, format string, args ...any) {
@@ -210,7 +184,7 @@ func check(s *sim, admin *dynamodb.Client, checkAt time.Duration) []string {
 	s.h.mu.Unlock()
 	s.w.mu.Lock()
 	applied := slices.Clone(s.w.applied)
-	c.lost = slices.Clone(s.w.lostNotes)
+	lost := slices.Clone(s.w.lostNotes)
 	s.w.mu.Unlock()
 	sort.SliceStable(ctxs, func(i, j int) bool { return ctxs[i].start < ctxs[j].start })
 	perJob := func(j string) ([]ctxRec, []sample) {
@@ -323,6 +297,11 @@ func check(s *sim, admin *dynamodb.Client, checkAt time.Duration) []string {
 			}
 		}
 		c.fail(VRunReturned, "r%d call %d: returned %v at %v while its context was live (%s)", r.rep, r.call, r.err, r.at, cause)
+	}
+
+	for _, n := range lost {
+		c.fail(VNoteLost, "the operator's note on %s, added to %s at %v while a note on it that a renewal had returned awaited its deletion, merged with it: the renewal's DELETE takes both, and the holder never reads the change",
+			n.job, n.member, n.at)
 	}
 
 	for _, r := range append(slices.Clone(s.reps), s.op) {
@@ -784,21 +763,8 @@ func (c *checker) runs(admin *dynamodb.Client, calls []fnCall) {
 		}
 	}
 	if missing > 0 {
-		// A Resume whose note the holder never read leaves the job paused
-		// on it until its tenure ends.
-		resumed := time.Duration(-1)
-		for _, o := range c.ops {
-			if o.kind == OpResume && resumed < 0 {
-				resumed = o.called
-			}
-		}
-		if n, ok := c.lostNote(max(resumed, 0), c.checkAt); ok && resumed >= 0 {
-			c.excuse(VSlotMissed, noteLost(n), "%d slots due after %v never fired, the first %v (faults ended at %v)",
-				missing, lo.Sub(start), first.Sub(start), p.FaultEnd)
-		} else {
-			c.fail(VSlotMissed, "%d slots due after %v never fired, the first %v (faults ended at %v)",
-				missing, lo.Sub(start), first.Sub(start), p.FaultEnd)
-		}
+		c.fail(VSlotMissed, "%d slots due after %v never fired, the first %v (faults ended at %v)",
+			missing, lo.Sub(start), first.Sub(start), p.FaultEnd)
 	}
 	// No run left running, unless no later tenure fired within the catch-up
 	// window of its slot.
@@ -1033,9 +999,7 @@ func (c *checker) triggers(admin *dynamodb.Client, calls []fnCall, samples []sam
 					lastLed = max(lastLed, sm.at)
 				}
 			}
-			if n, ok := c.lostNote(x.requested-p.Lease, x.requested); ok && first >= 0 && lastLed-first >= need {
-				c.excuse(VTriggerLost, noteLost(n), "%s was never claimed, though replicas led from %v to %v after it", name, first, lastLed)
-			} else if first >= 0 && lastLed-first >= need {
+			if first >= 0 && lastLed-first >= need {
 				c.fail(VTriggerLost, "%s was never claimed, though replicas led from %v to %v after it (faults ended at %v; %d requests pending in the lease item)",
 					name, first, lastLed, p.FaultEnd, st.Lease.Control.Triggers)
 			}

@@ -108,13 +108,12 @@
 // IsLeader samples and Admin.Runs: a job the operator never triggered
 // must have none), and pause-respect and catch-up-once judge the
 // operator's job's slots against its Pause and Resume. The world follows
-// each session's notes (world.notesRead): an operator's note on a job
-// added while the member item still holds a note on it that a renewal
-// already returned is merged with it, and the next renewal's DELETE of
-// the note it handled takes both, so that the holder never reads the
-// change (a defect of the library); a trigger-lost or slot-missed that
-// such a lost note explains is reported as a known defect (knownNote)
-// rather than failing the seed.
+// each session's notes (world.notesRead), and note-lost reports an
+// operator's note added as an element the member item still held from a
+// note a renewal had already returned: the set merges the two, and the
+// next renewal's DELETE of the note it handled takes both, so that the
+// holder never reads the change (seed 381290 found it when a note was the
+// job's name; each note now has an id of its own).
 //
 // Every invariant is judged from what the users observed, in virtual time:
 // the leader contexts handed to fn (when fn first saw one and when a

@@ -85,7 +85,7 @@ var foundSeeds = []foundSeed{
 // was found before pools existed, or in a single lease); a seed here is
 // one whose draw is a pool's, and replays it.
 var foundPoolSeeds = []foundSeed{
-	{381290, "a pool of schedules: a trigger's note, added to the holder's member item while the note of the Resume just before it awaited its deletion, was deleted with it unread: the trigger stayed pending for the rest of the tenure (a known defect, noted; fixed, the run must claim it)"},
+	{381290, "a pool of schedules: a trigger's note, added to the holder's member item while the note of the Resume just before it awaited its deletion, was deleted with it unread: the trigger stayed pending for the rest of the tenure (each note now has an id of its own)"},
 }
 
 // TestFoundSeeds replays the seeds in foundSeeds and foundPoolSeeds.
