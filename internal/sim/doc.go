@@ -1,8 +1,9 @@
 // Package sim is a deterministic simulation of ddblease: the library's real
-// code (Lease.Run, Lease.RunSchedule, Pool.Run, JobRun.Commit, Guard.Put,
-// Update, TransactWrite and Do) runs for several replicas inside one process under
-// testing/synctest, so that minutes of protocol time take milliseconds. The
-// package has no code outside its tests.
+// code (Lease.Run, Lease.RunSchedule, Pool.Run, Pool.RunSchedule,
+// JobRun.Commit, Guard.Put, Update, TransactWrite and Do, Admin) runs for
+// several replicas inside one process under testing/synctest, so that
+// minutes of protocol time take milliseconds. The package has no code
+// outside its tests.
 //
 // # The world
 //
@@ -58,34 +59,33 @@
 // At about 20% of the seeds the replicas run a pool instead, drawn from a
 // hash stream of its own too (never at a seed of foundSeeds, which replay
 // paths found in single leases; foundPoolSeeds replay pool seeds): each
-// replica calls Pool.Run over 3 to 6
-// jobs, its fn doing for each job what a Run leader does (a guarded
-// effect on the job's own items, with a Guard per job, every Work times
-// the number of jobs: as many effects in all as one leader makes). Some
-// replicas (never r0) make their first Run call late, within the first
-// 80% of the faulty phase, so that the others hand them their share. The
-// network faults, clocks, wall steps, crashes and pauses are drawn as for
-// a single lease; a fault or wall step aimed at the leader hits a replica
-// that leads some job. Half the pool seeds (drawPoolSchedule) run
-// Pool.RunSchedule instead of Pool.Run (the plan prints which): every job
-// on Every(Interval), its fn doing for the job what a RunSchedule firing
-// does (a guarded commit, an idempotent put or a put per slot, on the
-// job's own items; each job's slots are keyed apart). Their slots come no
-// more often than every quarter lease, and a pool drawn with the throttle
-// shape's frequent heartbeats runs Pool.Run: the jobs' run items share
-// the table with the member items, which minidyn reads whole for each
-// renewal's Query.
+// replica calls Pool.Run over 3 to 6 jobs, its fn doing for each job what
+// a Run leader does (a guarded effect on the job's own items, with a Guard
+// per job, every Work times the number of jobs: as many effects in all as
+// one leader makes). Some replicas (never r0) make their first Run call
+// late, within the first 80% of the faulty phase, so that the others hand
+// them their share. The network faults, clocks, wall steps, crashes and
+// pauses are drawn as for a single lease; a fault or wall step aimed at
+// the leader hits a replica that leads some job. Half the pool seeds
+// (drawPoolSchedule) run Pool.RunSchedule instead of Pool.Run (the plan
+// prints which): every job on Every(Interval), its fn doing for the job
+// what a RunSchedule firing does (a guarded commit, an idempotent put or a
+// put per slot, on the job's own items; each job's slots are keyed apart).
+// Their slots come no more often than every quarter lease, and a pool
+// drawn with the throttle shape's frequent heartbeats runs Pool.Run: the
+// jobs' run items share the table with the member items, which minidyn
+// reads whole for each renewal's Query.
+//
 // At a pool of schedules the operator acts as under RunSchedule (at about
 // 40% of them, from its own stream), its calls naming one job (OpJob,
 // printed with the operator), its targeted faults aimed at that job's
-// leader; its writes reach the job's holder through the session's notes.
-// A pool of Run has no operator, and no pool seed has a Resign, a second
-// Run call or a panic in fn (a panic in a pool's fn panics again in the
-// pool's goroutine, which stops the process). -sim.only=pool (or
-// poolschedule) runs only the seeds whose plan is one. A pool replica's
-// busy-loop limit is the single lease's
-// times the number of jobs plus one (a lease for each, and the
-// membership).
+// leader; its writes reach the job's holder through the session's notes. A
+// pool of Run has no operator, and no pool seed has a Resign, a second Run
+// call or a panic in fn (a panic in a pool's fn panics again in the pool's
+// goroutine, which stops the process). -sim.only=pool (or poolschedule)
+// runs only the seeds whose plan is one. A pool replica's busy-loop limit
+// is the single lease's times the number of jobs plus one (a lease for
+// each, and the membership).
 //
 // After FaultEnd the plan is quiet; then every live replica is shut down by
 // cancelling its context.
