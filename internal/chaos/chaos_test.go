@@ -48,8 +48,9 @@ func envInt(name string, def int) int {
 
 // TestFaults runs seeded fault plans and checks every history. Short mode
 // (the default) runs 20 seeds, half of them with clocks far beyond
-// MaxClockSkew; DDBLEASE_CHAOS_SEEDS sets the number, and
-// DDBLEASE_CHAOS_SEED replays one seed (its plan is printed on failure).
+// MaxClockSkew, about a third of them pools; DDBLEASE_CHAOS_SEEDS sets the
+// number, and DDBLEASE_CHAOS_SEED replays one seed (its plan is printed on
+// failure). DDBLEASE_CHAOS_POOL=1 makes every plan a pool's, =0 none.
 func TestFaults(t *testing.T) {
 	seeds := envInt("DDBLEASE_CHAOS_SEEDS", 20)
 	first := uint64(envInt("DDBLEASE_CHAOS_FIRST", 1))
@@ -77,6 +78,7 @@ func TestFaults(t *testing.T) {
 		sum    chaos.Stats
 		bad    []uint64
 		noTxn  bool
+		pools  int
 	)
 	sum.ByForm = map[string]int{}
 	t.Run("seeds", func(t *testing.T) {
@@ -89,6 +91,12 @@ func TestFaults(t *testing.T) {
 				dir := t.TempDir()
 				h := &chaos.Harness{Binary: bin, Server: srv, Dir: dir, Timing: chaos.DefaultTiming}
 				plan := chaos.NewPlan(seed, wild, h.Timing)
+				switch os.Getenv("DDBLEASE_CHAOS_POOL") {
+				case "1":
+					plan.SetPool(true, h.Timing)
+				case "0":
+					plan.SetPool(false, h.Timing)
+				}
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 				defer cancel()
 				res, err := h.Run(ctx, plan)
@@ -98,6 +106,9 @@ func TestFaults(t *testing.T) {
 				t.Log(res.Describe())
 				mu.Lock()
 				runs++
+				if plan.Pool {
+					pools++
+				}
 				found += len(res.Violations)
 				for k, v := range res.Faults {
 					totals[k] += v
@@ -123,7 +134,7 @@ func TestFaults(t *testing.T) {
 			})
 		}
 	})
-	t.Logf("server %s: %d runs, faults injected %v, %d violations (seeds %v)", srv.Name, runs, totals, found, bad)
+	t.Logf("server %s: %d runs (%d of them pools), faults injected %v, %d violations (seeds %v)", srv.Name, runs, pools, totals, found, bad)
 	t.Logf("totals: %+v", sum)
 	if noTxn {
 		t.Logf("server %s has no transactions: the TransactWrite and Commit slots used Update", srv.Name)

@@ -31,12 +31,24 @@ type CheckInput struct {
 	End       time.Time // replicas told to stop
 	Events    []Event
 	Procs     []ProcExit
-	Sink      []SinkEntry
+	Sink      []SinkEntry // the one job's, without a pool
 	Runs      []ddblease.RunRecord
+	// Pool: the replicas ran Pool.RunSchedule over Jobs, each judged on
+	// its own (its events carry its name).
+	Pool bool
+	Jobs []JobHistory
 	// Stalls are spans in which the suite's own process did not run (the
 	// machine, or the process hosting the server and the proxies, stalled):
 	// for liveness they are faults like the plan's.
 	Stalls []Interval
+}
+
+// JobHistory is what the tables hold of one job of a pool: its sink
+// entries, in order, and its run items.
+type JobHistory struct {
+	Job  string
+	Sink []SinkEntry
+	Runs []ddblease.RunRecord
 }
 
 // Stats counts what a run did.
@@ -141,8 +153,6 @@ func Windows(in CheckInput, bad func(string, ...any), st *Stats) []*Window {
 				}
 			case EvRun:
 				grow(e.Fence, "fn")
-			case EvObserved:
-				st.Observed++
 			}
 		}
 		// IsLeader component.
@@ -288,15 +298,57 @@ func endInStop(lastLive, end time.Time, pauses []Interval, trues []Event) (time.
 // judges what the replicas' user code saw (IsLeader readings, leader
 // contexts, fn calls, what each guard form accepted, what RunSchedule
 // returned) and the sink; the observer's events are counted, not used.
+// A pool's jobs are judged each on its own (checkJob, each violation
+// naming its job), the replicas' processes once.
 func Check(in CheckInput) (violations []string, st Stats) {
 	bad := func(format string, args ...any) { violations = append(violations, fmt.Sprintf(format, args...)) }
+	st.ByForm = map[string]int{}
+	for _, e := range in.Events {
+		if e.Kind == EvObserved {
+			st.Observed++
+		}
+	}
+	quiet := in.QuietFrom
+	for _, s := range in.Stalls {
+		st.Stalls++
+		st.MaxStall = max(st.MaxStall, s.To.Sub(s.From))
+		if !quiet.IsZero() && s.To.After(quiet) {
+			quiet = s.To // a stall is a fault: liveness counts from its end
+		}
+	}
+	live := newLiveBounds(in, quiet)
+	jobs := []JobHistory{{Sink: in.Sink, Runs: in.Runs}}
+	if in.Pool {
+		jobs = in.Jobs
+	}
+	for _, jh := range jobs {
+		sub := in
+		sub.Events = nil
+		for _, e := range in.Events {
+			if e.Job == jh.Job && e.Kind != EvObserved {
+				sub.Events = append(sub.Events, e)
+			}
+		}
+		jbad := bad
+		if in.Pool {
+			jbad = func(format string, args ...any) { bad("job %s: %s", jh.Job, fmt.Sprintf(format, args...)) }
+		}
+		checkJob(sub, jh, quiet, live, jbad, &st)
+	}
+	checkProcs(in, bad, &st)
+	return violations, st
+}
+
+// checkJob judges one job: its windows, its fences, its sink, its fn
+// calls, its run items, and its liveness once the faults (and the stalls)
+// are over at quiet. in.Events are the job's.
+func checkJob(in CheckInput, jh JobHistory, quiet time.Time, live liveBounds, bad func(string, ...any), st *Stats) {
 	ts := func(ns int64) time.Time { return time.Unix(0, ns) }
 	stamp := func(t time.Time) string { return t.Format(time.StampMicro) }
-	st.ByForm = map[string]int{}
 	t := in.Timing
 
-	ws := Windows(in, bad, &st)
-	st.Tenures = len(ws)
+	ws := Windows(in, bad, st)
+	st.Tenures += len(ws)
 
 	// 1. Leadership windows of different replicas never overlap while
 	// clocks are within the bound. With wild clocks they may; but in every
@@ -338,7 +390,7 @@ func Check(in CheckInput) (violations []string, st Stats) {
 	var high int64
 	slots := map[string]SinkEntry{}
 	inSink := map[SinkEntry]bool{}
-	for i, e := range in.Sink {
+	for i, e := range jh.Sink {
 		st.ByForm[e.Form]++
 		inSink[e] = true
 		if Atomic(e.Form) {
@@ -352,7 +404,7 @@ func Check(in CheckInput) (violations []string, st Stats) {
 		}
 		slots[e.Slot] = e
 	}
-	st.Effects = len(in.Sink)
+	st.Effects += len(jh.Sink)
 	newer := func(f int64, before time.Time) *Window {
 		for _, w := range ws {
 			if w.Fence > f && w.Seen.Before(before) {
@@ -389,7 +441,7 @@ func Check(in CheckInput) (violations []string, st Stats) {
 			}
 		}
 	}
-	for _, s := range in.Sink {
+	for _, s := range jh.Sink {
 		if !attempted[s] {
 			bad("the sink has a %s effect for slot %s (fence %d, %s) that no fn call made", s.Form, s.Slot, s.Fence, s.Replica)
 		}
@@ -410,7 +462,7 @@ func Check(in CheckInput) (violations []string, st Stats) {
 	// 4. Run items agree with what replicas reported.
 	succeeded := map[string]int64{}
 	runs := map[string]ddblease.RunRecord{}
-	for _, r := range in.Runs {
+	for _, r := range jh.Runs {
 		runs[r.Slot.UTC().Format(time.RFC3339Nano)] = r
 		if r.Status == ddblease.RunSucceeded {
 			st.Succeeded++
@@ -435,7 +487,38 @@ func Check(in CheckInput) (violations []string, st Stats) {
 		}
 	}
 
-	// 5. Nothing silent: every process that was not killed recorded what
+	// 6. Liveness (clocks within the bound): after the faults, IsLeader is
+	// seen true by live.by, and every slot due from live.from on has a
+	// succeeded run and an effect (liveBounds says why these bounds).
+	if !in.Wild && !quiet.IsZero() {
+		led := false
+		for _, e := range in.Events {
+			if e.Kind == EvBelief && e.OK && !ts(e.A).After(live.by) && !ts(e.B).Before(quiet) {
+				led = true
+			}
+		}
+		if !led {
+			bad("no replica saw itself leading between %s and %s (%v after the faults stopped)", stamp(quiet), stamp(live.by), live.by.Sub(quiet))
+		}
+		sched := ddblease.Every(t.Slot)
+		for s := sched.Next(live.from); s.Before(in.End.Add(-t.Slot - t.Lease)); s = sched.Next(s) {
+			id := s.UTC().Format(time.RFC3339Nano)
+			if r, ok := runs[id]; !ok || r.Status != ddblease.RunSucceeded {
+				bad("slot %s, due after the faults stopped, has no succeeded run (%+v)", id, r)
+			}
+			if _, ok := slots[id]; !ok {
+				bad("slot %s, due after the faults stopped, has no effect in the sink", id)
+			}
+		}
+	}
+}
+
+// checkProcs judges the replicas' processes and what RunSchedule (the
+// lease's or the pool's) returned in each.
+func checkProcs(in CheckInput, bad func(string, ...any), st *Stats) {
+	t := in.Timing
+	stamp := func(t time.Time) string { return t.Format(time.StampMicro) }
+	// Nothing silent: every process that was not killed recorded what
 	// RunSchedule returned; nil is clean; ErrDrainTimeout and
 	// ErrNotResigned and a stop while every attempt was failing are
 	// reported outcomes, allowed only for a replica
@@ -486,40 +569,75 @@ func Check(in CheckInput) (violations []string, st Stats) {
 		}
 	}
 
-	// 6. Liveness: after the faults, IsLeader is seen true within lease +
-	// skew + retry and a lease more for a loaded machine, and every slot
-	// due after that has a succeeded run and an effect.
-	quiet := in.QuietFrom
-	for _, s := range in.Stalls {
-		st.Stalls++
-		st.MaxStall = max(st.MaxStall, s.To.Sub(s.From))
-		if !quiet.IsZero() && s.To.After(quiet) {
-			quiet = s.To // a stall is a fault: liveness counts from its end
-		}
-	}
-	if !in.Wild && !quiet.IsZero() {
+}
+
+// liveBounds are the moments by which, once the faults are over, a job
+// must be seen led (by), and from which every slot due must have run
+// (from). Each has a lease more than the library's own bound, for a
+// loaded machine (two cores, race-built replicas).
+//
+// For one lease: a standby takes over an expired lease within a lease
+// plus the skew plus a poll, so by and from are two leases plus the skew
+// plus a RetryInterval after the faults.
+//
+// For a pool, the bounds are the simulation's (internal/sim, plan_test.go:
+// viewLag, poolLiveBound, poolGapBound; its spreadFrom for the slots):
+//   - viewLag = HeartbeatInterval + CallTimeout + 2*MaxClockSkew: how long
+//     after a member's change every live replica's view shows it;
+//   - by = poolLiveBound: the later of a job lost with its replica's
+//     session (the lease's live bound: lease, 2*skew, retry, two calls and
+//     lease/20; and a view lag for the session to be seen gone) and a
+//     replica that rejoins (a call and a heartbeat to renew, a view lag,
+//     a call for the former assignee to resign, a retry and two calls to
+//     take the lease, lease/20);
+//   - from: the pool settled (the faults over, the last replica started,
+//     the session of the last one killed lapsed and seen so: killed + a
+//     call + a lease + 2*skew), then a call and a heartbeat for every
+//     member to renew, a view lag for the views to agree, and
+//     poolGapBound (a tenure's deadline margin and a standby's takeover:
+//     lease/10, 2*skew, retry, two calls and lease/20; a view lag and a
+//     call for a job moved) for the moves that makes.
+type liveBounds struct{ by, from time.Time }
+
+func newLiveBounds(in CheckInput, quiet time.Time) liveBounds {
+	t := in.Timing
+	if !in.Pool {
 		by := quiet.Add(2*t.Lease + t.Skew + t.Retry)
-		led := false
-		for _, e := range in.Events {
-			if e.Kind == EvBelief && e.OK && !ts(e.A).After(by) && !ts(e.B).Before(quiet) {
-				led = true
-			}
-		}
-		if !led {
-			bad("no replica saw itself leading between %s and %s (%v after the faults stopped)", stamp(quiet), stamp(by), by.Sub(quiet))
-		}
-		sched := ddblease.Every(t.Slot)
-		for s := sched.Next(by); s.Before(in.End.Add(-t.Slot - t.Lease)); s = sched.Next(s) {
-			id := s.UTC().Format(time.RFC3339Nano)
-			if r, ok := runs[id]; !ok || r.Status != ddblease.RunSucceeded {
-				bad("slot %s, due after the faults stopped, has no succeeded run (%+v)", id, r)
-			}
-			if _, ok := slots[id]; !ok {
-				bad("slot %s, due after the faults stopped, has no effect in the sink", id)
-			}
+		return liveBounds{by: by, from: by}
+	}
+	by := quiet.Add(PoolLiveBound(t) + t.Lease)
+	settled := quiet
+	for _, e := range in.Events {
+		if e.Kind == EvStart {
+			settled = maxTime(settled, time.Unix(0, e.T))
 		}
 	}
-	return violations, st
+	for _, p := range in.Procs {
+		if p.Killed {
+			settled = maxTime(settled, p.KilledAt.Add(t.Call+t.Lease+2*t.Skew))
+		}
+	}
+	from := settled.Add(t.Call + t.Heartbeat + ViewLag(t) + PoolGapBound(t) + t.Lease)
+	return liveBounds{by: by, from: maxTime(by, from)}
+}
+
+// ViewLag bounds how long after a change of a pool member's item every
+// live replica's view shows it, once the faults are over.
+func ViewLag(t Timing) time.Duration { return t.Heartbeat + t.Call + 2*t.Skew }
+
+// PoolLiveBound bounds how long after the faults each job of a pool is led
+// again (liveBounds).
+func PoolLiveBound(t Timing) time.Duration {
+	lapse := t.Lease + 2*t.Skew + t.Retry + 2*t.Call + t.Lease/20 + ViewLag(t)
+	rejoin := t.Call + t.Heartbeat + ViewLag(t) + t.Call + t.Retry + 2*t.Call + t.Lease/20
+	return max(lapse, rejoin)
+}
+
+// PoolGapBound bounds a job's leaderless gap after the faults: a tenure's
+// deadline margin and a standby's takeover, and for a job moved, a view
+// lag and the former assignee's resignation (liveBounds).
+func PoolGapBound(t Timing) time.Duration {
+	return t.Lease/10 + 2*t.Skew + t.Retry + 2*t.Call + t.Lease/20 + ViewLag(t) + t.Call
 }
 
 // faultNear reports whether p's proxy injected faults, or p was stopped,

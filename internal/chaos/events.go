@@ -12,9 +12,13 @@ import (
 // Event is one line of a replica's history. T is the real time (the
 // machine's wall clock, shared by all replicas) in Unix nanoseconds.
 type Event struct {
-	T        int64  `json:"t"`
-	Replica  string `json:"replica"`
-	Kind     string `json:"kind"`
+	T       int64  `json:"t"`
+	Replica string `json:"replica"`
+	Kind    string `json:"kind"`
+	// Job is the pool's job an event is about (a reading, a fn call, an
+	// effect); empty for the one job of a replica that runs no pool and
+	// for the events of the replica as a whole (start, exit).
+	Job      string `json:"job,omitempty"`
 	Fence    int64  `json:"fence,omitempty"`
 	Slot     string `json:"slot,omitempty"`
 	Deadline int64  `json:"deadline,omitempty"` // real time, Unix ns

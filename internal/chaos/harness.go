@@ -76,7 +76,11 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 	if err := ddbtest.CreateRawTable(ctx, db, sink, "pk", types.ScalarAttributeTypeS); err != nil {
 		return nil, fmt.Errorf("create table %s: %w", sink, err)
 	}
-	job := "chaos"
+	jobs := plan.JobNames()
+	pool := ""
+	if plan.Pool {
+		pool = "chaos"
+	}
 	res := &Result{Plan: plan, Faults: map[string]int{}}
 	txn := probeTransactions(ctx, db, sink)
 	res.Transactions = txn
@@ -105,7 +109,7 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 		t := h.Timing
 		name := "replica-" + strconv.Itoa(seq)
 		cfg := ReplicaConfig{
-			Name: name, Endpoint: px.URL(), Table: table, Sink: sink, Job: job,
+			Name: name, Endpoint: px.URL(), Table: table, Sink: sink, Job: jobs[0], Pool: pool, Jobs: jobs,
 			Lease: t.Lease, Heartbeat: t.Heartbeat, Retry: t.Retry, Skew: t.Skew, Drain: t.Drain, Call: t.Call,
 			Slot: t.Slot, Work: t.Work, Offset: off, DriftPPM: drift,
 			Events:       filepath.Join(h.Dir, name+".events"),
@@ -144,7 +148,8 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 		return out
 	}
 	// pick chooses a step's target: the leader for even targets (as the
-	// table names it), else any running replica.
+	// table names it; in a pool, the leader of one of its jobs, by the
+	// target), else any running replica.
 	pick := func(target int) (*proc, int) {
 		live := running()
 		if len(live) == 0 {
@@ -152,7 +157,7 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 		}
 		if target%2 == 0 {
 			if out, err := db.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table), ConsistentRead: aws.Bool(true),
-				Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "job#" + job},
+				Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "job#" + jobs[target/2%len(jobs)]},
 					"sk": &types.AttributeValueMemberS{Value: "lease"}}}); err == nil {
 				if o, ok := out.Item["owner"].(*types.AttributeValueMemberS); ok {
 					for _, p := range live {
@@ -232,7 +237,7 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 		}
 	}
 
-	in := CheckInput{Timing: h.Timing, Wild: plan.Wild, QuietFrom: quietFrom, End: end, Race: RaceEnabled, Stalls: stalls()}
+	in := CheckInput{Timing: h.Timing, Wild: plan.Wild, Pool: plan.Pool, QuietFrom: quietFrom, End: end, Race: RaceEnabled, Stalls: stalls()}
 	for _, p := range procs {
 		evs, err := ReadEvents(filepath.Join(h.Dir, p.name+".events"))
 		if err != nil && !os.IsNotExist(err) {
@@ -243,15 +248,23 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 		in.Procs = append(in.Procs, ProcExit{Name: p.name, Killed: p.killed, Err: p.err, Stderr: string(stderr),
 			Started: p.started, KilledAt: p.killedAt, TermedAt: p.termedAt, ExitedAt: p.exitedAt, Pauses: p.pauses, NetFaults: p.netFaults})
 	}
-	var err error
-	if in.Sink, err = readSink(ctx, db, sink, job); err != nil {
-		return nil, err
-	}
 	// Slots come from the replicas' clocks, which a wild plan offsets by up
 	// to five leases, and a catch-up may fire one from before the start.
 	margin := 10*h.Timing.Lease + 4*h.Timing.Slot
-	if in.Runs, err = readRuns(ctx, db, table, job, h.Timing.Slot, t0.Add(-margin), end.Add(margin)); err != nil {
-		return nil, err
+	for _, job := range jobs {
+		jh := JobHistory{Job: job}
+		var err error
+		if jh.Sink, err = readSink(ctx, db, sink, job); err != nil {
+			return nil, err
+		}
+		if jh.Runs, err = readRuns(ctx, db, table, job, h.Timing.Slot, t0.Add(-margin), end.Add(margin)); err != nil {
+			return nil, err
+		}
+		if !plan.Pool {
+			in.Sink, in.Runs = jh.Sink, jh.Runs
+			break
+		}
+		in.Jobs = append(in.Jobs, jh)
 	}
 	v, stats := Check(in)
 	res.Violations = append(res.Violations, v...)
@@ -459,7 +472,11 @@ func readRuns(ctx context.Context, db *dynamodb.Client, table, job string, slot 
 // Describe summarises a result in one line.
 func (r *Result) Describe() string {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "seed %d wild=%v: %+v faults=%v", r.Plan.Seed, r.Plan.Wild, r.Stats, r.Faults)
+	fmt.Fprintf(&b, "seed %d wild=%v", r.Plan.Seed, r.Plan.Wild)
+	if r.Plan.Pool {
+		fmt.Fprintf(&b, " pool of %d jobs", r.Plan.Jobs)
+	}
+	fmt.Fprintf(&b, ": %+v faults=%v", r.Stats, r.Faults)
 	if !r.Transactions {
 		b.WriteString(" (the server has no transactions: TransactWrite and Commit skipped, their slots used Update)")
 	}

@@ -43,10 +43,14 @@ type Plan struct {
 	Seed     uint64
 	Wild     bool // clock offsets far beyond MaxClockSkew
 	Replicas int  // started at once
-	Faulty   time.Duration
-	Quiet    time.Duration // after the faults, none
-	Steps    []Step
-	rng      *rand.Rand
+	// Pool: each replica runs Pool.RunSchedule over Jobs jobs instead of
+	// Lease.RunSchedule over one.
+	Pool   bool
+	Jobs   int
+	Faulty time.Duration
+	Quiet  time.Duration // after the faults, none
+	Steps  []Step
+	rng    *rand.Rand
 }
 
 // NewPlan draws a plan. In a wild plan clocks are offset by up to five
@@ -74,7 +78,40 @@ func NewPlan(seed uint64, wild bool, t Timing) *Plan {
 		p.Steps = append(p.Steps, s)
 		at += t.Lease/2 + time.Duration(rng.Int64N(int64(t.Lease)))
 	}
+	// Pool mode is drawn apart from the faults, so that a seed's faults
+	// are the same in either mode (SetPool forces it).
+	prng := rand.New(rand.NewPCG(seed, 0x9001))
+	p.SetPool(prng.IntN(3) == 0, t)
+	p.Jobs = 4 + prng.IntN(5)
 	return p
+}
+
+// PoolQuiet is a pool plan's quiet phase: long enough for the pool to
+// settle after the faults (a killed replica's session to lapse, a replica
+// started late to join, the jobs to move: PoolSlotsFrom, at most about
+// 7.5 leases after the faults with DefaultTiming) and for a few slots of
+// every job to be judged after that.
+const PoolQuiet = 10
+
+// SetPool sets whether the plan runs a pool, and its quiet phase to match.
+func (p *Plan) SetPool(on bool, t Timing) {
+	p.Pool = on
+	p.Quiet = 4 * t.Lease
+	if on {
+		p.Quiet = PoolQuiet * t.Lease
+	}
+}
+
+// JobNames names a run's jobs: one job, or a pool's.
+func (p *Plan) JobNames() []string {
+	if !p.Pool {
+		return []string{"chaos"}
+	}
+	var jobs []string
+	for i := range p.Jobs {
+		jobs = append(jobs, fmt.Sprintf("job-%d", i+1))
+	}
+	return jobs
 }
 
 func (p *Plan) drawFaults(t Timing) Faults {
@@ -112,7 +149,11 @@ func (p *Plan) Clock(t Timing) (time.Duration, int64) {
 // String lists the plan, for a failure report.
 func (p *Plan) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d wild=%v replicas=%d faulty=%v quiet=%v\n", p.Seed, p.Wild, p.Replicas, p.Faulty, p.Quiet)
+	fmt.Fprintf(&b, "seed %d wild=%v replicas=%d faulty=%v quiet=%v", p.Seed, p.Wild, p.Replicas, p.Faulty, p.Quiet)
+	if p.Pool {
+		fmt.Fprintf(&b, " pool of %d jobs", p.Jobs)
+	}
+	b.WriteString("\n")
 	for _, s := range p.Steps {
 		fmt.Fprintf(&b, "  %8v %-6s target=%d dur=%v %+v\n", s.At, s.Action, s.Target, s.Dur, s.Faults)
 	}

@@ -22,10 +22,12 @@ import (
 // ReplicaConfig is what a replica process is started with.
 type ReplicaConfig struct {
 	Name      string
-	Endpoint  string // the replica's proxy
-	Table     string // leases and job runs
-	Sink      string // the side-effect sink
-	Job       string
+	Endpoint  string   // the replica's proxy
+	Table     string   // leases and job runs
+	Sink      string   // the side-effect sink
+	Job       string   // the one job, when Pool is empty
+	Pool      string   // a pool: the replica runs Pool.RunSchedule over Jobs
+	Jobs      []string // the pool's jobs
 	Lease     time.Duration
 	Heartbeat time.Duration
 	Retry     time.Duration
@@ -81,25 +83,33 @@ func SinkKey(job string) map[string]types.AttributeValue {
 }
 
 // prober reads what a user of the lease can see — IsLeader (through
-// State) and the leader contexts handed to fn — and records the readings
-// on either side of every change. Readings are serialised, so a replica's
-// readings are totally ordered; each is bracketed by the real time just
-// before and just after it.
+// State) of each job and the leader contexts handed to fn — and records
+// the readings on either side of every change. Readings are serialised,
+// so a replica's readings are totally ordered; each is bracketed by the
+// real time just before and just after it.
 type prober struct {
 	rec   *Recorder
 	clock func() time.Time
 	ppm   int64
 
-	mu      sync.Mutex
+	mu   sync.Mutex
+	jobs []*probed // one job, or a pool's jobs
+	ctxs map[*liveCtx]bool
+}
+
+// probed is one job's lease as the prober reads it. job is empty for the
+// one job of a replica that runs no pool.
+type probed struct {
+	job     string
 	lease   *ddblease.Lease
 	last    Event
 	logged  bool // last was recorded
 	started bool
-	ctxs    map[*liveCtx]bool
 }
 
 type liveCtx struct {
 	ctx   context.Context
+	job   string
 	fence int64
 	slot  string
 	ended bool
@@ -108,44 +118,48 @@ type liveCtx struct {
 func (p *prober) probe() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.lease == nil {
-		return
+	for _, j := range p.jobs {
+		p.probeJob(j)
 	}
+	for c := range p.ctxs {
+		p.ctxEnded(c)
+	}
+}
+
+// probeJob reads one job's state. p.mu is held.
+func (p *prober) probeJob(j *probed) {
 	b := time.Now()
-	st := p.lease.State()
+	st := j.lease.State()
 	a := time.Now()
-	e := Event{Kind: EvBelief, OK: st.Leader, B: b.UnixNano(), A: a.UnixNano()}
+	e := Event{Kind: EvBelief, Job: j.job, OK: st.Leader, B: b.UnixNano(), A: a.UnixNano()}
 	if st.Leader {
 		e.Fence = st.Fence
 		e.Deadline = RealDeadline(st.Deadline, p.clock, p.ppm).UnixNano()
 	}
-	if !p.started || e.OK != p.last.OK || e.Fence != p.last.Fence || e.Deadline > p.last.Deadline+int64(time.Millisecond) {
-		if p.started && !p.logged {
-			p.rec.Record(p.last)
+	if !j.started || e.OK != j.last.OK || e.Fence != j.last.Fence || e.Deadline > j.last.Deadline+int64(time.Millisecond) {
+		if j.started && !j.logged {
+			p.rec.Record(j.last)
 		}
 		p.rec.Record(e)
-		p.logged = true
+		j.logged = true
 	} else {
-		p.logged = false
+		j.logged = false
 	}
-	p.last, p.started = e, true
-	for c := range p.ctxs {
-		p.ctxEnded(c)
-	}
+	j.last, j.started = e, true
 }
 
 // ctxEnded records c's end if its context has ended. p.mu is held.
 func (p *prober) ctxEnded(c *liveCtx) {
 	if !c.ended && c.ctx.Err() != nil {
 		c.ended = true
-		p.rec.Record(Event{Kind: EvCtxEnd, Fence: c.fence, Slot: c.slot, A: time.Now().UnixNano(), Err: errText(context.Cause(c.ctx))})
+		p.rec.Record(Event{Kind: EvCtxEnd, Job: c.job, Fence: c.fence, Slot: c.slot, A: time.Now().UnixNano(), Err: errText(context.Cause(c.ctx))})
 	}
 }
 
 // watch follows a leader context handed to fn until fn returns: a
 // goroutine records when it sees the context end.
-func (p *prober) watch(ctx context.Context, fence int64, slot string) (unwatch func()) {
-	c := &liveCtx{ctx: ctx, fence: fence, slot: slot}
+func (p *prober) watch(ctx context.Context, job string, fence int64, slot string) (unwatch func()) {
+	c := &liveCtx{ctx: ctx, job: job, fence: fence, slot: slot}
 	p.mu.Lock()
 	p.ctxs[c] = true
 	p.mu.Unlock()
@@ -186,12 +200,14 @@ func (t probing) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// RunReplica runs one replica until SIGTERM: it campaigns for the job and,
-// while it leads, fires the schedule's slots; each tick writes its side
-// effect into the sink through the slot's guard form and finishes its run.
+// RunReplica runs one replica until SIGTERM: it campaigns for the job
+// (or, with cfg.Pool set, runs its share of the pool's jobs) and, while it
+// leads, fires the schedule's slots; each tick writes its side effect into
+// the job's sink item through the slot's guard form and finishes its run.
 // Everything the replica's user code can see is recorded: IsLeader
-// readings, the leader contexts handed to fn (when each began and when it
-// was seen ended), each fn call, each effect and what RunSchedule returned.
+// readings of each job, the leader contexts handed to fn (when each began
+// and when it was seen ended), each fn call, each effect and what
+// RunSchedule returned.
 func RunReplica(cfg ReplicaConfig) error {
 	if cfg.RaceDemo {
 		return raceDemo()
@@ -212,30 +228,45 @@ func RunReplica(cfg ReplicaConfig) error {
 		case ddblease.EventCall, ddblease.EventRetry:
 			return
 		}
-		rec.Record(Event{Kind: EvObserved, Info: e.Kind.String(), Fence: e.Fence, Err: errText(e.Err) + string(e.Reason)})
+		rec.Record(Event{Kind: EvObserved, Job: cfg.jobOf(e.Job), Info: e.Kind.String(), Fence: e.Fence, Err: errText(e.Err) + string(e.Reason)})
 		pr.probe()
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	db := ddbtest.Endpoint(cfg.Endpoint).Client(func(rt http.RoundTripper) http.RoundTripper { return probing{p: pr, next: rt} })
-	lease, err := ddblease.New(db, cfg.Table, cfg.Job, func(o *ddblease.Options) {
+	opts := func(o *ddblease.Options) {
 		o.Observer = observe
 		o.Owner = cfg.Name
 		o.LeaseDuration, o.HeartbeatInterval, o.RetryInterval = cfg.Lease, cfg.Heartbeat, cfg.Retry
 		o.MaxClockSkew, o.DrainTimeout, o.CallTimeout = cfg.Skew, cfg.Drain, cfg.Call
 		o.Now = clock
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	})
-	if err != nil {
-		return err
 	}
-	pr.mu.Lock()
-	pr.lease = lease
-	pr.mu.Unlock()
-	guard, err := ddblease.NewGuard(db, cfg.Table, cfg.Job, func(o *ddblease.GuardOptions) { o.FenceAttribute = HWAttribute })
-	if err != nil {
-		return err
+	var (
+		lease *ddblease.Lease
+		pool  *ddblease.Pool
+	)
+	sinks := map[string]sink{}
+	if cfg.Pool == "" {
+		if lease, err = ddblease.New(db, cfg.Table, cfg.Job, opts); err != nil {
+			return err
+		}
+		pr.jobs = []*probed{{lease: lease}}
+	} else {
+		if pool, err = ddblease.NewPool(db, cfg.Table, cfg.Pool, cfg.Jobs, opts); err != nil {
+			return err
+		}
+		for _, job := range cfg.Jobs {
+			pr.jobs = append(pr.jobs, &probed{job: job, lease: pool.Lease(job)})
+		}
+	}
+	for i, job := range cfg.jobNames() {
+		guard, err := ddblease.NewGuard(db, cfg.Table, job, func(o *ddblease.GuardOptions) { o.FenceAttribute = HWAttribute })
+		if err != nil {
+			return err
+		}
+		sinks[job] = sink{cfg: cfg, job: job, index: i, db: db, guard: guard}
 	}
 
 	// The sampler reads IsLeader every millisecond or two, between the
@@ -256,16 +287,16 @@ func RunReplica(cfg ReplicaConfig) error {
 		}
 	}()
 
-	s := sink{cfg: cfg, db: db, guard: guard}
-	err = lease.RunSchedule(ctx, ddblease.Every(cfg.Slot), func(ctx context.Context, run *ddblease.JobRun) error {
+	tick := func(ctx context.Context, s sink, run *ddblease.JobRun) error {
 		b := time.Now()
 		live := ctx.Err() == nil
+		job := cfg.jobOf(s.job)
 		slot := run.Slot().UTC().Format(time.RFC3339Nano)
-		rec.Record(Event{Kind: EvRun, Fence: run.Fence(), Slot: slot, B: b.UnixNano(), OK: live})
-		unwatch := pr.watch(ctx, run.Fence(), slot)
+		rec.Record(Event{Kind: EvRun, Job: job, Fence: run.Fence(), Slot: slot, B: b.UnixNano(), OK: live})
+		unwatch := pr.watch(ctx, job, run.Fence(), slot)
 		defer func() {
 			unwatch()
-			rec.Record(Event{Kind: EvReturn, Fence: run.Fence(), Slot: slot, A: time.Now().UnixNano()})
+			rec.Record(Event{Kind: EvReturn, Job: job, Fence: run.Fence(), Slot: slot, A: time.Now().UnixNano()})
 		}()
 		pr.probe()
 		// Work, then write the effect even if leadership was lost
@@ -275,7 +306,9 @@ func RunReplica(cfg ReplicaConfig) error {
 		case <-time.After(cfg.Work):
 		case <-ctx.Done():
 		}
-		form := Form(run.Slot(), cfg.Slot, cfg.Transactions)
+		// The jobs of a pool take the forms in turn from different
+		// starting points, so that one slot time sees several forms.
+		form := Form(run.Slot().Add(time.Duration(s.index)*cfg.Slot), cfg.Slot, cfg.Transactions)
 		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*cfg.Call)
 		cb := time.Now()
 		checked, effErr := s.write(ectx, form, run)
@@ -284,21 +317,35 @@ func RunReplica(cfg ReplicaConfig) error {
 		if checked {
 			info = "checked"
 		}
-		rec.Record(Event{Kind: EvEffect, Form: form, Fence: run.Fence(), Slot: slot, OK: effErr == nil, Err: errText(effErr),
+		rec.Record(Event{Kind: EvEffect, Job: job, Form: form, Fence: run.Fence(), Slot: slot, OK: effErr == nil, Err: errText(effErr),
 			B: cb.UnixNano(), A: time.Now().UnixNano(), Info: info})
 		if form == FormCommit && effErr == nil {
-			rec.Record(Event{Kind: EvFinished, Fence: run.Fence(), Slot: slot, OK: true, Info: "committed"})
+			rec.Record(Event{Kind: EvFinished, Job: job, Fence: run.Fence(), Slot: slot, OK: true, Info: "committed"})
 			return nil
 		}
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*cfg.Call)
 		finErr := run.Finish(fctx, effErr)
 		cancel()
-		rec.Record(Event{Kind: EvFinished, Fence: run.Fence(), Slot: slot, OK: finErr == nil, Err: errText(finErr)})
+		rec.Record(Event{Kind: EvFinished, Job: job, Fence: run.Fence(), Slot: slot, OK: finErr == nil, Err: errText(finErr)})
 		return effErr
-	}, func(o *ddblease.JobOptions) {
+	}
+	jobOpts := func(o *ddblease.JobOptions) {
 		o.CatchUpWindow = 4 * cfg.Slot
 		o.Retention = time.Hour
-	})
+	}
+	if pool == nil {
+		err = lease.RunSchedule(ctx, ddblease.Every(cfg.Slot), func(ctx context.Context, run *ddblease.JobRun) error {
+			return tick(ctx, sinks[cfg.Job], run)
+		}, jobOpts)
+	} else {
+		err = pool.RunSchedule(ctx, ddblease.AllJobs(ddblease.Every(cfg.Slot)), func(ctx context.Context, job string, run *ddblease.JobRun) error {
+			s, ok := sinks[job]
+			if !ok {
+				return errors.New("fn called for job " + job + ", not in the pool")
+			}
+			return tick(ctx, s, run)
+		}, jobOpts)
+	}
 	pr.probe()
 	close(sampling)
 	<-sampled
@@ -308,6 +355,23 @@ func RunReplica(cfg ReplicaConfig) error {
 	// failing) and which are failures.
 	rec.Record(Event{Kind: EvExit, OK: err == nil, Err: exitText(err)})
 	return nil
+}
+
+// jobNames lists the replica's jobs: the pool's, or its one job.
+func (cfg ReplicaConfig) jobNames() []string {
+	if cfg.Pool == "" {
+		return []string{cfg.Job}
+	}
+	return cfg.Jobs
+}
+
+// jobOf is the job name an event carries: a pool's job, or none for the
+// one job of a replica that runs no pool.
+func (cfg ReplicaConfig) jobOf(job string) string {
+	if cfg.Pool == "" {
+		return ""
+	}
+	return job
 }
 
 // Exit outcomes as EvExit's Err starts.
@@ -341,6 +405,8 @@ func exitText(err error) string {
 // fence high-water mark.
 type sink struct {
 	cfg   ReplicaConfig
+	job   string // whose sink item
+	index int    // the job's place in the pool (0 without a pool)
 	db    *dynamodb.Client
 	guard *ddblease.Guard
 }
@@ -386,7 +452,7 @@ func (s sink) write(ctx context.Context, form string, run *ddblease.JobRun) (che
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*s.cfg.Call)
 	defer cancel()
-	out, rerr := s.db.GetItem(rctx, &dynamodb.GetItemInput{TableName: aws.String(s.cfg.Sink), Key: SinkKey(s.cfg.Job), ConsistentRead: aws.Bool(true)})
+	out, rerr := s.db.GetItem(rctx, &dynamodb.GetItemInput{TableName: aws.String(s.cfg.Sink), Key: SinkKey(s.job), ConsistentRead: aws.Bool(true)})
 	if rerr == nil && hasEntry(out.Item, s.entry(form, run.Fence(), run.Slot())) {
 		return checked, nil
 	}
@@ -426,7 +492,7 @@ func hasEntry(item map[string]types.AttributeValue, entry *types.AttributeValueM
 
 func (s sink) write1(ctx context.Context, form string, run *ddblease.JobRun) (checked bool, err error) {
 	fence, slot := run.Fence(), run.Slot()
-	table, key := aws.String(s.cfg.Sink), SinkKey(s.cfg.Job)
+	table, key := aws.String(s.cfg.Sink), SinkKey(s.job)
 	switch form {
 	case FormPut:
 		return false, s.put(ctx, fence, slot)
@@ -468,7 +534,7 @@ func (s sink) write1(ctx context.Context, form string, run *ddblease.JobRun) (ch
 // condition that its version is the one read; Guard.Put adds the fence
 // check. A lost race with another writer is retried.
 func (s sink) put(ctx context.Context, fence int64, slot time.Time) error {
-	table, key := aws.String(s.cfg.Sink), SinkKey(s.cfg.Job)
+	table, key := aws.String(s.cfg.Sink), SinkKey(s.job)
 	var err error
 	for range 5 {
 		var out *dynamodb.GetItemOutput
