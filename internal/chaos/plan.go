@@ -86,20 +86,25 @@ func NewPlan(seed uint64, wild bool, t Timing) *Plan {
 	return p
 }
 
-// PoolQuiet is a pool plan's quiet phase: long enough for the pool to
-// settle after the faults (a killed replica's session to lapse, a replica
-// started late to join, the jobs to move: PoolSlotsFrom, at most about
-// 7.5 leases after the faults with DefaultTiming) and for a few slots of
-// every job to be judged after that.
-const PoolQuiet = 10
-
-// SetPool sets whether the plan runs a pool, and its quiet phase to match.
+// SetPool sets whether the plan runs a pool, and its quiet phase to
+// match. A pool's quiet phase lasts until the pool has settled (the last
+// killed replica's session lapsed and seen so, a replica started as the
+// faults end joined), its jobs moved and led (liveBounds), and four slots
+// of every job more, to judge.
 func (p *Plan) SetPool(on bool, t Timing) {
 	p.Pool = on
 	p.Quiet = 4 * t.Lease
-	if on {
-		p.Quiet = PoolQuiet * t.Lease
+	if !on {
+		return
 	}
+	settled := p.Faulty + t.Lease/2
+	for _, s := range p.Steps {
+		if s.Action == ActKill {
+			settled = max(settled, s.At+t.Call+t.Lease+2*t.Skew)
+		}
+	}
+	p.Quiet = settled - p.Faulty + t.Call + t.Heartbeat + ViewLag(t) + PoolGapBound(t) + t.Lease + // liveBounds' from
+		t.Slot + t.Lease + 4*t.Slot // the last slot judged ends a slot and a lease before the stop
 }
 
 // JobNames names a run's jobs: one job, or a pool's.
