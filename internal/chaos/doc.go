@@ -8,6 +8,36 @@
 // The suite lives in chaos_test.go; this package holds the parts: the
 // replica's main (RunReplica), the proxy, the plan and the checker.
 //
+// # Pool mode
+//
+// About a third of the plans (drawn from the seed apart from the faults,
+// so that a seed's faults are the same either way; DDBLEASE_CHAOS_POOL=1
+// makes every plan a pool's, =0 none) run a pool: each replica runs
+// Pool.RunSchedule over 4 to 8 jobs, every job on the same Every(Slot)
+// schedule, under the same kinds of faults (kills, deploys, pauses, proxy
+// faults, clock offsets; a step aimed at "the leader" aims at the holder
+// of one of the jobs). Each job keeps its own lease item, fence, guard,
+// run items and sink item (SinkKey of the job), and the jobs take the
+// guard forms in turn from different starting points. A replica records
+// for each job what it records for its one lease (below): the readings
+// of the job's Pool.Lease(job).State, its fn calls, leader contexts,
+// effects and finished runs, each event naming its job. The checker
+// judges each job on its own, with every check below, and each violation
+// names its job; what Pool.RunSchedule returned, and the processes, are
+// judged once per replica.
+//
+// Liveness in a pool waits longer, by the simulation's pool bounds
+// (internal/sim, plan_test.go): a job is seen led within poolLiveBound
+// after the faults (a session lapsed and seen gone, or a replica that
+// rejoins and is handed the job: with DefaultTiming 3.6 s) plus a lease;
+// and every slot due is judged from the moment the pool settled (the
+// faults over, the last replica started, the last killed replica's
+// session lapsed and seen so) plus a call and a heartbeat, a view lag
+// (HeartbeatInterval + CallTimeout + 2*MaxClockSkew) and poolGapBound
+// (a job moved: its holder's resignation and a standby's takeover) plus a
+// lease. A pool plan's quiet phase is long enough to judge four slots of
+// every job after that (8.6 to 10 leases instead of 4).
+//
 // # What a replica records
 //
 // Nothing the library says about itself is the basis of a check. A
@@ -63,8 +93,8 @@
 //
 // # Invariants
 //
-// In every run, wild clocks included: fences are issued to one replica
-// each and only grow in each replica; a tenure never turns false and true
+// In every run, wild clocks included (and for each job of a pool): fences
+// are issued to one replica each and only grow in each replica; a tenure never turns false and true
 // again; no sink write of an atomic form (Put, Update, TransactWrite,
 // Commit) is accepted after one with a higher fence; TransactWrite, Commit,
 // Check and Do accept no fence once a higher one was seen by a replica
@@ -86,6 +116,7 @@
 // With clocks within MaxClockSkew, also: windows of different replicas do
 // not overlap; after the faults stop a replica sees itself leading within
 // two leases plus skew plus a poll, and every slot due after that has a
-// succeeded run and an effect. With wild clocks, overlaps are counted and
+// succeeded run and an effect (for a pool, each job by the pool's bounds
+// above). With wild clocks, overlaps are counted and
 // the longest is reported.
 package chaos
