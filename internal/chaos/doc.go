@@ -10,21 +10,23 @@
 //
 // # Pool mode
 //
-// About a third of the plans (drawn from the seed apart from the faults,
-// so that a seed's faults are the same either way; DDBLEASE_CHAOS_POOL=1
-// makes every plan a pool's, =0 none) run a pool: each replica runs
-// Pool.RunSchedule over 4 to 8 jobs, every job on the same Every(Slot)
-// schedule, under the same kinds of faults (kills, deploys, pauses, proxy
-// faults, clock offsets; a step aimed at "the leader" aims at the holder
-// of one of the jobs). Each job keeps its own lease item, fence, guard,
-// run items and sink item (SinkKey of the job), and the jobs take the
-// guard forms in turn from different starting points. A replica records
-// for each job what it records for its one lease (below): the readings
-// of the job's Pool.Lease(job).State, its fn calls, leader contexts,
-// effects and finished runs, each event naming its job. The checker
-// judges each job on its own, with every check below, and each violation
-// names its job; what Pool.RunSchedule returned, and the processes, are
-// judged once per replica.
+// About a third of the plans (drawn from the seed apart from the faults, so
+// that a seed's faults are the same either way; DDBLEASE_CHAOS_POOL=1 makes
+// every plan a pool's, =0 none) run a pool: each replica runs
+// Pool.RunSchedule over 4 to 8 jobs, every job on the same Every(2*Slot)
+// schedule (Plan.Timing: a replica runs several jobs' slots at once, and on
+// a loaded machine a run outlasted a single Slot, so that the next slot of
+// its job was skipped as missed), under the same kinds of faults (kills,
+// deploys, pauses, proxy faults, clock offsets; a step aimed at "the
+// leader" aims at the holder of one of the jobs). Each job keeps its own
+// lease item, fence, guard, run items and sink item (SinkKey of the job),
+// and the jobs take the guard forms in turn from different starting points.
+// A replica records for each job what it records for its one lease (below):
+// the readings of the job's Pool.Lease(job).State, its fn calls, leader
+// contexts, effects and finished runs, each event naming its job. The
+// checker judges each job on its own, with every check below, and each
+// violation names its job; what Pool.RunSchedule returned, and the
+// processes, are judged once per replica.
 //
 // Liveness in a pool waits longer, by the simulation's pool bounds
 // (internal/sim, plan_test.go): a job is seen led within poolLiveBound
@@ -35,8 +37,8 @@
 // session lapsed and seen so) plus a call and a heartbeat, a view lag
 // (HeartbeatInterval + CallTimeout + 2*MaxClockSkew) and poolGapBound
 // (a job moved: its holder's resignation and a standby's takeover) plus a
-// lease. A pool plan's quiet phase is long enough to judge four slots of
-// every job after that (8.6 to 10 leases instead of 4).
+// lease. A pool plan's quiet phase is long enough to judge three slots of
+// every job after that (about 9.5 leases, at most 11, instead of 4).
 //
 // # What a replica records
 //

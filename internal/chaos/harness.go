@@ -76,6 +76,7 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 	if err := ddbtest.CreateRawTable(ctx, db, sink, "pk", types.ScalarAttributeTypeS); err != nil {
 		return nil, fmt.Errorf("create table %s: %w", sink, err)
 	}
+	timing := plan.Timing(h.Timing)
 	jobs := plan.JobNames()
 	pool := ""
 	if plan.Pool {
@@ -106,7 +107,7 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 		}
 		proxies = append(proxies, px)
 		off, drift := plan.Clock(h.Timing)
-		t := h.Timing
+		t := timing
 		name := "replica-" + strconv.Itoa(seq)
 		cfg := ReplicaConfig{
 			Name: name, Endpoint: px.URL(), Table: table, Sink: sink, Job: jobs[0], Pool: pool, Jobs: jobs,
@@ -237,7 +238,7 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 		}
 	}
 
-	in := CheckInput{Timing: h.Timing, Wild: plan.Wild, Pool: plan.Pool, QuietFrom: quietFrom, End: end, Race: RaceEnabled, Stalls: stalls()}
+	in := CheckInput{Timing: timing, Wild: plan.Wild, Pool: plan.Pool, QuietFrom: quietFrom, End: end, Race: RaceEnabled, Stalls: stalls()}
 	for _, p := range procs {
 		evs, err := ReadEvents(filepath.Join(h.Dir, p.name+".events"))
 		if err != nil && !os.IsNotExist(err) {
@@ -250,14 +251,14 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 	}
 	// Slots come from the replicas' clocks, which a wild plan offsets by up
 	// to five leases, and a catch-up may fire one from before the start.
-	margin := 10*h.Timing.Lease + 4*h.Timing.Slot
+	margin := 10*timing.Lease + 4*timing.Slot
 	for _, job := range jobs {
 		jh := JobHistory{Job: job}
 		var err error
 		if jh.Sink, err = readSink(ctx, db, sink, job); err != nil {
 			return nil, err
 		}
-		if jh.Runs, err = readRuns(ctx, db, table, job, h.Timing.Slot, t0.Add(-margin), end.Add(margin)); err != nil {
+		if jh.Runs, err = readRuns(ctx, db, table, job, timing.Slot, t0.Add(-margin), end.Add(margin)); err != nil {
 			return nil, err
 		}
 		if !plan.Pool {

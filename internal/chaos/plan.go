@@ -89,7 +89,7 @@ func NewPlan(seed uint64, wild bool, t Timing) *Plan {
 // SetPool sets whether the plan runs a pool, and its quiet phase to
 // match. A pool's quiet phase lasts until the pool has settled (the last
 // killed replica's session lapsed and seen so, a replica started as the
-// faults end joined), its jobs moved and led (liveBounds), and four slots
+// faults end joined), its jobs moved and led (liveBounds), and three slots
 // of every job more, to judge.
 func (p *Plan) SetPool(on bool, t Timing) {
 	p.Pool = on
@@ -103,8 +103,22 @@ func (p *Plan) SetPool(on bool, t Timing) {
 			settled = max(settled, s.At+t.Call+t.Lease+2*t.Skew)
 		}
 	}
+	slot := p.Timing(t).Slot
 	p.Quiet = settled - p.Faulty + t.Call + t.Heartbeat + ViewLag(t) + PoolGapBound(t) + t.Lease + // liveBounds' from
-		t.Slot + t.Lease + 4*t.Slot // the last slot judged ends a slot and a lease before the stop
+		slot + t.Lease + 3*slot // the last slot judged ends a slot and a lease before the stop
+}
+
+// Timing is the timing the plan's replicas use: t, but in a pool each job
+// has a slot every two Slots. A replica of a pool runs several jobs'
+// slots at once, each run a Work and three or four requests long; on a
+// loaded machine (two cores, race-built replicas, two plans at once) a
+// run then took longer than Slot, and the next slot of its job was
+// skipped as missed once the run ended.
+func (p *Plan) Timing(t Timing) Timing {
+	if p.Pool {
+		t.Slot *= 2
+	}
+	return t
 }
 
 // JobNames names a run's jobs: one job, or a pool's.
