@@ -190,7 +190,9 @@ func decodeMember(y Layout, item map[string]types.AttributeValue) (member, error
 func (p *Pool) watch(members map[string]member) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.members = members
+	// A copy: sessionFree marks the ones it ended in it, under p.mu, while
+	// the renewal goes on reading members without it.
+	p.members = maps.Clone(members)
 	real := time.Now()
 	for owner, m := range members {
 		if w, ok := p.watched[owner]; !ok || w.sv != m.sid+"\x00"+m.sv {
