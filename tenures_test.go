@@ -22,9 +22,7 @@ func TestTenuresDrainRunsBeforeTheResignation(t *testing.T) {
 	ts, err := ddblease.NewTenures(a)
 	require.NoError(t, err)
 	stop := runAsync(ctx, a, ts.Lead)
-	eventually(t, "a leads", a.IsLeader)
-	run, err := ts.Join()
-	require.NoError(t, err)
+	run := joined(t, ts)
 	assert.Equal(t, a.State().Fence, run.Fence())
 
 	stopped := make(chan error, 1)
@@ -61,9 +59,7 @@ func TestTenuresDrainTimeout(t *testing.T) {
 	ts, err := ddblease.NewTenures(a)
 	require.NoError(t, err)
 	stop := runAsync(ctx, a, ts.Lead)
-	eventually(t, "a leads", a.IsLeader)
-	run, err := ts.Join()
-	require.NoError(t, err)
+	run := joined(t, ts)
 	go func() {
 		<-run.Context().Done()
 		run.Done()
@@ -87,9 +83,7 @@ func TestTenuresLossEndsTheRuns(t *testing.T) {
 	_, err = ts.Join()
 	require.ErrorIs(t, err, ddblease.ErrNotLeader)
 	stop := runAsync(ctx, a, ts.Lead)
-	eventually(t, "a leads", a.IsLeader)
-	run, err := ts.Join()
-	require.NoError(t, err)
+	run := joined(t, ts)
 	_, err = newAdmin(t, db, table).ForceRelease(ctx, "job", run.Fence())
 	require.NoError(t, err)
 	select {
@@ -112,9 +106,7 @@ func TestTenuresLossDuringTheDrain(t *testing.T) {
 	ts, err := ddblease.NewTenures(a)
 	require.NoError(t, err)
 	stop := runAsync(ctx, a, ts.Lead)
-	eventually(t, "a leads", a.IsLeader)
-	run, err := ts.Join()
-	require.NoError(t, err)
+	run := joined(t, ts)
 	stopped := make(chan error, 1)
 	go func() { stopped <- stop() }()
 	eventually(t, "the tenure drains", func() bool {
@@ -134,4 +126,17 @@ func TestTenuresLossDuringTheDrain(t *testing.T) {
 	require.ErrorIs(t, context.Cause(run.Context()), ddblease.ErrLost)
 	run.Done()
 	<-stopped
+}
+
+// joined joins the tenure of ts once its Lead has published one (a Join
+// at the instant the lease leads waits a RetryInterval at most).
+func joined(t *testing.T, ts *ddblease.Tenures) *ddblease.Tenure {
+	t.Helper()
+	var run *ddblease.Tenure
+	eventually(t, "a tenure to join", func() bool {
+		var err error
+		run, err = ts.Join()
+		return err == nil
+	})
+	return run
 }
