@@ -160,6 +160,8 @@ func addStats(sum *chaos.Stats, s chaos.Stats) {
 	sum.Observed += s.Observed
 	sum.Stalls += s.Stalls
 	sum.MaxStall = max(sum.MaxStall, s.MaxStall)
+	sum.SlowCalls += s.SlowCalls
+	sum.ReplicaStalls += s.ReplicaStalls
 }
 
 // TestRaceInReplicaFails starts a replica that races on purpose and checks

@@ -41,6 +41,11 @@ type CheckInput struct {
 	// machine, or the process hosting the server and the proxies, stalled):
 	// for liveness they are faults like the plan's.
 	Stalls []Interval
+	// Slow are requests the server (in the suite's process) took longer
+	// than CallTimeout to answer, no latency injected: a client's call
+	// timed out as under a fault, so for liveness they are faults too. A
+	// replica's own stalls are its EvStall events.
+	Slow []Interval
 }
 
 // JobHistory is what the tables hold of one job of a pool: its sink
@@ -78,6 +83,10 @@ type Stats struct {
 	// 250 ms, and the longest.
 	Stalls   int
 	MaxStall time.Duration
+	// Requests the server answered later than CallTimeout with no fault
+	// injected, and stalls of replica processes longer than 250 ms: both
+	// faults for liveness, like Stalls.
+	SlowCalls, ReplicaStalls int
 }
 
 // Window is one tenure as a user of the replica could see it: from a
@@ -309,11 +318,37 @@ func Check(in CheckInput) (violations []string, st Stats) {
 		}
 	}
 	quiet := in.QuietFrom
+	after := func(s Interval) {
+		if !quiet.IsZero() && s.To.After(quiet) {
+			quiet = s.To // a stall is a fault: liveness counts from its end
+		}
+	}
 	for _, s := range in.Stalls {
 		st.Stalls++
 		st.MaxStall = max(st.MaxStall, s.To.Sub(s.From))
-		if !quiet.IsZero() && s.To.After(quiet) {
-			quiet = s.To // a stall is a fault: liveness counts from its end
+		after(s)
+	}
+	for _, s := range in.Slow {
+		st.SlowCalls++
+		after(s)
+	}
+	pauses := map[string][]Interval{}
+	for _, p := range in.Procs {
+		pauses[p.Name] = p.Pauses
+	}
+	for _, e := range in.Events {
+		if e.Kind != EvStall {
+			continue
+		}
+		s := Interval{From: time.Unix(0, e.B), To: time.Unix(0, e.A)}
+		after(s)
+		stopped := false // the plan's SIGSTOP, counted as a pause already
+		for _, p := range pauses[e.Replica] {
+			stopped = stopped || p.From.Before(s.To) && (p.To.IsZero() || p.To.After(s.From))
+		}
+		if !stopped {
+			st.ReplicaStalls++
+			st.MaxStall = max(st.MaxStall, s.To.Sub(s.From))
 		}
 	}
 	live := newLiveBounds(in, quiet)

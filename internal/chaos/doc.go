@@ -119,6 +119,11 @@
 // not overlap; after the faults stop a replica sees itself leading within
 // two leases plus skew plus a poll, and every slot due after that has a
 // succeeded run and an effect (for a pool, each job by the pool's bounds
-// above). With wild clocks, overlaps are counted and
+// above). Liveness counts from the end of the faults, or of the
+// last stall after them: the suite's own process not running for more
+// than 250 ms, a replica's process likewise (its EvStall events; the
+// plan's SIGSTOPs aside), or a request the server answered later than
+// CallTimeout with no latency injected (a proxy sees it): on a loaded
+// machine these are faults like the plan's. With wild clocks, overlaps are counted and
 // the longest is reported.
 package chaos

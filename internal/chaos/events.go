@@ -48,6 +48,9 @@ const (
 	EvFinished = "finished" // run recorded as finished (OK) or refused
 	EvExit     = "exit"     // RunSchedule returned (Err: what it returned)
 	EvObserved = "observed" // an observer event, for information only
+	// EvStall: the replica's process did not run from B to A (a ticker
+	// every 5 ms arrived more than 250 ms late): a fault for liveness.
+	EvStall = "stall"
 )
 
 // Recorder appends events to a file, one JSON object a line. Each event is

@@ -106,6 +106,7 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 			return nil, err
 		}
 		proxies = append(proxies, px)
+		px.WatchSlow(timing.Call)
 		off, drift := plan.Clock(h.Timing)
 		t := timing
 		name := "replica-" + strconv.Itoa(seq)
@@ -232,13 +233,15 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 			<-p.done
 		}
 	}
+	var slow []Interval
 	for _, px := range proxies {
 		for k, v := range px.Counts() {
 			res.Faults[k] += v
 		}
+		slow = append(slow, px.Slow()...)
 	}
 
-	in := CheckInput{Timing: timing, Wild: plan.Wild, Pool: plan.Pool, QuietFrom: quietFrom, End: end, Race: RaceEnabled, Stalls: stalls()}
+	in := CheckInput{Timing: timing, Wild: plan.Wild, Pool: plan.Pool, QuietFrom: quietFrom, End: end, Race: RaceEnabled, Stalls: stalls(), Slow: slow}
 	for _, p := range procs {
 		evs, err := ReadEvents(filepath.Join(h.Dir, p.name+".events"))
 		if err != nil && !os.IsNotExist(err) {

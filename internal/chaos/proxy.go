@@ -43,6 +43,10 @@ type Proxy struct {
 	faults Faults
 	rng    *rand.Rand
 	counts map[string]int
+	// Forwarded requests the server took longer than slowAfter to answer
+	// (zero: none are watched), from the send to the answer.
+	slowAfter time.Duration
+	slow      []Interval
 }
 
 // NewProxy starts a proxy in front of upstream (http://host:port).
@@ -71,6 +75,22 @@ func (p *Proxy) Set(f Faults) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.faults = f
+}
+
+// WatchSlow makes the proxy note every forwarded request that the server
+// takes longer than d to answer (Slow).
+func (p *Proxy) WatchSlow(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.slowAfter = d
+}
+
+// Slow returns the forwarded requests the server answered late (WatchSlow),
+// each from its send to its answer.
+func (p *Proxy) Slow() []Interval {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]Interval(nil), p.slow...)
 }
 
 // Counts returns how many faults of each kind were injected.
@@ -151,6 +171,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	req.Header = r.Header.Clone()
 	req.Host = r.Host
+	sent := time.Now()
 	resp, err := p.client.Do(req)
 	if err != nil {
 		hangUp(w)
@@ -158,6 +179,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer resp.Body.Close()
 	out, err := io.ReadAll(resp.Body)
+	if took := time.Since(sent); took > 0 {
+		p.mu.Lock()
+		if p.slowAfter > 0 && took > p.slowAfter {
+			p.slow = append(p.slow, Interval{From: sent, To: sent.Add(took)})
+		}
+		p.mu.Unlock()
+	}
 	if err != nil || kind == FaultDrop {
 		hangUp(w) // the server applied the request; the answer is lost
 		return

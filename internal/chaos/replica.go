@@ -269,6 +269,21 @@ func RunReplica(cfg ReplicaConfig) error {
 		sinks[job] = sink{cfg: cfg, job: job, index: i, db: db, guard: guard}
 	}
 
+	// A stall of this process (a loaded machine) is a fault, as the
+	// suite's own are.
+	go func() {
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		last := time.Now()
+		for range t.C {
+			now := time.Now()
+			if now.Sub(last) > 250*time.Millisecond {
+				rec.Record(Event{Kind: EvStall, B: last.UnixNano(), A: now.UnixNano()})
+			}
+			last = now
+		}
+	}()
+
 	// The sampler reads IsLeader every millisecond or two, between the
 	// readings taken around each request.
 	sampling := make(chan struct{})
