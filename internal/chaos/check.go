@@ -319,7 +319,8 @@ func Check(in CheckInput) (violations []string, st Stats) {
 	}
 	quiet := in.QuietFrom
 	after := func(s Interval) {
-		if !quiet.IsZero() && s.To.After(quiet) {
+		// Stalls while the replicas stop (from End on) are not judged.
+		if !quiet.IsZero() && s.To.After(quiet) && s.From.Before(in.End) {
 			quiet = s.To // a stall is a fault: liveness counts from its end
 		}
 	}
@@ -524,8 +525,10 @@ func checkJob(in CheckInput, jh JobHistory, quiet time.Time, live liveBounds, ba
 
 	// 6. Liveness (clocks within the bound): after the faults, IsLeader is
 	// seen true by live.by, and every slot due from live.from on has a
-	// succeeded run and an effect (liveBounds says why these bounds).
-	if !in.Wild && !quiet.IsZero() {
+	// succeeded run and an effect (liveBounds says why these bounds);
+	// judged only if live.by comes before the replicas are told to stop
+	// (a late stall may leave too little time).
+	if !in.Wild && !quiet.IsZero() && live.by.Before(in.End) {
 		led := false
 		for _, e := range in.Events {
 			if e.Kind == EvBelief && e.OK && !ts(e.A).After(live.by) && !ts(e.B).Before(quiet) {
