@@ -75,11 +75,12 @@ type Pool struct {
 	pastSessions map[string]bool
 	// members holds every member item last read, live or not; watched,
 	// each member's session version as last read, and when it was first
-	// read so by the runtime clock; gone, since when a session that jobs
-	// are bound to has been missing from its member item (sessionFree).
+	// read so by the runtime clock; gone, the sessions that jobs are
+	// bound to and the last read did not show (sessionFree), by
+	// owner+"\x00"+session.
 	members map[string]member
 	watched map[string]watchedEntry
-	gone    map[string]time.Time
+	gone    map[string]goneEntry
 	ending  map[string]bool // sessions this replica is ending (sessionFree), by id
 }
 
@@ -89,10 +90,22 @@ type poolView struct {
 	members map[string]member // the live members' items
 }
 
-// watchedEntry is a member's session version as last read, and since when.
+// watchedEntry is a member's session and version as last read, and
+// since when.
 type watchedEntry struct {
-	sv    string
-	since time.Time
+	sid, sv string
+	since   time.Time
+}
+
+// goneEntry is a session that jobs are bound to and that a member read
+// did not show: when sessionFree first asked for it, and when a member
+// read sent after that ended without it (zero until one did), both by
+// the runtime clock. A read sent before the ask may predate the session
+// itself, so it proves nothing; a read sent after it does (member reads
+// are strongly consistent), and the session's holder could then renew
+// it no later than the read: its deadline passes a LeaseDuration after.
+type goneEntry struct {
+	asked, missing time.Time
 }
 
 // NewPool returns a pool of jobs in table, run by this replica as
@@ -473,7 +486,7 @@ func (p *Pool) begin() {
 	p.mu.Lock()
 	p.seen, p.declined = poolView{}, nil
 	p.sess, p.pastSessions = newSession(p), map[string]bool{}
-	p.members, p.watched, p.gone, p.ending = nil, map[string]watchedEntry{}, map[string]time.Time{}, map[string]bool{}
+	p.members, p.watched, p.gone, p.ending = nil, map[string]watchedEntry{}, map[string]goneEntry{}, map[string]bool{}
 	p.mu.Unlock()
 	select {
 	case <-p.declines:

@@ -249,6 +249,52 @@ func TestPoolReplicaThatDiesLosesItsJobs(t *testing.T) {
 	_ = stopB()
 }
 
+// A replica whose wall clock ran an hour ahead when it last renewed its
+// session, then died, left the session's expiry an hour out, and a job
+// bound to it: the others end the session once they have read its
+// version unchanged for a LeaseDuration (docs/sessions.md, rule 3: its
+// member item bears the end mark, and is not merely removed), then take
+// the job with the next fence.
+func TestPoolEndsTheLapsedSessionOfADeadReplicaWithAClockAhead(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(4)
+	p := newPool(t, db, table, jobs, fast("a"))
+	w := newPoolWatch(t)
+	stop := async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn("a")) })
+	defer func() { assert.NoError(t, stop()) }()
+	eventually(t, "a leads every job", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 4}, w.leads()) })
+	writeFakeMember(ctx, t, db, table, "b", "a view")
+	eventually(t, "a acts on a view with b", func() bool { return slices.Equal(p.Members(), []string{"a", "b"}) })
+	writeFakeMember(ctx, t, db, table, "b", poolView(t, db, table, "a")) // b's last renewal
+	eventually(t, "a hands b its share", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2}, w.leads()) })
+	var job string
+	for _, j := range jobs {
+		if !p.Lease(j).IsLeader() {
+			job = j
+		}
+	}
+	// b takes the job, binding it to its session, and dies.
+	_, err := db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName: aws.String(table), Key: map[string]types.AttributeValue{"pk": sAttr("job#" + job), "sk": sAttr("lease")},
+		UpdateExpression: aws.String("SET #o = :b, #s = :sid, #p = :pool, #f = #f + :one, #x = :far, #rv = :rv"),
+		ExpressionAttributeNames: map[string]string{"#o": "owner", "#s": "session", "#p": "pool", "#f": "fence",
+			"#x": "expiresAt", "#rv": "rv"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":b": sAttr("b"), ":sid": sAttr("fake-session"),
+			":pool": sAttr("reports"), ":one": nAttr("1"), ":far": nAttr(strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)),
+			":rv": sAttr("taken-by-b")},
+	})
+	require.NoError(t, err)
+	taken := leaseFence(t, db, table, job)
+	eventually(t, "a ends b's session", func() bool {
+		end, _ := poolMembers(t, db, table)["b"]["ended"].(*types.AttributeValueMemberS)
+		return end != nil && end.Value == "a"
+	})
+	eventually(t, "a leads every job again", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 4}, w.leads()) })
+	assert.Equal(t, taken+1, leaseFence(t, db, table, job), "a took b's job with the next fence")
+}
+
 // Replicas whose clocks differ by less than MaxClockSkew see the same
 // replicas live and split the jobs evenly.
 func TestPoolClocksWithinTheBound(t *testing.T) {
@@ -418,4 +464,17 @@ func writeFakeMember(ctx context.Context, t *testing.T, db *dynamodb.Client, tab
 		"sid": sAttr("fake-session"), "sv": sAttr(view + "@" + strconv.FormatInt(time.Now().UnixNano(), 10)),
 	}})
 	require.NoError(t, err)
+}
+
+// leaseFence reads job's fence from its lease item.
+func leaseFence(t *testing.T, db *dynamodb.Client, table, job string) int64 {
+	t.Helper()
+	out, err := db.GetItem(context.Background(), &dynamodb.GetItemInput{TableName: aws.String(table),
+		Key: map[string]types.AttributeValue{"pk": sAttr("job#" + job), "sk": sAttr("lease")}, ConsistentRead: aws.Bool(true)})
+	require.NoError(t, err)
+	f, _ := out.Item["fence"].(*types.AttributeValueMemberN)
+	require.NotNil(t, f, "the fence of %s", job)
+	n, err := strconv.ParseInt(f.Value, 10, 64)
+	require.NoError(t, err)
+	return n
 }

@@ -33,12 +33,12 @@ func (p *Pool) renew(ctx context.Context) (poolView, error) {
 	seen, declined := p.view()
 	view := p.viewOf(seen)
 	for range maxWrites {
-		members, err := p.write(ctx, view, slices.Sorted(maps.Keys(declined)))
+		members, sent, err := p.write(ctx, view, slices.Sorted(maps.Keys(declined)))
 		if err != nil {
 			return poolView{}, err
 		}
 		now := p.opts.Now()
-		p.watch(members)
+		p.watch(members, sent)
 		p.forgetDead(ctx, members, now)
 		seen = poolView{live: p.liveIn(members, now), members: map[string]member{}}
 		for _, r := range seen.live {
@@ -54,12 +54,13 @@ func (p *Pool) renew(ctx context.Context) (poolView, error) {
 
 // write renews this replica's session (its member item: a new session
 // at once when the current one ended), handles the notes it returns,
-// then reads the pool's member items, and returns the members they list.
-func (p *Pool) write(ctx context.Context, view string, declined []string) (map[string]member, error) {
+// then reads the pool's member items, and returns the members they list
+// and when that read was sent, by the runtime clock.
+func (p *Pool) write(ctx context.Context, view string, declined []string) (map[string]member, time.Time, error) {
 	y := p.opts.Layout
 	list, err := json.Marshal(declined)
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
 	if declined == nil {
 		list = []byte("[]")
@@ -73,14 +74,15 @@ func (p *Pool) write(ctx context.Context, view string, declined []string) (map[s
 		notes, err = s.renew(ctx, f)
 	}
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
 	p.handleNotes(ctx, s, notes)
 	lo, hi := prefixRange(skMember)
+	sent := time.Now()
 	items, err := query(ctx, p.db, p.table, y, y.poolPartition(p.name), lo, hi, 0, false, p.opts.CallTimeout,
 		fmt.Sprintf("pool %q: read the members", p.name))
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
 	out := make(map[string]member, len(items))
 	for _, item := range items {
@@ -92,7 +94,7 @@ func (p *Pool) write(ctx context.Context, view string, declined []string) (map[s
 			out[m.owner] = m
 		}
 	}
-	return out, nil
+	return out, sent, nil
 }
 
 // handleNotes handles the jobs noted in the session's member item
@@ -184,10 +186,12 @@ func decodeMember(y Layout, item map[string]types.AttributeValue) (member, error
 	return m, nil
 }
 
-// watch records the members read and, for each, since when its session's
-// version has been read unchanged, by the runtime clock; it forgets
-// sessions found gone long ago (sessionFree).
-func (p *Pool) watch(members map[string]member) {
+// watch records the members read by a Query sent at sent and, for each,
+// since when its session's version has been read unchanged, by the
+// runtime clock; for each session asked for in gone, it forgets it if
+// the read shows it (the lapse rules judge it then), or notes when the
+// first read sent after the ask ended without it (sessionFree).
+func (p *Pool) watch(members map[string]member, sent time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	// A copy: sessionFree marks the ones it ended in it, under p.mu, while
@@ -195,8 +199,8 @@ func (p *Pool) watch(members map[string]member) {
 	p.members = maps.Clone(members)
 	real := time.Now()
 	for owner, m := range members {
-		if w, ok := p.watched[owner]; !ok || w.sv != m.sid+"\x00"+m.sv {
-			p.watched[owner] = watchedEntry{sv: m.sid + "\x00" + m.sv, since: real}
+		if w, ok := p.watched[owner]; !ok || w.sid != m.sid || w.sv != m.sv {
+			p.watched[owner] = watchedEntry{sid: m.sid, sv: m.sv, since: real}
 		}
 	}
 	for owner := range p.watched {
@@ -204,9 +208,14 @@ func (p *Pool) watch(members map[string]member) {
 			delete(p.watched, owner)
 		}
 	}
-	for k, since := range p.gone {
-		if real.Sub(since) > 4*p.opts.LeaseDuration {
+	for k, g := range p.gone {
+		owner, sid, _ := strings.Cut(k, "\x00")
+		switch m, ok := members[owner]; {
+		case ok && m.sid == sid, real.Sub(g.asked) > 4*p.opts.LeaseDuration:
 			delete(p.gone, k)
+		case g.missing.IsZero() && sent.After(g.asked):
+			g.missing = real
+			p.gone[k] = g
 		}
 	}
 }

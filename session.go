@@ -260,9 +260,10 @@ func (s *session) noteHandled(jobs []string) {
 // replica's own and over; its member item was read with the end mark; it
 // lapsed (its expiry MaxClockSkew old, or its version read unchanged for
 // a LeaseDuration) and this replica ended it, with a write conditional on
-// the version it watched; or its member item has been read without it
-// (deleted, or holding a later session) for a LeaseDuration by the
-// runtime's clock, which outlasts any deadline of its holder.
+// the version it watched; or a member read sent after the first ask for
+// it ended without it (its item deleted, or holding another session) a
+// LeaseDuration ago by the runtime's clock, which outlasts any deadline
+// of its holder (goneEntry).
 func (p *Pool) sessionFree(ctx context.Context, owner, sid string) bool {
 	if owner == p.opts.Owner {
 		p.mu.Lock()
@@ -274,13 +275,12 @@ func (p *Pool) sessionFree(ctx context.Context, owner, sid string) bool {
 	w := p.watched[owner]
 	if !ok || m.sid != sid {
 		k := owner + "\x00" + sid
-		since, seen := p.gone[k]
-		if !seen {
-			since = time.Now()
-			p.gone[k] = since
+		g, asked := p.gone[k]
+		if !asked {
+			p.gone[k] = goneEntry{asked: time.Now()}
 		}
 		p.mu.Unlock()
-		return time.Since(since) >= p.opts.LeaseDuration
+		return !g.missing.IsZero() && time.Since(g.missing) >= p.opts.LeaseDuration
 	}
 	switch {
 	case m.ended != "":
@@ -315,7 +315,7 @@ func (p *Pool) sessionFree(ctx context.Context, owner, sid string) bool {
 func (p *Pool) lapsed(m member, w watchedEntry) bool {
 	now := p.opts.Now()
 	return expiredBy(time.UnixMilli(m.exp), now, p.opts.MaxClockSkew) ||
-		w.sv == m.sv && time.Since(w.since) >= p.opts.LeaseDuration
+		w.sid == m.sid && w.sv == m.sv && time.Since(w.since) >= p.opts.LeaseDuration
 }
 
 // endSession ends a lapsed session with a write conditional on the

@@ -85,6 +85,10 @@ var foundSeeds = []foundSeed{
 // was found before pools existed, or in a single lease); a seed here is
 // one whose draw is a pool's, and replays it.
 var foundPoolSeeds = []foundSeed{
+	{373024, "a pool: a replica whose first member read was answered before another's session existed, then paused, judged that session gone from the stale read and, the job assigned to it, took it while its holder led (a session now counts as gone only by a member read sent after the replica found the job bound to it)"},
+	{388170, "a pool of schedules: two leaders of one job, the stale member read of 373024"},
+	{401394, "a pool of schedules: two leaders of one job, the stale member read of 373024"},
+	{407073, "a pool: two leaders of one job, the stale member read of 373024"},
 	{381290, "a pool of schedules: a trigger's note, added to the holder's member item while the note of the Resume just before it awaited its deletion, was deleted with it unread: the trigger stayed pending for the rest of the tenure (each note now has an id of its own)"},
 }
 
