@@ -16,8 +16,8 @@ import (
 // item (resign requests, forced releases, pauses, resumptions, triggers) and
 // what it reports of a job.
 
-// DefaultAdminCallTimeout is the default of AdminOptions.CallTimeout.
-const DefaultAdminCallTimeout = 10 * time.Second
+// defaultAdminCallTimeout is the default of AdminOptions.CallTimeout.
+const defaultAdminCallTimeout = 10 * time.Second
 
 // AdminOptions configures an Admin. A zero field takes its default.
 type AdminOptions struct {
@@ -95,7 +95,7 @@ func NewAdmin(db DynamoDBAPI, table string, optFns ...func(*AdminOptions)) (*Adm
 		return nil, invalid("AdminOptions: CallTimeout is negative (%v)", o.CallTimeout)
 	}
 	if o.CallTimeout == 0 {
-		o.CallTimeout = DefaultAdminCallTimeout
+		o.CallTimeout = defaultAdminCallTimeout
 	}
 	if o.Operator == "" {
 		o.Operator = defaultOperator()

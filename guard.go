@@ -50,8 +50,8 @@ func (e *StaleFenceError) Unwrap() []error {
 	return []error{ErrStaleFence, e.err}
 }
 
-// DefaultGuardCallTimeout is the default of GuardOptions.CallTimeout.
-const DefaultGuardCallTimeout = 5 * time.Second
+// defaultGuardCallTimeout is the default of GuardOptions.CallTimeout.
+const defaultGuardCallTimeout = 5 * time.Second
 
 // DefaultGuardFenceAttribute is the default of GuardOptions.FenceAttribute
 // and CommitOptions.FenceAttribute: the attribute of a guarded item that
@@ -161,7 +161,7 @@ func NewGuard(db DynamoDBAPI, table, job string, optFns ...func(*GuardOptions)) 
 		return nil, invalid("GuardOptions: CallTimeout is negative (%v)", o.CallTimeout)
 	}
 	if o.CallTimeout == 0 {
-		o.CallTimeout = DefaultGuardCallTimeout
+		o.CallTimeout = defaultGuardCallTimeout
 	}
 	m, err := newMarker("GuardOptions", o.FenceAttribute, o.TokenAttribute)
 	if err != nil {
