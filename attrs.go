@@ -1,8 +1,10 @@
 package ddblease
 
 import (
+	"encoding/hex"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"reflect"
 	"strconv"
 	"strings"
@@ -12,8 +14,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// This file owns the reading of item attributes: typed getters that name
-// what is missing or malformed.
+// This file owns the attributes of the library's items: their names (one
+// list, itemAttributes, that a Layout's key names must avoid), the typed
+// getters that name what is missing or malformed, and the values the
+// library writes (avS, avN, randomID).
 
 // The items of the table are records: Go structs whose fields carry
 // dynamodbav tags (leaseItem, controlItem, runItem), decoded with
@@ -231,3 +235,139 @@ func avN(n int64) types.AttributeValue {
 }
 
 func avBool(b bool) types.AttributeValue { return &types.AttributeValueMemberBOOL{Value: b} }
+
+// Attribute names of a job-run item (owner and fence as in the lease
+// item). Several are reserved words: expressions use expression attribute
+// names throughout.
+const (
+	attrJob         = "job"
+	attrSlot        = "slot"        // S: the slot, RFC 3339 in UTC
+	attrClaim       = "claim"       // S: random token of the claim
+	attrStatus      = "status"      // S: a RunStatus
+	attrStartedAt   = "startedAt"   // N: Unix ms, claimant's clock
+	attrFinishedAt  = "finishedAt"  // N: Unix ms
+	attrError       = "error"       // S: error text of a failed run
+	attrClaims      = "claims"      // N: claims made, 1 + re-runs
+	attrMissed      = "missed"      // N: slots found missed by the catch-up; -1: unknown
+	attrAbandonedBy = "abandonedBy" // N: fence of the tenure that abandoned it
+	attrTrigger     = "trigger"     // S: id of the trigger request of a triggered run
+	// attrUnswept lists slots (as in their keys) whose runs an older tenure
+	// may have left running, which the claimant's catch-up could not mark
+	// abandoned: a later catch-up that stops at this run reads them back.
+	attrUnswept = "unswept" // SS
+	// attrSkippedIn is, on a run skipped by a pause, when that pause began
+	// (the lease item's pausedAt, Unix ms): a slot recorded skipped by a
+	// leader whose wall clock ran ahead, though it came due after the
+	// pause ended, is run after all (runprotocol.go).
+	attrSkippedIn = "skippedIn" // N
+)
+
+// Attribute names of the lease item. Several are DynamoDB reserved words, so
+// expressions always refer to them through expression attribute names.
+const (
+	attrOwner      = "owner"
+	attrFence      = "fence"
+	attrExpires    = "expiresAt"  // N: writer's wall clock, Unix ms
+	attrVersion    = "rv"         // S: renewal version, new on every write
+	attrLeaseMs    = "leaseMs"    // N: lease duration written, ms
+	attrAcquiredAt = "acquiredAt" // N: Unix ms
+	attrRenewedAt  = "renewedAt"  // N: Unix ms
+	attrDraining   = "draining"   // BOOL: the holder is about to resign
+	// attrListed records that the job's directory entry was written
+	// (Lease.list): until it is, each acquisition writes it.
+	attrListed = "listed" // BOOL
+)
+
+// Attribute names of the operator controls kept in the lease item (see
+// Admin). Writes of the lease protocol never touch them, and operator writes
+// never touch the protocol's attributes except ForceRelease, which raises
+// the fence like an acquisition does.
+const (
+	attrPaused        = "paused"        // BOOL: RunSchedule fires no slot
+	attrPausedBy      = "pausedBy"      // S: operator of the latest pause
+	attrPausedAt      = "pausedAt"      // N: Unix ms, operator's clock
+	attrResumedBy     = "resumedBy"     // S
+	attrResumedAt     = "resumedAt"     // N: Unix ms
+	attrCatchUp       = "catchUp"       // S: token of the latest resumption
+	attrCatchUpWanted = "catchUpWanted" // BOOL: that resumption asked for a catch-up
+	attrCatchUpDone   = "catchUpDone"   // S: token of the latest catch-up handled
+	attrResignFence   = "resignFence"   // N: the tenure asked to resign
+	attrResignBy      = "resignBy"      // S
+	attrResignAt      = "resignAt"      // N: Unix ms
+	attrReleasedFence = "releasedFence" // N: the tenure force-released
+	attrReleasedBy    = "releasedBy"    // S
+	attrReleasedAt    = "releasedAt"    // N: Unix ms
+	// attrTriggers maps the id of each pending trigger request to its
+	// slot (N, Unix ms). Handled requests are removed from the map with a
+	// nested REMOVE. The map keeps a placeholder entry, triggerKeep, so
+	// that it is never emptied: minidyn v0.8.2 cannot return an empty map,
+	// and ignores top-level REMOVE actions (which is why no other control
+	// is cleared by removing an attribute).
+	attrTriggers = "triggers" // M
+	triggerKeep  = "-"
+)
+
+// Attributes of the directory's entries.
+const (
+	attrPool     = "pool" // S: a pool's entry: the pool's name
+	attrPoolJobs = "jobs" // SS: a pool's entry: its jobs, as its last replica to start listed them
+)
+
+// Attributes of a pool's member item (and session.go's).
+const (
+	memberExpiry   = "exp"      // N: the member's expiry, Unix ms, by its clock
+	memberView     = "view"     // S: the view it acts on (viewOf)
+	memberJobs     = "list"     // S: its job list (listHash)
+	memberDeclined = "declined" // S: the jobs it declines, a JSON array of names
+)
+
+// Attributes of sessions: in a member item, and in a lease item bound to one.
+const (
+	memberSession = "sid"     // S: the session's id, new for each Pool.Run
+	memberVersion = "sv"      // S: the session's version, new at each renewal
+	memberEnded   = "ended"   // S: set once, by the replica that ended the lapsed session
+	memberLeaving = "leaving" // BOOL: the replica is leaving the pool: assign it nothing
+	memberNotes   = "notes"   // SS: notes on jobs whose lease item an operator changed (Admin; newNote)
+	attrSession   = "session" // S, lease item: the id of the session it is bound to
+	// The pool of that session is the lease item's attrPool.
+
+	// noSession marks a lease item bound to no session, and a member
+	// item's session not ended: the library never relies on REMOVE
+	// (minidyn v0.8.2 ignores a top-level REMOVE clause).
+	noSession = "-"
+)
+
+// itemAttributes are the attributes of the library's items other than
+// the key: a key attribute must not be named as one of them.
+var itemAttributes = map[string]bool{
+	attrOwner: true, attrFence: true, attrExpires: true, attrVersion: true, attrLeaseMs: true,
+	attrAcquiredAt: true, attrRenewedAt: true, attrDraining: true, attrListed: true,
+	attrPaused: true, attrPausedBy: true, attrPausedAt: true, attrResumedBy: true, attrResumedAt: true,
+	attrCatchUp: true, attrCatchUpWanted: true, attrCatchUpDone: true, attrResignFence: true, attrResignBy: true, attrResignAt: true, attrReleasedFence: true,
+	attrReleasedBy: true, attrReleasedAt: true, attrTriggers: true,
+	attrJob: true, attrSlot: true, attrClaim: true, attrStatus: true, attrStartedAt: true, attrFinishedAt: true,
+	attrError: true, attrClaims: true, attrMissed: true, attrAbandonedBy: true, attrTrigger: true,
+	attrUnswept: true, attrSkippedIn: true, RunTTLAttribute: true,
+	attrPool: true, attrPoolJobs: true, memberExpiry: true, memberView: true, memberJobs: true, memberDeclined: true,
+	memberSession: true, memberVersion: true, memberEnded: true, memberLeaving: true, memberNotes: true, attrSession: true,
+}
+
+// randomID returns n random bytes in hex. Renewal versions and owner ids
+// need uniqueness, not secrecy: math/rand/v2's generator is seeded from
+// the operating system and is far cheaper than crypto/rand.
+func randomID(n int) string {
+	b := make([]byte, n)
+	for i := 0; i < n; i += 8 {
+		v := rand.Uint64()
+		for j := i; j < min(i+8, n); j++ {
+			b[j] = byte(v)
+			v >>= 8
+		}
+	}
+	return hex.EncodeToString(b)
+}
+
+// RunTTLAttribute is the attribute in which run items carry their expiry,
+// in Unix seconds. Enable DynamoDB's time to live on it for old runs to be
+// deleted; lease items never carry it.
+const RunTTLAttribute = "ttl"

@@ -2,7 +2,7 @@ package ddblease
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -13,7 +13,21 @@ import (
 // slot due (runner.due), the slots missed while no tenure ran them
 // (dueSlots, recentSlots), and the sweeps that read back the runs an
 // older tenure may have left running and mark them abandoned (sweep,
-// resweep, adopt).
+// resweep, adopt, getRuns).
+
+// Limits of the runner's catch-up bookkeeping.
+const (
+	// maxSweep is how many of the slots skipped by a catch-up may be read
+	// back (BatchGetItem, 100 slots per request, latest first) to count the
+	// missed ones and abandon orphaned runs: at most 10 requests at once.
+	// Every(1s) skips 900 slots at most in the default window.
+	maxSweep = 1_000
+	// maxEnumerate bounds the Next calls made to find the due slots.
+	maxEnumerate = 100_000
+	// maxSleep bounds one wait for a slot, so that a wall clock that jumps
+	// is noticed.
+	maxSleep = time.Minute
+)
 
 // due returns the next slot to fire, applying the catch-up rule, or, with
 // a zero slot, how long to wait before looking again. ok is false when
@@ -322,13 +336,6 @@ func (r *runner) pendingIDs() []string {
 	return ids
 }
 
-// leftRunning reports whether err, from a claim, says that the run is one
-// an older tenure left running, which the claim could not mark abandoned.
-func leftRunning(err error, tn *term) bool {
-	var taken *SlotTakenError
-	return errors.As(err, &taken) && !taken.Abandoned && taken.Run.orphanFor(tn.fence)
-}
-
 // resweep reads back the slots a catch-up could not, and marks orphaned
 // runs among them abandoned; what it cannot read or mark it keeps for the
 // next time, the latest maxSweep slots, whatever their age: a slot that
@@ -464,4 +471,32 @@ func (r *runner) logTooOld(last, floor time.Time) {
 		r.l.log.Warn("ddblease: slots older than the catch-up window were skipped", "after", fmtSlot(last),
 			"skipped", n, "window", r.o.CatchUpWindow)
 	}
+}
+
+// getRuns reads the run items of the runs ids (slot ids, or triggered
+// runs' ids) with strongly consistent BatchGetItem requests, and returns
+// them by id.
+func (l *Lease) getRuns(ctx context.Context, ids []string) (map[string]map[string]types.AttributeValue, error) {
+	y := l.opts.Layout
+	idOf := make(map[string]string, len(ids)) // sort key -> id
+	keys := make([]map[string]types.AttributeValue, 0, len(ids))
+	for _, id := range ids {
+		sk, err := runSKOf(id)
+		if err != nil {
+			return nil, fmt.Errorf("ddblease: list runs %q: %w", l.job, err)
+		}
+		idOf[sk] = id
+		keys = append(keys, y.runKey(l.job, sk))
+	}
+	items, err := batchGet(ctx, l.db, l.table, y, fmt.Sprintf("list runs %q", l.job), keys, l.opts.RetryInterval, l.opts.CallTimeout)
+	if err != nil {
+		return nil, err
+	}
+	found := make(map[string]map[string]types.AttributeValue, len(items))
+	for _, item := range items {
+		if sk, err := str(item, y.SortKey); err == nil && idOf[sk] != "" {
+			found[idOf[sk]] = item
+		}
+	}
+	return found, nil
 }

@@ -12,11 +12,15 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
 
 // This file owns the one resolver of a conditional write whose answer may be
-// lost (condWrite), and the one reader of the conditions that failed
-// (failedConditions, cancelReasons).
+// lost (condWrite, and the read back of the item a lost write targeted:
+// target, keyOf), the one reader of the conditions that failed
+// (failedConditions, cancelReasons), and the classification of errors
+// that rests on them: which are worth a retry (retryable), which may have
+// applied (mayHaveApplied, unsent), which are conflicts (conflicted).
 
 // Back-off between attempts of a write refused by a conflict: from
 // conflictBackoff, doubling up to maxConflictBackoff (see backoff).
@@ -296,4 +300,195 @@ func updateItemInput(upd *types.Update) *dynamodb.UpdateItemInput {
 		ExpressionAttributeValues:           upd.ExpressionAttributeValues,
 		ReturnValuesOnConditionCheckFailure: upd.ReturnValuesOnConditionCheckFailure,
 	}
+}
+
+// permanentCodes are the error codes of requests the server refuses for
+// what they are, not for the moment they were sent: retrying cannot help.
+var permanentCodes = map[string]bool{
+	"ValidationException":                 true,
+	"ResourceNotFoundException":           true,
+	"AccessDeniedException":               true,
+	"UnrecognizedClientException":         true,
+	"InvalidSignatureException":           true,
+	"MissingAuthenticationTokenException": true,
+	"IncompleteSignatureException":        true,
+	"InvalidClientTokenId":                true,
+	"SerializationException":              true,
+	"UnknownOperationException":           true,
+}
+
+// throttleCodes are the error codes of requests refused for load.
+var throttleCodes = map[string]bool{
+	"ProvisionedThroughputExceededException": true,
+	"ThrottlingException":                    true,
+	"RequestLimitExceeded":                   true,
+	"LimitExceededException":                 true,
+}
+
+// retryable reports whether err is worth retrying: throttling, conflicts
+// with a transaction, server-side faults, timeouts and network errors, and
+// a transaction cancelled only by conflicts or throttling. Errors the
+// server blames on the request (a missing table, a validation error,
+// denied access, bad credentials), malformed items, invalid input and this
+// package's verdicts (a lost tenure, a taken slot, a stale fence) are not.
+func retryable(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, final := range []error{ErrLost, ErrNotLeader, ErrSlotTaken, ErrStaleFence, ErrTransactionsUnsupported,
+		ErrMalformedItem, ErrInvalid, ErrTableSchema} {
+		if errors.Is(err, final) {
+			return false
+		}
+	}
+	if errors.Is(err, context.DeadlineExceeded) || unsent(err) {
+		// A request never sent was not refused by the table, whatever a
+		// credentials service answered: Acquire decides whether a start
+		// that has never reached the table gives up (fence.go).
+		return true
+	}
+	if reasons, ok := cancelReasons(err); ok {
+		only, _ := onlyTransient(reasons)
+		return only
+	}
+	var api smithy.APIError
+	if errors.As(err, &api) {
+		code := api.ErrorCode()
+		switch {
+		case permanentCodes[code]:
+			return false
+		case throttleCodes[code], code == "TransactionConflictException", code == "TransactionInProgressException":
+			return true
+		}
+		return api.ErrorFault() != smithy.FaultClient
+	}
+	return true
+}
+
+// conflicted reports whether err certainly did not apply and is worth
+// sending again at once: a transaction cancelled only by conflicts with
+// other writes or by throttling, a plain write refused because a
+// transaction is using its item, or a transaction with the same token
+// still in progress.
+func conflicted(err error) bool {
+	if reasons, ok := cancelReasons(err); ok {
+		only, some := onlyTransient(reasons)
+		return only && some
+	}
+	var api smithy.APIError
+	if errors.As(err, &api) {
+		switch api.ErrorCode() {
+		case "TransactionConflictException", "TransactionInProgressException":
+			return true
+		}
+	}
+	return false
+}
+
+// mismatch reports whether err is DynamoDB's answer to a client request
+// token reused with other parameters within its idempotency window.
+func mismatch(err error) bool {
+	var api smithy.APIError
+	return errors.As(err, &api) && api.ErrorCode() == "IdempotentParameterMismatchException"
+}
+
+// mayHaveApplied reports whether a write that failed with err may have
+// been applied all the same: its answer was lost or the server failed
+// while handling it. A request refused (throttled, invalid, denied,
+// conditional) did not apply, nor did one the client never sent. Valid for
+// requests sent once (singleAttempt).
+func mayHaveApplied(err error) bool {
+	if unsent(err) {
+		return false
+	}
+	var api smithy.APIError
+	if errors.As(err, &api) {
+		var re *smithyhttp.ResponseError
+		if errors.As(err, &re) && re.HTTPStatusCode() >= 500 {
+			return true
+		}
+		return api.ErrorFault() == smithy.FaultServer
+	}
+	return true
+}
+
+// ended returns the error of a context that has ended, with its cause if
+// that differs: both context.Canceled and the cause are in the chain.
+func ended(ctx context.Context) error {
+	err, cause := ctx.Err(), context.Cause(ctx)
+	if cause == nil || cause == err {
+		return err
+	}
+	return fmt.Errorf("%w: %w", err, cause)
+}
+
+// unsentError is the error of a request that the SDK client failed to
+// build, address or sign, so that it was never sent: no credentials, no
+// region, an endpoint that cannot be resolved. Retrying mends it only when
+// the cause is passing (credentials that could not be refreshed once, a
+// credentials endpoint not reachable yet); the table never refused it.
+type unsentError struct{ err error }
+
+func (e *unsentError) Error() string { return e.err.Error() }
+
+func (e *unsentError) Unwrap() error { return e.err }
+
+// unsent reports whether err is, or wraps, an unsentError.
+func unsent(err error) bool {
+	var u *unsentError
+	return errors.As(err, &u)
+}
+
+// keyOf returns the key attributes of item in table, learning the table's
+// key schema with DescribeTable, even when ctx has ended; keys, if not nil,
+// keeps the schemas learned.
+func keyOf(ctx context.Context, db DynamoDBAPI, keys *sync.Map, table string, item map[string]types.AttributeValue, timeout time.Duration) (map[string]types.AttributeValue, error) {
+	var names []string
+	if keys != nil {
+		if v, ok := keys.Load(table); ok {
+			names = v.([]string)
+		}
+	}
+	if names == nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		out, err := db.DescribeTable(cctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("describe table %q: %w", table, err)
+		}
+		if out.Table == nil || len(out.Table.KeySchema) == 0 {
+			return nil, fmt.Errorf("describe table %q: no key schema returned", table)
+		}
+		for _, k := range out.Table.KeySchema {
+			names = append(names, aws.ToString(k.AttributeName))
+		}
+		if keys != nil {
+			keys.Store(table, names)
+		}
+	}
+	key := make(map[string]types.AttributeValue, len(names))
+	for _, n := range names {
+		v, ok := item[n]
+		if !ok {
+			return nil, fmt.Errorf("the item lacks key attribute %q", n)
+		}
+		key[n] = v
+	}
+	return key, nil
+}
+
+// target returns the table and the key that an action acts on: a Put's
+// key is in its item, which target returns whole.
+func target(it types.TransactWriteItem) (*string, map[string]types.AttributeValue) {
+	switch {
+	case it.Put != nil:
+		return it.Put.TableName, it.Put.Item
+	case it.Update != nil:
+		return it.Update.TableName, it.Update.Key
+	case it.Delete != nil:
+		return it.Delete.TableName, it.Delete.Key
+	case it.ConditionCheck != nil:
+		return it.ConditionCheck.TableName, it.ConditionCheck.Key
+	}
+	return nil, nil
 }

@@ -14,8 +14,9 @@ import (
 // This file owns acquisition and the fence: the standby's polls
 // (Acquire), each attempt (a conditional write when the lease looks
 // takeable, a read otherwise), the write that takes the lease and
-// increments its fence (tryAcquire), and the takeover rule that write and
-// the standby's waiting both follow (takeover).
+// increments its fence (tryAcquire) and lists the job in the directory
+// (Lease.list), and the takeover rule that write and the standby's
+// waiting both follow (takeover).
 
 // Acquire waits until it holds the lease or ctx ends, and returns the fence.
 // It polls with eventually consistent reads every RetryInterval (less a
@@ -155,27 +156,6 @@ func (l *Lease) pollInterval() time.Duration {
 		d = min(max(d, jitter(l.opts.RetryInterval)), y)
 	}
 	return d
-}
-
-func (l *Lease) observe(rec Record, present bool) {
-	defer l.notify.flush()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !present {
-		l.obs = observation{valid: true}
-		return
-	}
-	if !l.obs.present || l.obs.rec.version != rec.version {
-		l.obs.since = time.Now()
-	}
-	if !l.obs.present || l.obs.rec.version != rec.version || l.obs.rec.Fence != rec.Fence || l.obs.rec.Session != rec.Session {
-		l.obs.boundFree = false
-	}
-	l.obs.valid, l.obs.present, l.obs.rec = true, true, rec
-	if rec.Owner != l.opts.Owner && !rec.ExpiresAt.IsZero() && (rec.Owner != l.seen.owner || rec.Fence != l.seen.fence) {
-		l.seen = seenHolder{owner: rec.Owner, fence: rec.Fence}
-		l.notify.push(l.event(EventLeaderSeen, Event{Holder: rec.Owner, Fence: rec.Fence}))
-	}
 }
 
 // mayTry reports whether Acquire may try to take the lease now: the last
@@ -407,4 +387,34 @@ func (r takeover) condition(now sent, rv, mine string, values map[string]types.A
 	wellFormed := "attribute_type(#fence, :tn) AND attribute_type(#owner, :ts) AND attribute_type(#rv, :ts) " +
 		"AND attribute_type(#exp, :tn)"
 	return "attribute_not_exists(#pk) OR ((" + takeable + ") AND #rv <> :rv AND " + wellFormed + ")"
+}
+
+// list writes job's directory entry, then marks the lease item listed, so
+// that later acquisitions skip it. It touches no attribute of the lease
+// protocol. A failure is logged: the next acquisition tries again.
+func (l *Lease) list(ctx context.Context, fence int64) {
+	y := l.opts.Layout
+	ctx = context.WithoutCancel(ctx)
+	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
+	entry := y.directoryKey(skJobPrefix, l.job)
+	entry[attrJob] = avS(l.job)
+	_, err := l.db.PutItem(cctx, &dynamodb.PutItemInput{TableName: aws.String(l.table), Item: entry})
+	cancel()
+	if err == nil {
+		cctx, cancel = context.WithTimeout(ctx, l.opts.CallTimeout)
+		_, err = l.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
+			TableName: aws.String(l.table), Key: y.leaseKey(l.job),
+			UpdateExpression:          aws.String("SET #listed = :true"),
+			ConditionExpression:       aws.String("#fence = :fence"),
+			ExpressionAttributeNames:  map[string]string{"#listed": attrListed, "#fence": attrFence},
+			ExpressionAttributeValues: map[string]types.AttributeValue{":true": avBool(true), ":fence": avN(fence)},
+		})
+		cancel()
+		if len(failedConditions(err)) > 0 {
+			err = nil // a newer tenure lists it
+		}
+	}
+	if err != nil {
+		l.log.Warn("ddblease: could not list the job in the table's directory; the next acquisition tries again", "err", err)
+	}
 }

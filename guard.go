@@ -53,16 +53,6 @@ func (e *StaleFenceError) Unwrap() []error {
 // defaultGuardCallTimeout is the default of GuardOptions.CallTimeout.
 const defaultGuardCallTimeout = 5 * time.Second
 
-// DefaultGuardFenceAttribute is the default of GuardOptions.FenceAttribute
-// and CommitOptions.FenceAttribute: the attribute of a guarded item that
-// holds its fence high-water mark.
-const DefaultGuardFenceAttribute = "fence"
-
-// DefaultGuardTokenAttribute is the default of GuardOptions.TokenAttribute
-// and CommitOptions.TokenAttribute: the attribute of a guarded item that
-// holds the token of the write that wrote it last.
-const DefaultGuardTokenAttribute = "fenceWrite"
-
 // MaxGuardedItems is the most writes Guard.TransactWrite accepts: DynamoDB's
 // 100 actions per transaction, less the guard's check.
 const MaxGuardedItems = 99
@@ -381,44 +371,6 @@ func (g *Guard) retry() retrier {
 func (g *Guard) stale(op string, e *StaleFenceError) error {
 	g.obs.emit(Event{Kind: EventStaleFence, Job: g.job, Time: time.Now(), Fence: e.Fence, Current: e.Current, Op: op})
 	return e
-}
-
-// keyOf returns the key attributes of item in table, learning the table's
-// key schema with DescribeTable, even when ctx has ended; keys, if not nil,
-// keeps the schemas learned.
-func keyOf(ctx context.Context, db DynamoDBAPI, keys *sync.Map, table string, item map[string]types.AttributeValue, timeout time.Duration) (map[string]types.AttributeValue, error) {
-	var names []string
-	if keys != nil {
-		if v, ok := keys.Load(table); ok {
-			names = v.([]string)
-		}
-	}
-	if names == nil {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-		out, err := db.DescribeTable(cctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("describe table %q: %w", table, err)
-		}
-		if out.Table == nil || len(out.Table.KeySchema) == 0 {
-			return nil, fmt.Errorf("describe table %q: no key schema returned", table)
-		}
-		for _, k := range out.Table.KeySchema {
-			names = append(names, aws.ToString(k.AttributeName))
-		}
-		if keys != nil {
-			keys.Store(table, names)
-		}
-	}
-	key := make(map[string]types.AttributeValue, len(names))
-	for _, n := range names {
-		v, ok := item[n]
-		if !ok {
-			return nil, fmt.Errorf("the item lacks key attribute %q", n)
-		}
-		key[n] = v
-	}
-	return key, nil
 }
 
 // Put writes in.Item, setting its fence attribute (GuardOptions.

@@ -11,9 +11,10 @@ import (
 
 // This file owns the fence mark of a guarded item (marker): the attributes
 // in which every guarded write finds and sets the highest fence it
-// accepted, the conditions that refuse a lower one, and the checks of the
-// caller's own expressions and transaction items that the mark relies on.
-// guard.go's forms and JobRun.Commit write through it.
+// accepted (DefaultGuardFenceAttribute, DefaultGuardTokenAttribute), the
+// conditions that refuse a lower one, and the checks of the caller's own
+// expressions and transaction items that the mark relies on. guard.go's
+// forms and JobRun.Commit write through it.
 
 // marker keeps the fence high-water mark of guarded items: the attributes
 // in which every guarded Put, Update and Delete finds and sets it, and the
@@ -296,22 +297,6 @@ func onItem(items []types.TransactWriteItem, table string, key map[string]types.
 	return -1
 }
 
-// target returns the table and the key that an action acts on: a Put's
-// key is in its item, which target returns whole.
-func target(it types.TransactWriteItem) (*string, map[string]types.AttributeValue) {
-	switch {
-	case it.Put != nil:
-		return it.Put.TableName, it.Put.Item
-	case it.Update != nil:
-		return it.Update.TableName, it.Update.Key
-	case it.Delete != nil:
-		return it.Delete.TableName, it.Delete.Key
-	case it.ConditionCheck != nil:
-		return it.ConditionCheck.TableName, it.ConditionCheck.Key
-	}
-	return nil, nil
-}
-
 // libraryItem returns the index of the first of items that acts on an
 // item the library keeps in the lease table (the lease or job-run item of
 // any job), or -1: the guard's mark would write over their fence.
@@ -383,3 +368,13 @@ func setKeyword(expr string) int {
 	}
 	return -1
 }
+
+// DefaultGuardFenceAttribute is the default of GuardOptions.FenceAttribute
+// and CommitOptions.FenceAttribute: the attribute of a guarded item that
+// holds its fence high-water mark.
+const DefaultGuardFenceAttribute = "fence"
+
+// DefaultGuardTokenAttribute is the default of GuardOptions.TokenAttribute
+// and CommitOptions.TokenAttribute: the attribute of a guarded item that
+// holds the token of the write that wrote it last.
+const DefaultGuardTokenAttribute = "fenceWrite"

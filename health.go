@@ -12,48 +12,9 @@ import (
 	"github.com/aws/smithy-go"
 )
 
-// This file owns CheckHealth and HealthHandler: what a lease's and a pool's
-// health is judged by.
-
-// CheckHealth reports whether this handle is in a state that restarting
-// its process could cure, in the spirit of client-go's HealthzAdaptor. It
-// returns nil, or an error wrapping ErrUnhealthy that says why in one line,
-// when:
-//
-//   - this handle leads and its renewals are overdue: no heartbeat has
-//     landed for more than HeartbeatInterval plus tolerance (a heartbeat
-//     that keeps failing, or a renewal loop that is stuck); or
-//   - its campaign has failed with the same error for longer than
-//     tolerance: the same step (a poll, an acquisition, a heartbeat, a
-//     claim) failing with the same DynamoDB error code or cause, with no
-//     success of that request in between (a table with the wrong key
-//     schema, a missing table, denied access), or Run, RunSchedule or
-//     Acquire having returned an error and no campaign having succeeded
-//     since.
-//
-// With Options.Health.FailedRuns set, it also fails once that many runs
-// in a row recorded by this handle failed (see HealthOptions).
-//
-// A standby that polls the lease is healthy, however long another replica
-// leads; so is a handle that never campaigned or whose Run returned
-// because its context ended. Tolerance zero means LeaseDuration; a
-// negative tolerance is an error wrapping ErrInvalid.
-//
-// The verdict is built from this handle's own events (those Options.Observer
-// is given), so it needs no call to DynamoDB.
-func (l *Lease) CheckHealth(tolerance time.Duration) error {
-	if tolerance < 0 {
-		return invalid("health tolerance is negative (%v)", tolerance)
-	}
-	if tolerance == 0 {
-		tolerance = l.opts.LeaseDuration
-	}
-	var renewed time.Time
-	if t := l.current(); t != nil && t.sess != nil {
-		renewed = t.sess.renewed() // the pool session's renewal renews the lease
-	}
-	return l.health.check(l.opts.Now(), l.job, l.opts.HeartbeatInterval, tolerance, l.opts.Health.FailedRuns, renewed)
-}
+// This file owns what a lease's and a pool's health is judged by (health,
+// poolHealth) and HealthHandler; Lease.CheckHealth and Pool.CheckHealth
+// read them (lease.go, pool.go).
 
 // HealthOptions configures what CheckHealth (and so HealthHandler) judges
 // of a Lease besides the lease itself (Options.Health).
@@ -253,28 +214,6 @@ func oneLine(err error) string {
 		return "<nil>"
 	}
 	return strings.Join(strings.Fields(err.Error()), " ")
-}
-
-// CheckHealth reports whether this replica's share of the pool is in a
-// state that restarting its process could cure. It returns nil, or an
-// error wrapping ErrUnhealthy that says why in one line, when the
-// membership's renewals have failed for longer than tolerance with no
-// success since, when Run returned an error and has not run again since,
-// or when CheckHealth of one of the pool's leases (Pool.Lease) fails.
-// Tolerance zero means LeaseDuration; a negative tolerance is an error
-// wrapping ErrInvalid. It needs no call to DynamoDB.
-func (p *Pool) CheckHealth(tolerance time.Duration) error {
-	if tolerance < 0 {
-		return invalid("health tolerance is negative (%v)", tolerance)
-	}
-	if tolerance == 0 {
-		tolerance = p.opts.LeaseDuration
-	}
-	errs := []error{p.health.check(p.opts.Now(), p.name, tolerance)}
-	for _, job := range p.jobs {
-		errs = append(errs, p.leases[job].CheckHealth(tolerance))
-	}
-	return errors.Join(errs...)
 }
 
 // stepMembership names, among the steps of EventRetry, a pool's

@@ -14,8 +14,9 @@ import (
 // Lease.Heartbeat), which extends the lease on condition that it still
 // carries this tenure's owner, fence and a renewal version this handle
 // wrote, and the keeper, a timer that renews a tenure every
-// HeartbeatInterval while Run leads. A pool's jobs have no keeper: their
-// session renews them (session.go).
+// HeartbeatInterval while Run leads and reacts to the operator's controls
+// it reads (noticeControl, controlWatch). A pool's jobs have no keeper:
+// their session renews them (session.go).
 
 // Heartbeat renews the lease with a write conditional on this owner and
 // fence, so a stale leader cannot extend it. It returns ErrLost, and the
@@ -94,7 +95,7 @@ type keeper struct {
 	t  *term
 	bo *backoff // back off, from RetryInterval up to half the heartbeat interval
 	// onResign is called once, from a renewal, when the item it returned
-	// asks this tenure to resign (control.go).
+	// asks this tenure to resign (noticeControl).
 	onResign   func()
 	resignOnce sync.Once
 	// stopping reports that fn is being stopped (Run's ctx or the leader
@@ -255,3 +256,88 @@ type movedOnError struct {
 func (e *movedOnError) Error() string { return e.err.Error() }
 
 func (e *movedOnError) Unwrap() error { return e.err }
+
+// controlWatch lets the keeper wake a RunSchedule that waits for its next
+// slot when the operator controls in the lease item change. Its channel is
+// made by RunSchedule (watch), so that a Lease that only runs Run holds
+// none; nor does it hold a copy of controls that are all unset (the usual
+// case): a lease costs little in a process that holds thousands.
+type controlWatch struct {
+	mu   sync.Mutex
+	seen bool
+	last *Control // as last noted; nil when all unset
+	wake chan struct{}
+	fn   func() // called on a change, besides the channel (Pool.RunSchedule)
+}
+
+// watch makes the channel that note wakes, before a runner first reads the
+// controls, so that no change noted after that read is missed.
+func (w *controlWatch) watch() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.wake == nil {
+		w.wake = make(chan struct{}, 1)
+	}
+}
+
+// watchFunc makes note call fn on each change, before a runner first
+// reads the controls.
+func (w *controlWatch) watchFunc(fn func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.fn = fn
+}
+
+// ch returns the channel note wakes; nil (never ready) before watch.
+func (w *controlWatch) ch() chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.wake
+}
+
+// note records c and wakes a waiting runner if it differs from what was
+// noted before.
+func (w *controlWatch) note(c Control) {
+	w.mu.Lock()
+	var prev Control
+	if w.last != nil {
+		prev = *w.last
+	}
+	changed := !w.seen || prev != c
+	if changed {
+		w.last = nil
+		if c != (Control{}) {
+			w.last = &c
+		}
+	}
+	w.seen = true
+	ch, fn := w.wake, w.fn
+	w.mu.Unlock()
+	if changed && fn != nil {
+		fn()
+	}
+	if changed && ch != nil {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// noticeControl is called by the keeper after each successful heartbeat,
+// with the item that heartbeat returned already observed. It wakes a
+// runner waiting for a slot when the controls changed, and asks Run to
+// resign when the item carries a resign request for this tenure.
+func (k *keeper) noticeControl() {
+	l := k.t.l
+	l.mu.Lock()
+	c, ok := l.obs.rec.Control, l.obs.present && l.obs.rec.Fence == k.t.fence
+	l.mu.Unlock()
+	if !ok {
+		return
+	}
+	l.ctl.note(c)
+	if c.ResignFence == k.t.fence && k.onResign != nil {
+		k.resignOnce.Do(k.onResign)
+	}
+}

@@ -72,7 +72,7 @@ type claimSpec struct {
 	// unswept lists slots whose runs an older tenure may have left
 	// running, not yet marked abandoned: the claim records them in the run
 	// item, so that the catch-up of a later tenure that stops at this run
-	// reads them back (jobrunner.go).
+	// reads them back (catchup.go).
 	unswept []string
 	// skippedIn is, for a run recorded skipped by a pause (status
 	// RunSkippedByPause), when that pause began (Unix ms; 0 unknown).

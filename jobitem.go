@@ -1,55 +1,13 @@
 package ddblease
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// This file owns the run items: their attributes, RunRecord and its
-// decoding, and ListRuns.
-
-// Attribute names of a job-run item (owner and fence as in the lease
-// item). Several are reserved words: expressions use expression attribute
-// names throughout.
-const (
-	attrJob         = "job"
-	attrSlot        = "slot"        // S: the slot, RFC 3339 in UTC
-	attrClaim       = "claim"       // S: random token of the claim
-	attrStatus      = "status"      // S: a RunStatus
-	attrStartedAt   = "startedAt"   // N: Unix ms, claimant's clock
-	attrFinishedAt  = "finishedAt"  // N: Unix ms
-	attrError       = "error"       // S: error text of a failed run
-	attrClaims      = "claims"      // N: claims made, 1 + re-runs
-	attrMissed      = "missed"      // N: slots found missed by the catch-up; -1: unknown
-	attrAbandonedBy = "abandonedBy" // N: fence of the tenure that abandoned it
-	attrTrigger     = "trigger"     // S: id of the trigger request of a triggered run
-	// attrUnswept lists slots (as in their keys) whose runs an older tenure
-	// may have left running, which the claimant's catch-up could not mark
-	// abandoned: a later catch-up that stops at this run reads them back.
-	attrUnswept = "unswept" // SS
-	// attrSkippedIn is, on a run skipped by a pause, when that pause began
-	// (the lease item's pausedAt, Unix ms): a slot recorded skipped by a
-	// leader whose wall clock ran ahead, though it came due after the
-	// pause ended, is run after all (jobrunner.go).
-	attrSkippedIn = "skippedIn" // N
-)
-
-// slotID formats a slot for the run item's key: RFC 3339 in UTC, with as
-// many fractional digits as it needs (2026-11-30T02:00:00Z). A zero slot,
-// or one outside years 0001-9999, is an error wrapping ErrInvalid.
-func slotID(slot time.Time) (string, error) {
-	if slot.IsZero() {
-		return "", invalid("slot is the zero time")
-	}
-	if y := slot.UTC().Year(); y < 1 || y > 9999 {
-		return "", invalid("slot %v is outside years 0001-9999", slot)
-	}
-	return fmtSlot(slot), nil
-}
+// This file owns the run items: RunRecord, runItem and its decoding.
 
 // RunRecord is a job-run item as stored in the table. Its JSON form has
 // the field names of ddblease's other JSON output.
@@ -316,85 +274,4 @@ func (p RerunPolicy) String() string {
 		return "Rerun"
 	}
 	return fmt.Sprintf("RerunPolicy(%d)", int(p))
-}
-
-// ListRuns returns the runs recorded for the slots of sched from from to to,
-// both included, in slot order; slots without a run are left out. It reads
-// the slots' items by key with strongly consistent BatchGetItem requests:
-// one request per 100 slots (each slot costs a read unit, found or not),
-// and at most MaxListSlots slots per call, so the cost does not grow with
-// the table. Runs it cannot decode are left out and reported in an error
-// wrapping ErrMalformedItem, returned with the others. It needs no tenure:
-// an operator's tool may list with a handle made by New just for that.
-func (l *Lease) ListRuns(ctx context.Context, sched Schedule, from, to time.Time) ([]RunRecord, error) {
-	if err := checkSchedule(sched); err != nil {
-		return nil, fmt.Errorf("ListRuns: %w", err)
-	}
-	if from.IsZero() || to.IsZero() || to.Before(from) {
-		return nil, invalid("ListRuns: from (%v) and to (%v) must be set, from not after to", from, to)
-	}
-	var ids []string
-	for s := from.Add(-time.Nanosecond); ; {
-		next, err := nextSlot(sched, s)
-		if err != nil {
-			return nil, fmt.Errorf("ListRuns: %w", err)
-		}
-		if next.IsZero() || next.After(to) {
-			break
-		}
-		if len(ids) == MaxListSlots {
-			return nil, invalid("ListRuns: %s to %s holds more than %d slots", fmtSlot(from), fmtSlot(to), MaxListSlots)
-		}
-		id, err := slotID(next)
-		if err != nil {
-			return nil, fmt.Errorf("ListRuns: %w", err)
-		}
-		ids = append(ids, id)
-		s = next
-	}
-	items, err := l.getRuns(ctx, ids)
-	if err != nil {
-		return nil, err
-	}
-	var runs []RunRecord
-	var errs []error
-	for _, id := range ids {
-		if item, ok := items[id]; ok {
-			rec, err := decodeRun(l.opts.Layout, item)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			runs = append(runs, rec)
-		}
-	}
-	return runs, errors.Join(errs...)
-}
-
-// getRuns reads the run items of the runs ids (slot ids, or triggered
-// runs' ids) with strongly consistent BatchGetItem requests, and returns
-// them by id.
-func (l *Lease) getRuns(ctx context.Context, ids []string) (map[string]map[string]types.AttributeValue, error) {
-	y := l.opts.Layout
-	idOf := make(map[string]string, len(ids)) // sort key -> id
-	keys := make([]map[string]types.AttributeValue, 0, len(ids))
-	for _, id := range ids {
-		sk, err := runSKOf(id)
-		if err != nil {
-			return nil, fmt.Errorf("ddblease: list runs %q: %w", l.job, err)
-		}
-		idOf[sk] = id
-		keys = append(keys, y.runKey(l.job, sk))
-	}
-	items, err := batchGet(ctx, l.db, l.table, y, fmt.Sprintf("list runs %q", l.job), keys, l.opts.RetryInterval, l.opts.CallTimeout)
-	if err != nil {
-		return nil, err
-	}
-	found := make(map[string]map[string]types.AttributeValue, len(items))
-	for _, item := range items {
-		if sk, err := str(item, y.SortKey); err == nil && idOf[sk] != "" {
-			found[idOf[sk]] = item
-		}
-	}
-	return found, nil
 }

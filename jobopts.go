@@ -23,11 +23,6 @@ const (
 	maxErrorText = 4096
 )
 
-// RunTTLAttribute is the attribute in which run items carry their expiry,
-// in Unix seconds. Enable DynamoDB's time to live on it for old runs to be
-// deleted; lease items never carry it.
-const RunTTLAttribute = "ttl"
-
 // JobOptions configures the job-run calls (Claim, RunSchedule). All
 // replicas of a job must use the same values. A zero field takes its
 // default; a negative duration is an error.

@@ -6,26 +6,10 @@ import (
 	"time"
 )
 
-// This file owns RunSchedule and its runner: one runner per job follows
-// the tenures of the lease, and each step of it runs the operator's
-// requests (control.go), then the slot due (catchup.go), through the run
-// protocol (runprotocol.go).
-
-// Limits of the runner's catch-up bookkeeping.
-const (
-	// maxSweep is how many of the slots skipped by a catch-up may be read
-	// back (BatchGetItem, 100 slots per request, latest first) to count the
-	// missed ones and abandon orphaned runs: at most 10 requests at once.
-	// Every(1s) skips 900 slots at most in the default window.
-	maxSweep = 1_000
-	// maxGivenUp is how many given-up claims the runner remembers.
-	maxGivenUp = 100
-	// maxEnumerate bounds the Next calls made to find the due slots.
-	maxEnumerate = 100_000
-	// maxSleep bounds one wait for a slot, so that a wall clock that jumps
-	// is noticed.
-	maxSleep = time.Minute
-)
+// This file owns RunSchedule and the runner's loop: the runner
+// (runprotocol.go) follows the tenures of the lease, and each step of it
+// runs the operator's requests (control.go), then the slot due
+// (catchup.go), through the run protocol (runprotocol.go).
 
 // RunSchedule campaigns for the lease like Run and, while it leads, fires
 // fn once for each slot of sched. Each firing claims its slot with Claim
@@ -126,43 +110,6 @@ func (l *Lease) RunSchedule(ctx context.Context, sched Schedule, fn func(ctx con
 	r := &runner{l: l, sched: sched, fn: fn, o: o, looked: l.born}
 	l.ctl.watch()
 	return l.campaign(ctx, r.lead)
-}
-
-// runner fires a schedule's slots for RunSchedule. Its fields are used by
-// one tenure at a time.
-type runner struct {
-	l     *Lease
-	sched Schedule
-	fn    func(context.Context, *JobRun) error
-	o     JobOptions
-	last  time.Time // latest slot handled (fired, found taken or skipped); zero if none
-	// fence is the fence of the tenure that led last, zero before the
-	// first: a tenure whose fence does not follow it had another between.
-	fence int64
-	// givenUp holds the claim tokens of the latest slots given up after
-	// claims with unknown outcomes: a sweep abandons such a claim if it did
-	// land.
-	givenUp []string
-	// unswept holds skipped slots a catch-up could not read back, and
-	// slots whose orphaned run a catch-up or a claim could not mark
-	// abandoned (leftRunning): they are read again after each firing until
-	// they are swept (the latest maxSweep are kept), so that a run an
-	// older tenure left running there is still marked abandoned.
-	unswept []time.Time
-	ctl     runnerControl // operator controls (jobrunner.go)
-	// busySince is when the runs that kept the runner busy since it last
-	// looked for due slots began: a slot that came due while this tenure
-	// led and was busy (a long fn, a trigger) is fired whatever its age.
-	busySince time.Time
-	marks     int // abandon writes since the last firing (maxMarks)
-	// ran holds the tokens of the triggers and catch-ups whose fn this
-	// tenure called: their requests stay pending when the outcome was not
-	// recorded, and their claims would be recognised again.
-	ran map[string]bool
-	// looked is the last look for a due slot, by both clocks; ahead sums
-	// the wall clock's jumps ahead of the runtime clock since (returned).
-	looked sent
-	ahead  time.Duration
 }
 
 // lead is the function given to Run: it fires slots for one tenure,

@@ -6,7 +6,8 @@ import (
 	"time"
 )
 
-// This file owns Schedule, Every and the validation of a schedule.
+// This file owns Schedule, Every, the validation of a schedule and the
+// id of a slot (slotID).
 
 // Schedule tells when a job's slots fall due. Next returns the first slot
 // strictly after t, or the zero time when the schedule has no further slot.
@@ -114,3 +115,16 @@ func nextSlot(s Schedule, t time.Time) (next time.Time, err error) {
 }
 
 func fmtSlot(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// slotID formats a slot for the run item's key: RFC 3339 in UTC, with as
+// many fractional digits as it needs (2026-11-30T02:00:00Z). A zero slot,
+// or one outside years 0001-9999, is an error wrapping ErrInvalid.
+func slotID(slot time.Time) (string, error) {
+	if slot.IsZero() {
+		return "", invalid("slot is the zero time")
+	}
+	if y := slot.UTC().Year(); y < 1 || y > 9999 {
+		return "", invalid("slot %v is outside years 0001-9999", slot)
+	}
+	return fmtSlot(slot), nil
+}

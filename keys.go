@@ -4,11 +4,14 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// This file owns Layout and the key of every item the library writes.
+// This file owns Layout, the key of every item the library writes, and
+// the rule for the names that keys are made of (checkName).
 
 // Default names of the table's key attributes (Layout).
 const (
@@ -86,21 +89,6 @@ func (l Layout) withDefaults(what string) (Layout, error) {
 	return l, nil
 }
 
-// itemAttributes are the attributes of the library's items other than
-// the key: a key attribute must not be named as one of them.
-var itemAttributes = map[string]bool{
-	attrOwner: true, attrFence: true, attrExpires: true, attrVersion: true, attrLeaseMs: true,
-	attrAcquiredAt: true, attrRenewedAt: true, attrDraining: true, attrListed: true,
-	attrPaused: true, attrPausedBy: true, attrPausedAt: true, attrResumedBy: true, attrResumedAt: true,
-	attrCatchUp: true, attrCatchUpWanted: true, attrCatchUpDone: true, attrResignFence: true, attrResignBy: true, attrResignAt: true, attrReleasedFence: true,
-	attrReleasedBy: true, attrReleasedAt: true, attrTriggers: true,
-	attrJob: true, attrSlot: true, attrClaim: true, attrStatus: true, attrStartedAt: true, attrFinishedAt: true,
-	attrError: true, attrClaims: true, attrMissed: true, attrAbandonedBy: true, attrTrigger: true,
-	attrUnswept: true, attrSkippedIn: true, RunTTLAttribute: true,
-	attrPool: true, attrPoolJobs: true, memberExpiry: true, memberView: true, memberJobs: true, memberDeclined: true,
-	memberSession: true, memberVersion: true, memberEnded: true, memberLeaving: true, memberNotes: true, attrSession: true,
-}
-
 // Sort keys and partition key parts of the library's items.
 const (
 	skLease      = "lease"
@@ -175,4 +163,23 @@ func runSKOf(id string) (string, error) {
 		return "", fmt.Errorf("run id %q does not start with an RFC 3339 slot", id)
 	}
 	return runSK(t, trigger), nil
+}
+
+// checkName validates a job or owner name: non-empty, at most max bytes,
+// valid UTF-8 without control characters.
+func checkName(what, s string, max int) error {
+	switch {
+	case s == "":
+		return invalid("%s is empty", what)
+	case len(s) > max:
+		return invalid("%s is %d bytes long, over the limit of %d", what, len(s), max)
+	case !utf8.ValidString(s):
+		return invalid("%s %q is not valid UTF-8", what, s)
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return invalid("%s %q contains a control character", what, s)
+		}
+	}
+	return nil
 }

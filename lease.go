@@ -2,15 +2,25 @@ package ddblease
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// This file owns Lease: the handle, New, State and the write lock;
-// acquisition, heartbeat and resignation are fence.go's, heartbeat.go's and
-// resign.go's.
+// This file owns Lease: the handle, New, State, CheckHealth, the write
+// lock, the lease item's read and conditional write (Lease.read,
+// Lease.write) and what the handle last observed of it (Lease.observe),
+// and its events; acquisition, heartbeat and resignation are fence.go's,
+// heartbeat.go's and resign.go's.
 
 // Lease is one contender's handle on the lease of one job. Its methods are
 // safe for concurrent use; writes to the lease item are serialised. At most
@@ -62,7 +72,7 @@ type Lease struct {
 
 	health health // what CheckHealth reports, fed by this handle's events
 
-	ctl controlWatch // operator controls seen by the keeper (control.go)
+	ctl controlWatch // operator controls seen by the keeper (heartbeat.go)
 
 	// pool is the pool whose job this lease is (NewPool); nil for a lease
 	// of its own. Its acquisitions bind the lease to the pool's session.
@@ -239,4 +249,240 @@ func (l *Lease) Holder(ctx context.Context) (Record, error) {
 		return Record{}, err
 	}
 	return rec, nil
+}
+
+// write sends a conditional write that sets the renewal version rv, and
+// finds out whether it was applied. ours reports that the item now carries
+// rv. Otherwise rec is the item as read (zero if absent) and err is nil
+// when the condition failed, or the error when the outcome is unknown.
+//
+// The write is made once: the SDK's own retries are turned off for it, so
+// that a refusal (throttling, a validation error) proves it did not apply.
+// When the outcome is unknown the item is read back (condWrite), even when
+// ctx has ended, but never past until (zero: no bound but timeout): past
+// it, the write stays in doubt.
+func (l *Lease) write(ctx context.Context, timeout time.Duration, until time.Time, in *dynamodb.UpdateItemInput, rv string) (rec Record, ours bool, err error) {
+	cctx, cancel := context.WithTimeout(ctx, bounded(timeout, until, l.opts.Now()))
+	out, err := l.db.UpdateItem(cctx, in, singleAttempt)
+	cancel()
+	w := condWrite{db: l.db, actions: []types.TransactWriteItem{action(l.table, l.opts.Layout.leaseKey(l.job))}, watch: 0, once: true,
+		timeout: min(timeout, l.opts.CallTimeout), until: until, now: l.opts.Now,
+		mine: func(item map[string]types.AttributeValue) bool {
+			v, ok := item[attrVersion].(*types.AttributeValueMemberS)
+			return ok && v.Value == rv
+		},
+	}.resolve(ctx, attributes(out), err)
+	doubt := w.outcome == unknown
+	if !doubt {
+		err = nil
+	}
+	switch {
+	case w.outcome == failed:
+		return Record{}, false, w.err // refused before it could apply: nothing is in doubt
+	case w.rerr != nil:
+		// Even a failed condition leaves the write in doubt here: the write
+		// might still be delivered late.
+		l.wrote(rv, false, true)
+		return Record{}, false, errors.Join(err, fmt.Errorf("ddblease: read lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, l.opts.Layout, w.rerr)))
+	case len(w.item) == 0:
+		l.wrote(rv, false, doubt)
+		return Record{}, false, err
+	}
+	r, derr := decodeLease(l.opts.Layout, w.item)
+	if derr != nil {
+		l.wrote(rv, false, doubt)
+		return Record{}, false, errors.Join(err, fmt.Errorf("%w (table %q)", derr, l.table))
+	}
+	l.observe(r, true)
+	l.wrote(rv, w.outcome == applied, doubt)
+	return r, w.outcome == applied, err
+}
+
+// wrote records the outcome of a write of version rv: applied, or in doubt
+// (it may still land).
+func (l *Lease) wrote(rv string, applied, inDoubt bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case applied:
+		// Writes in doubt were conditioned on versions the item no longer
+		// carries: none of them can land any more.
+		l.confirmed, l.doubt = rv, nil
+	case inDoubt:
+		l.doubt = append(l.doubt, rv)
+		if len(l.doubt) > maxDoubt {
+			l.doubt = l.doubt[len(l.doubt)-maxDoubt:]
+		}
+	}
+}
+
+// mineIn returns the condition that the item carries a version this handle
+// wrote, adding its values; "" when there is none.
+func (l *Lease) mineIn(values map[string]types.AttributeValue) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	mine := l.doubt
+	if l.confirmed != "" {
+		mine = append([]string{l.confirmed}, l.doubt...)
+	}
+	if len(mine) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("#rv IN (")
+	for i, v := range mine {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		k := ":mine" + strconv.Itoa(i)
+		values[k] = avS(v)
+		b.WriteString(k)
+	}
+	b.WriteString(")")
+	return b.String()
+}
+
+// read gets the lease item; consistent selects a strongly consistent read.
+func (l *Lease) read(ctx context.Context, consistent bool) (Record, bool, error) {
+	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
+	defer cancel()
+	out, err := l.db.GetItem(cctx, &dynamodb.GetItemInput{
+		TableName:      aws.String(l.table),
+		Key:            l.opts.Layout.leaseKey(l.job),
+		ConsistentRead: aws.Bool(consistent),
+	})
+	if err != nil {
+		return Record{}, false, fmt.Errorf("ddblease: read lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, l.opts.Layout, err))
+	}
+	if len(out.Item) == 0 {
+		return Record{}, false, nil
+	}
+	r, err := decodeLease(l.opts.Layout, out.Item)
+	if err != nil {
+		return Record{}, false, fmt.Errorf("%w (table %q)", err, l.table)
+	}
+	return r, true, nil
+}
+
+// logEvent writes the log line an event deserves: one per change of
+// leadership at Info, failures at Warn (repeated ones rate-limited), and
+// nothing per poll or per request.
+func (l *Lease) logEvent(e Event) {
+	ctx := context.Background()
+	if c := l.runCtx.Load(); c != nil {
+		ctx = *c
+	}
+	log := l.log
+	switch e.Kind {
+	case EventAcquired:
+		log.InfoContext(ctx, "ddblease: acquired the lease", "fence", e.Fence)
+	case EventLost:
+		log.WarnContext(ctx, "ddblease: leadership lost", "fence", e.Fence, "reason", string(e.Reason), "err", e.Err)
+	case EventDraining:
+		log.InfoContext(ctx, "ddblease: shutting down: draining the leader's work before resigning", "fence", e.Fence)
+	case EventResigned:
+		log.InfoContext(ctx, "ddblease: resigning the lease", "fence", e.Fence)
+	case EventLeaderSeen:
+		log.InfoContext(ctx, "ddblease: another replica leads", "holder", e.Holder, "fence", e.Fence)
+	case EventRunFinished:
+		// A slot skipped by an operator's pause is what was asked for:
+		// RunSchedule says so at Info.
+		if e.Status != RunSucceeded && e.Status != RunSkippedByPause {
+			log.WarnContext(ctx, "ddblease: job run did not succeed", "slot", fmtSlot(e.Slot), "fence", e.Fence,
+				"status", string(e.Status), "err", e.Err)
+		}
+	case EventSlotsMissed:
+		if e.Missed < 0 {
+			log.WarnContext(ctx, "ddblease: a new leader could not check whether earlier slots were missed", "firing", fmtSlot(e.Slot))
+		} else {
+			log.WarnContext(ctx, "ddblease: slots were missed: no leader ran them in time, and only the latest due slot is run",
+				"missed", e.Missed, "firing", fmtSlot(e.Slot))
+		}
+	case EventRetry:
+		if ok, suppressed := l.warn.allow(e.Op, e.Time); ok {
+			args := []any{"step", e.Op, "err", e.Err}
+			if e.Fence != 0 {
+				args = append(args, "fence", e.Fence)
+			}
+			if suppressed > 0 {
+				args = append(args, "similar_warnings_suppressed", suppressed)
+			}
+			log.WarnContext(ctx, "ddblease: a step failed; retrying", args...)
+		}
+	case EventStopped:
+		// The error is returned to the caller: logging it too would report
+		// it twice.
+		if e.Err != nil {
+			log.DebugContext(ctx, "ddblease: the campaign stopped with an error", "err", e.Err)
+		}
+	case EventRenewed:
+		log.DebugContext(ctx, "ddblease: renewed the lease", "fence", e.Fence, "margin", e.Margin, "latency", e.Latency)
+	}
+}
+
+// event fills in the fields every event of this handle carries.
+func (l *Lease) event(kind EventKind, e Event) Event {
+	e.Kind, e.Job, e.Owner, e.Time = kind, l.job, l.opts.Owner, l.opts.Now()
+	return e
+}
+
+// CheckHealth reports whether this handle is in a state that restarting
+// its process could cure, in the spirit of client-go's HealthzAdaptor. It
+// returns nil, or an error wrapping ErrUnhealthy that says why in one line,
+// when:
+//
+//   - this handle leads and its renewals are overdue: no heartbeat has
+//     landed for more than HeartbeatInterval plus tolerance (a heartbeat
+//     that keeps failing, or a renewal loop that is stuck); or
+//   - its campaign has failed with the same error for longer than
+//     tolerance: the same step (a poll, an acquisition, a heartbeat, a
+//     claim) failing with the same DynamoDB error code or cause, with no
+//     success of that request in between (a table with the wrong key
+//     schema, a missing table, denied access), or Run, RunSchedule or
+//     Acquire having returned an error and no campaign having succeeded
+//     since.
+//
+// With Options.Health.FailedRuns set, it also fails once that many runs
+// in a row recorded by this handle failed (see HealthOptions).
+//
+// A standby that polls the lease is healthy, however long another replica
+// leads; so is a handle that never campaigned or whose Run returned
+// because its context ended. Tolerance zero means LeaseDuration; a
+// negative tolerance is an error wrapping ErrInvalid.
+//
+// The verdict is built from this handle's own events (those Options.Observer
+// is given), so it needs no call to DynamoDB.
+func (l *Lease) CheckHealth(tolerance time.Duration) error {
+	if tolerance < 0 {
+		return invalid("health tolerance is negative (%v)", tolerance)
+	}
+	if tolerance == 0 {
+		tolerance = l.opts.LeaseDuration
+	}
+	var renewed time.Time
+	if t := l.current(); t != nil && t.sess != nil {
+		renewed = t.sess.renewed() // the pool session's renewal renews the lease
+	}
+	return l.health.check(l.opts.Now(), l.job, l.opts.HeartbeatInterval, tolerance, l.opts.Health.FailedRuns, renewed)
+}
+
+func (l *Lease) observe(rec Record, present bool) {
+	defer l.notify.flush()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !present {
+		l.obs = observation{valid: true}
+		return
+	}
+	if !l.obs.present || l.obs.rec.version != rec.version {
+		l.obs.since = time.Now()
+	}
+	if !l.obs.present || l.obs.rec.version != rec.version || l.obs.rec.Fence != rec.Fence || l.obs.rec.Session != rec.Session {
+		l.obs.boundFree = false
+	}
+	l.obs.valid, l.obs.present, l.obs.rec = true, true, rec
+	if rec.Owner != l.opts.Owner && !rec.ExpiresAt.IsZero() && (rec.Owner != l.seen.owner || rec.Fence != l.seen.fence) {
+		l.seen = seenHolder{owner: rec.Owner, fence: rec.Fence}
+		l.notify.push(l.event(EventLeaderSeen, Event{Holder: rec.Owner, Fence: rec.Fence}))
+	}
 }

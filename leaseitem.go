@@ -1,13 +1,9 @@
 package ddblease
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -15,24 +11,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// This file owns the lease item: its attributes, Record and its decoding,
-// and the lease's conditional write (Lease.write).
-
-// Attribute names of the lease item. Several are DynamoDB reserved words, so
-// expressions always refer to them through expression attribute names.
-const (
-	attrOwner      = "owner"
-	attrFence      = "fence"
-	attrExpires    = "expiresAt"  // N: writer's wall clock, Unix ms
-	attrVersion    = "rv"         // S: renewal version, new on every write
-	attrLeaseMs    = "leaseMs"    // N: lease duration written, ms
-	attrAcquiredAt = "acquiredAt" // N: Unix ms
-	attrRenewedAt  = "renewedAt"  // N: Unix ms
-	attrDraining   = "draining"   // BOOL: the holder is about to resign
-	// attrListed records that the job's directory entry was written
-	// (Lease.list): until it is, each acquisition writes it.
-	attrListed = "listed" // BOOL
-)
+// This file owns the lease item: Record and its decoding, the operator's
+// controls it carries (Control, controlItem, the pending triggers), and
+// the error of a tenure whose item moved on (movedOn).
 
 // Record is a lease item as stored in the table. Its JSON form (see
 // MarshalJSON) has the field names of ddblease's other JSON output.
@@ -184,53 +165,6 @@ func decodeLease(y Layout, item map[string]types.AttributeValue) (Record, error)
 	return r, nil
 }
 
-// write sends a conditional write that sets the renewal version rv, and
-// finds out whether it was applied. ours reports that the item now carries
-// rv. Otherwise rec is the item as read (zero if absent) and err is nil
-// when the condition failed, or the error when the outcome is unknown.
-//
-// The write is made once: the SDK's own retries are turned off for it, so
-// that a refusal (throttling, a validation error) proves it did not apply.
-// When the outcome is unknown the item is read back (condWrite), even when
-// ctx has ended, but never past until (zero: no bound but timeout): past
-// it, the write stays in doubt.
-func (l *Lease) write(ctx context.Context, timeout time.Duration, until time.Time, in *dynamodb.UpdateItemInput, rv string) (rec Record, ours bool, err error) {
-	cctx, cancel := context.WithTimeout(ctx, bounded(timeout, until, l.opts.Now()))
-	out, err := l.db.UpdateItem(cctx, in, singleAttempt)
-	cancel()
-	w := condWrite{db: l.db, actions: []types.TransactWriteItem{action(l.table, l.opts.Layout.leaseKey(l.job))}, watch: 0, once: true,
-		timeout: min(timeout, l.opts.CallTimeout), until: until, now: l.opts.Now,
-		mine: func(item map[string]types.AttributeValue) bool {
-			v, ok := item[attrVersion].(*types.AttributeValueMemberS)
-			return ok && v.Value == rv
-		},
-	}.resolve(ctx, attributes(out), err)
-	doubt := w.outcome == unknown
-	if !doubt {
-		err = nil
-	}
-	switch {
-	case w.outcome == failed:
-		return Record{}, false, w.err // refused before it could apply: nothing is in doubt
-	case w.rerr != nil:
-		// Even a failed condition leaves the write in doubt here: the write
-		// might still be delivered late.
-		l.wrote(rv, false, true)
-		return Record{}, false, errors.Join(err, fmt.Errorf("ddblease: read lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, l.opts.Layout, w.rerr)))
-	case len(w.item) == 0:
-		l.wrote(rv, false, doubt)
-		return Record{}, false, err
-	}
-	r, derr := decodeLease(l.opts.Layout, w.item)
-	if derr != nil {
-		l.wrote(rv, false, doubt)
-		return Record{}, false, errors.Join(err, fmt.Errorf("%w (table %q)", derr, l.table))
-	}
-	l.observe(r, true)
-	l.wrote(rv, w.outcome == applied, doubt)
-	return r, w.outcome == applied, err
-}
-
 // bounded returns timeout, or less if until (when not zero) comes sooner.
 func bounded(timeout time.Duration, until, now time.Time) time.Duration {
 	if until.IsZero() {
@@ -241,72 +175,6 @@ func bounded(timeout time.Duration, until, now time.Time) time.Duration {
 
 // singleAttempt turns the SDK's retries off for one request.
 func singleAttempt(o *dynamodb.Options) { o.RetryMaxAttempts = 1 }
-
-// wrote records the outcome of a write of version rv: applied, or in doubt
-// (it may still land).
-func (l *Lease) wrote(rv string, applied, inDoubt bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	switch {
-	case applied:
-		// Writes in doubt were conditioned on versions the item no longer
-		// carries: none of them can land any more.
-		l.confirmed, l.doubt = rv, nil
-	case inDoubt:
-		l.doubt = append(l.doubt, rv)
-		if len(l.doubt) > maxDoubt {
-			l.doubt = l.doubt[len(l.doubt)-maxDoubt:]
-		}
-	}
-}
-
-// mineIn returns the condition that the item carries a version this handle
-// wrote, adding its values; "" when there is none.
-func (l *Lease) mineIn(values map[string]types.AttributeValue) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	mine := l.doubt
-	if l.confirmed != "" {
-		mine = append([]string{l.confirmed}, l.doubt...)
-	}
-	if len(mine) == 0 {
-		return ""
-	}
-	var b strings.Builder
-	b.WriteString("#rv IN (")
-	for i, v := range mine {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		k := ":mine" + strconv.Itoa(i)
-		values[k] = avS(v)
-		b.WriteString(k)
-	}
-	b.WriteString(")")
-	return b.String()
-}
-
-// read gets the lease item; consistent selects a strongly consistent read.
-func (l *Lease) read(ctx context.Context, consistent bool) (Record, bool, error) {
-	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
-	defer cancel()
-	out, err := l.db.GetItem(cctx, &dynamodb.GetItemInput{
-		TableName:      aws.String(l.table),
-		Key:            l.opts.Layout.leaseKey(l.job),
-		ConsistentRead: aws.Bool(consistent),
-	})
-	if err != nil {
-		return Record{}, false, fmt.Errorf("ddblease: read lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, l.opts.Layout, err))
-	}
-	if len(out.Item) == 0 {
-		return Record{}, false, nil
-	}
-	r, err := decodeLease(l.opts.Layout, out.Item)
-	if err != nil {
-		return Record{}, false, fmt.Errorf("%w (table %q)", err, l.table)
-	}
-	return r, true, nil
-}
 
 // fenceCheck is a ConditionCheck that the lease item holds exactly fence.
 func fenceCheck(table string, key map[string]types.AttributeValue, fence int64) *types.ConditionCheck {
@@ -334,3 +202,203 @@ func fenceOf(y Layout, item map[string]types.AttributeValue) (int64, error) {
 	}
 	return f, nil
 }
+
+// movedOn is the cause of the end of the tenure with fence when the lease
+// item, rec, names another owner or fence: an operator's forced release of
+// this tenure, or another tenure.
+func movedOn(job string, fence int64, rec Record) error {
+	c := rec.Control
+	if c.ReleasedFence != fence {
+		return fmt.Errorf("%w: %q fence %d: now held by %q with fence %d", ErrLost, job, fence, rec.Owner, rec.Fence)
+	}
+	held := ""
+	if c.ReleasedFence+1 != rec.Fence {
+		held = fmt.Sprintf(", held by %q", rec.Owner)
+	}
+	return fmt.Errorf("%w: %q fence %d: released by force by operator %q at %s; the fence is now %d%s",
+		ErrLost, job, fence, c.ReleasedBy, c.ReleasedAt.UTC().Format(time.RFC3339), rec.Fence, held)
+}
+
+// Control is the operator state recorded in a lease item: pause, resign
+// request, forced release and pending triggers (see Admin). Times are by
+// the operator's clock.
+type Control struct {
+	// Paused reports that RunSchedule fires no slot of the job; slots that
+	// fall due are recorded with status RunSkippedByPause.
+	Paused    bool      `json:"paused"`
+	PausedBy  string    `json:"pausedBy,omitempty"`  // who paused the job last
+	PausedAt  time.Time `json:"pausedAt,omitzero"`   // when; zero if never paused
+	ResumedBy string    `json:"resumedBy,omitempty"` // who resumed it last
+	ResumedAt time.Time `json:"resumedAt,omitzero"`
+	// CatchUpPending reports a resumption that asked for the latest slot
+	// skipped by the pause to be run, not yet handled by the leader.
+	CatchUpPending bool `json:"catchUpPending,omitempty"`
+
+	// ResignFence is the fence of the tenure an operator asked to resign;
+	// the request concerns only that tenure. Zero if none was made.
+	ResignFence int64     `json:"resignRequestedFence,omitempty"`
+	ResignBy    string    `json:"resignRequestedBy,omitempty"`
+	ResignAt    time.Time `json:"resignRequestedAt,omitzero"`
+
+	// ReleasedFence is the fence of the tenure an operator released by
+	// force (the fence was raised past it). Zero if none.
+	ReleasedFence int64     `json:"releasedFence,omitempty"`
+	ReleasedBy    string    `json:"releasedBy,omitempty"`
+	ReleasedAt    time.Time `json:"releasedAt,omitzero"`
+
+	// Triggers counts the trigger requests the leader has not taken up yet.
+	Triggers int `json:"pendingTriggers,omitempty"`
+
+	catchUp  string
+	triggers string // ids of the pending triggers, oldest first: a change wakes the runner
+}
+
+// pendingTrigger is one trigger request found in a lease item.
+type pendingTrigger struct {
+	id   string
+	slot time.Time
+}
+
+// controlItem is the operator attributes of a lease item (embedded in
+// leaseItem). The pending triggers, a map, are read by pendingTriggers.
+type controlItem struct {
+	Paused        boolAttr `dynamodbav:"paused"`
+	PausedBy      sAttr    `dynamodbav:"pausedBy"`
+	PausedAt      nAttr    `dynamodbav:"pausedAt"`
+	ResumedBy     sAttr    `dynamodbav:"resumedBy"`
+	ResumedAt     nAttr    `dynamodbav:"resumedAt"`
+	CatchUp       sAttr    `dynamodbav:"catchUp"`
+	CatchUpWanted boolAttr `dynamodbav:"catchUpWanted"`
+	CatchUpDone   sAttr    `dynamodbav:"catchUpDone"`
+	ResignFence   nAttr    `dynamodbav:"resignFence"`
+	ResignBy      sAttr    `dynamodbav:"resignBy"`
+	ResignAt      nAttr    `dynamodbav:"resignAt"`
+	ReleasedFence nAttr    `dynamodbav:"releasedFence"`
+	ReleasedBy    sAttr    `dynamodbav:"releasedBy"`
+	ReleasedAt    nAttr    `dynamodbav:"releasedAt"`
+}
+
+// decode validates the operator attributes of item, decoded into it. All
+// are optional; one of the wrong type is an error.
+func (it *controlItem) decode(item map[string]types.AttributeValue) (Control, error) {
+	var c Control
+	var err error
+	var catchUpDone string
+	var wanted bool
+	if c.Paused, err = it.Paused.opt(attrPaused); err != nil {
+		return Control{}, err
+	}
+	if wanted, err = it.CatchUpWanted.opt(attrCatchUpWanted); err != nil {
+		return Control{}, err
+	}
+	for _, s := range []struct {
+		name string
+		a    sAttr
+		dst  *string
+	}{
+		{attrPausedBy, it.PausedBy, &c.PausedBy}, {attrResumedBy, it.ResumedBy, &c.ResumedBy}, {attrCatchUp, it.CatchUp, &c.catchUp},
+		{attrCatchUpDone, it.CatchUpDone, &catchUpDone}, {attrResignBy, it.ResignBy, &c.ResignBy}, {attrReleasedBy, it.ReleasedBy, &c.ReleasedBy},
+	} {
+		if *s.dst, err = s.a.opt(s.name); err != nil {
+			return Control{}, err
+		}
+	}
+	if !wanted || c.catchUp == catchUpDone {
+		c.catchUp = ""
+	}
+	c.CatchUpPending = c.catchUp != ""
+	for _, t := range []struct {
+		name string
+		a    nAttr
+		dst  *time.Time
+	}{
+		{attrPausedAt, it.PausedAt, &c.PausedAt}, {attrResumedAt, it.ResumedAt, &c.ResumedAt},
+		{attrResignAt, it.ResignAt, &c.ResignAt}, {attrReleasedAt, it.ReleasedAt, &c.ReleasedAt},
+	} {
+		ms, err := t.a.opt(t.name)
+		if err != nil {
+			return Control{}, err
+		}
+		if ms != 0 {
+			*t.dst = time.UnixMilli(ms)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		a    nAttr
+		dst  *int64
+	}{{attrResignFence, it.ResignFence, &c.ResignFence}, {attrReleasedFence, it.ReleasedFence, &c.ReleasedFence}} {
+		if *f.dst, err = f.a.opt(f.name); err != nil {
+			return Control{}, err
+		}
+		if *f.dst < 0 {
+			return Control{}, fmt.Errorf("%s %d is negative", f.name, *f.dst)
+		}
+	}
+	trs, err := pendingTriggers(item)
+	if err != nil {
+		return Control{}, err
+	}
+	c.Triggers = len(trs)
+	for _, t := range trs {
+		c.triggers += t.id
+	}
+	return c, nil
+}
+
+// pendingTriggers returns the trigger requests of a lease item, oldest
+// first.
+func pendingTriggers(item map[string]types.AttributeValue) ([]pendingTrigger, error) {
+	v, ok := item[attrTriggers]
+	if !ok {
+		return nil, nil
+	}
+	m, ok := v.(*types.AttributeValueMemberM)
+	if !ok {
+		return nil, fmt.Errorf("attribute %s is not a map", attrTriggers)
+	}
+	var out []pendingTrigger
+	for id := range m.Value {
+		if id == triggerKeep {
+			continue
+		}
+		if !validTriggerID(id) {
+			return nil, fmt.Errorf("attribute %s: %q is not a trigger id", attrTriggers, id)
+		}
+		ms, err := num(m.Value, id)
+		if err != nil {
+			return nil, fmt.Errorf("attribute %s: %v", attrTriggers, err)
+		}
+		slot := time.UnixMilli(ms).UTC()
+		if _, err := slotID(slot); err != nil {
+			return nil, fmt.Errorf("attribute %s: trigger %s: %v", attrTriggers, id, err)
+		}
+		out = append(out, pendingTrigger{id: id, slot: slot})
+	}
+	// Oldest first; ties by id, so that the order is stable.
+	for i := 1; i < len(out); i++ {
+		for j := i; j > 0 && (out[j].slot.Before(out[j-1].slot) ||
+			out[j].slot.Equal(out[j-1].slot) && out[j].id < out[j-1].id); j-- {
+			out[j], out[j-1] = out[j-1], out[j]
+		}
+	}
+	return out, nil
+}
+
+// validTriggerID reports whether id has the form Admin.Trigger gives: 16
+// lowercase hex digits.
+func validTriggerID(id string) bool {
+	if len(id) != 16 {
+		return false
+	}
+	for _, r := range id {
+		if !(r >= '0' && r <= '9' || r >= 'a' && r <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// triggerRunID is the run id of a triggered run: its slot, then the
+// trigger id, so that it never collides with a schedule slot.
+func triggerRunID(slot time.Time, id string) string { return fmtSlot(slot) + "#trigger-" + id }

@@ -8,124 +8,14 @@ import (
 	"strings"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// This file owns the directory (a job listed by its first acquisition, a
-// pool by its start) and the reads that list: Admin.Jobs, Admin.Runs,
-// Admin.Pools.
-
-// This file holds the directory of jobs and pools (Layout) and the reads
-// that list what a table holds: each is a GetItem, a BatchGetItem or a
-// Query on a key, so that its cost grows with what it returns, never with
-// the table's history.
-
-// Attributes of the directory's entries.
-const (
-	attrPool     = "pool" // S: a pool's entry: the pool's name
-	attrPoolJobs = "jobs" // SS: a pool's entry: its jobs, as its last replica to start listed them
-)
-
-// list writes job's directory entry, then marks the lease item listed, so
-// that later acquisitions skip it. It touches no attribute of the lease
-// protocol. A failure is logged: the next acquisition tries again.
-func (l *Lease) list(ctx context.Context, fence int64) {
-	y := l.opts.Layout
-	ctx = context.WithoutCancel(ctx)
-	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
-	entry := y.directoryKey(skJobPrefix, l.job)
-	entry[attrJob] = avS(l.job)
-	_, err := l.db.PutItem(cctx, &dynamodb.PutItemInput{TableName: aws.String(l.table), Item: entry})
-	cancel()
-	if err == nil {
-		cctx, cancel = context.WithTimeout(ctx, l.opts.CallTimeout)
-		_, err = l.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
-			TableName: aws.String(l.table), Key: y.leaseKey(l.job),
-			UpdateExpression:          aws.String("SET #listed = :true"),
-			ConditionExpression:       aws.String("#fence = :fence"),
-			ExpressionAttributeNames:  map[string]string{"#listed": attrListed, "#fence": attrFence},
-			ExpressionAttributeValues: map[string]types.AttributeValue{":true": avBool(true), ":fence": avN(fence)},
-		})
-		cancel()
-		if len(failedConditions(err)) > 0 {
-			err = nil // a newer tenure lists it
-		}
-	}
-	if err != nil {
-		l.log.Warn("ddblease: could not list the job in the table's directory; the next acquisition tries again", "err", err)
-	}
-}
-
-// batchGet reads the items of keys with strongly consistent BatchGetItem
-// requests of up to 100 keys, sending unprocessed keys again, and returns
-// the items found. what names the read for errors.
-func batchGet(ctx context.Context, db DynamoDBAPI, table string, y Layout, what string, keys []map[string]types.AttributeValue,
-	pause, timeout time.Duration) ([]map[string]types.AttributeValue, error) {
-	var found []map[string]types.AttributeValue
-	for start := 0; start < len(keys); start += 100 {
-		req := map[string]types.KeysAndAttributes{table: {Keys: keys[start:min(start+100, len(keys))], ConsistentRead: aws.Bool(true)}}
-		again := func(err error) bool { return err == errUnprocessed }
-		n, stop, err := retrier{backoff: fixed(pause), again: again, attempts: 11, timeout: timeout}.do(ctx,
-			func(ctx context.Context) error {
-				out, err := db.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: req})
-				if err != nil {
-					return fmt.Errorf("ddblease: %s: %w", what, explainTableError(ctx, db, table, y, err))
-				}
-				found = append(found, out.Responses[table]...)
-				if req = out.UnprocessedKeys; len(req) > 0 {
-					return errUnprocessed
-				}
-				return nil
-			})
-		switch {
-		case stop == retryAttempts:
-			return nil, fmt.Errorf("ddblease: %s: keys still unprocessed after %d rounds", what, n)
-		case stop == retryEnded:
-			return nil, fmt.Errorf("ddblease: %s: %w", what, context.Cause(ctx))
-		case err != nil:
-			return nil, err
-		}
-	}
-	return found, nil
-}
-
-// query returns the items of partition pk whose sort key is from lo to
-// hi, both included, in sort key order (backwards when newest is set),
-// at most limit of them when limit is positive, with strongly consistent
-// Query requests. what names the read for errors.
-func query(ctx context.Context, db DynamoDBAPI, table string, y Layout, pk, lo, hi string, limit int, newest bool,
-	timeout time.Duration, what string) ([]map[string]types.AttributeValue, error) {
-	in := &dynamodb.QueryInput{
-		TableName:                 aws.String(table),
-		KeyConditionExpression:    aws.String("#pk = :pk AND #sk BETWEEN :lo AND :hi"),
-		ExpressionAttributeNames:  map[string]string{"#pk": y.PartitionKey, "#sk": y.SortKey},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": avS(pk), ":lo": avS(lo), ":hi": avS(hi)},
-		ConsistentRead:            aws.Bool(true),
-		ScanIndexForward:          aws.Bool(!newest),
-	}
-	var items []map[string]types.AttributeValue
-	for {
-		if limit > 0 {
-			in.Limit = aws.Int32(int32(min(limit-len(items), 1000)))
-		}
-		cctx, cancel := context.WithTimeout(ctx, timeout)
-		out, err := db.Query(cctx, in)
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("ddblease: %s: %w", what, explainTableError(ctx, db, table, y, err))
-		}
-		items = append(items, out.Items...)
-		if len(out.LastEvaluatedKey) == 0 || limit > 0 && len(items) >= limit {
-			return items, nil
-		}
-		in.ExclusiveStartKey = out.LastEvaluatedKey
-	}
-}
-
-// prefixRange returns the bounds of the sort keys that start with prefix.
-func prefixRange(prefix string) (lo, hi string) { return prefix, prefix + "\U0010FFFF" }
+// This file owns the directory (a job listed by its first acquisition,
+// fence.go; a pool by its start, poolmember.go) and the reads that list:
+// Lease.ListRuns, Admin.Jobs, Admin.Runs, Admin.Pools. Each is a GetItem,
+// a BatchGetItem or a Query on a key, so that its cost grows with what it
+// returns, never with the table's history.
 
 // Jobs returns every job of the table, by name: the jobs its directory
 // lists (each job is listed by its first acquisition), read with one
@@ -301,4 +191,57 @@ func (a *Admin) members(ctx context.Context, pool string) ([]PoolMember, error) 
 		}
 	}
 	return out, nil
+}
+
+// ListRuns returns the runs recorded for the slots of sched from from to to,
+// both included, in slot order; slots without a run are left out. It reads
+// the slots' items by key with strongly consistent BatchGetItem requests:
+// one request per 100 slots (each slot costs a read unit, found or not),
+// and at most MaxListSlots slots per call, so the cost does not grow with
+// the table. Runs it cannot decode are left out and reported in an error
+// wrapping ErrMalformedItem, returned with the others. It needs no tenure:
+// an operator's tool may list with a handle made by New just for that.
+func (l *Lease) ListRuns(ctx context.Context, sched Schedule, from, to time.Time) ([]RunRecord, error) {
+	if err := checkSchedule(sched); err != nil {
+		return nil, fmt.Errorf("ListRuns: %w", err)
+	}
+	if from.IsZero() || to.IsZero() || to.Before(from) {
+		return nil, invalid("ListRuns: from (%v) and to (%v) must be set, from not after to", from, to)
+	}
+	var ids []string
+	for s := from.Add(-time.Nanosecond); ; {
+		next, err := nextSlot(sched, s)
+		if err != nil {
+			return nil, fmt.Errorf("ListRuns: %w", err)
+		}
+		if next.IsZero() || next.After(to) {
+			break
+		}
+		if len(ids) == MaxListSlots {
+			return nil, invalid("ListRuns: %s to %s holds more than %d slots", fmtSlot(from), fmtSlot(to), MaxListSlots)
+		}
+		id, err := slotID(next)
+		if err != nil {
+			return nil, fmt.Errorf("ListRuns: %w", err)
+		}
+		ids = append(ids, id)
+		s = next
+	}
+	items, err := l.getRuns(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	var runs []RunRecord
+	var errs []error
+	for _, id := range ids {
+		if item, ok := items[id]; ok {
+			rec, err := decodeRun(l.opts.Layout, item)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			runs = append(runs, rec)
+		}
+	}
+	return runs, errors.Join(errs...)
 }

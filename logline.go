@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
+	"time"
 
 	awsretry "github.com/aws/aws-sdk-go-v2/aws/retry"
 )
 
-// This file owns the library's log lines: their attributes and the trace ids
-// of a context.
+// This file owns the library's log lines: their attributes, the trace ids
+// of a context, and the limit on repeated warnings (warnLimiter).
 
 // lineHandler is the handler behind every log line of a Lease: it passes
 // records to the user's handler with each attribute value made one line,
@@ -151,4 +153,36 @@ func singleLine(s string) string {
 		}
 	}
 	return strings.Join(parts, " | ")
+}
+
+// warnLimiter rate-limits repeated warnings: one line per key every
+// warnEvery, saying how many were left out.
+type warnLimiter struct {
+	mu   sync.Mutex
+	last map[string]warnState
+}
+
+type warnState struct {
+	at         time.Time
+	suppressed int
+}
+
+const warnEvery = 30 * time.Second
+
+// allow reports whether a warning with key may be logged at now, and how
+// many were suppressed since the last one.
+func (w *warnLimiter) allow(key string, now time.Time) (bool, int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.last == nil {
+		w.last = make(map[string]warnState)
+	}
+	s, ok := w.last[key]
+	if ok && now.Sub(s.at) < warnEvery && now.Sub(s.at) >= 0 {
+		s.suppressed++
+		w.last[key] = s
+		return false, 0
+	}
+	w.last[key] = warnState{at: now}
+	return true, s.suppressed
 }

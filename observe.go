@@ -15,7 +15,8 @@ import (
 )
 
 // This file owns events: Event, the notifier that delivers them to
-// Options.Observer after locks are released, and their log lines.
+// Options.Observer after locks are released, the outcome of each DynamoDB
+// call (callOutcome), and the events' log lines.
 
 // EventKind says what an Event reports.
 type EventKind uint8
@@ -277,22 +278,6 @@ func (p *sendProbe) optFn(o *dynamodb.Options) {
 	})
 }
 
-// unsentError is the error of a request that the SDK client failed to
-// build, address or sign, so that it was never sent: no credentials, no
-// region, an endpoint that cannot be resolved. Retrying mends it only when
-// the cause is passing (credentials that could not be refreshed once, a
-// credentials endpoint not reachable yet); the table never refused it.
-type unsentError struct{ err error }
-
-func (e *unsentError) Error() string { return e.err.Error() }
-func (e *unsentError) Unwrap() error { return e.err }
-
-// unsent reports whether err is, or wraps, an unsentError.
-func unsent(err error) bool {
-	var u *unsentError
-	return errors.As(err, &u)
-}
-
 // mayPass reports whether err, of a request that was never sent, looks
 // like a passing failure of the network or of a credentials service: a
 // connection refused or reset, a timeout, a credentials service throttling
@@ -347,64 +332,24 @@ func (o observedDB) DescribeTable(ctx context.Context, in *dynamodb.DescribeTabl
 	return observed(o, "DescribeTable", o.db.DescribeTable, ctx, in, optFns)
 }
 
-// logEvent writes the log line an event deserves: one per change of
-// leadership at Info, failures at Warn (repeated ones rate-limited), and
-// nothing per poll or per request.
-func (l *Lease) logEvent(e Event) {
-	ctx := context.Background()
-	if c := l.runCtx.Load(); c != nil {
-		ctx = *c
+// callOutcome classifies a finished request for EventCall.
+func callOutcome(op string, err error) CallOutcome {
+	if err == nil {
+		return CallOK
 	}
-	log := l.log
-	switch e.Kind {
-	case EventAcquired:
-		log.InfoContext(ctx, "ddblease: acquired the lease", "fence", e.Fence)
-	case EventLost:
-		log.WarnContext(ctx, "ddblease: leadership lost", "fence", e.Fence, "reason", string(e.Reason), "err", e.Err)
-	case EventDraining:
-		log.InfoContext(ctx, "ddblease: shutting down: draining the leader's work before resigning", "fence", e.Fence)
-	case EventResigned:
-		log.InfoContext(ctx, "ddblease: resigning the lease", "fence", e.Fence)
-	case EventLeaderSeen:
-		log.InfoContext(ctx, "ddblease: another replica leads", "holder", e.Holder, "fence", e.Fence)
-	case EventRunFinished:
-		// A slot skipped by an operator's pause is what was asked for:
-		// RunSchedule says so at Info.
-		if e.Status != RunSucceeded && e.Status != RunSkippedByPause {
-			log.WarnContext(ctx, "ddblease: job run did not succeed", "slot", fmtSlot(e.Slot), "fence", e.Fence,
-				"status", string(e.Status), "err", e.Err)
-		}
-	case EventSlotsMissed:
-		if e.Missed < 0 {
-			log.WarnContext(ctx, "ddblease: a new leader could not check whether earlier slots were missed", "firing", fmtSlot(e.Slot))
-		} else {
-			log.WarnContext(ctx, "ddblease: slots were missed: no leader ran them in time, and only the latest due slot is run",
-				"missed", e.Missed, "firing", fmtSlot(e.Slot))
-		}
-	case EventRetry:
-		if ok, suppressed := l.warn.allow(e.Op, e.Time); ok {
-			args := []any{"step", e.Op, "err", e.Err}
-			if e.Fence != 0 {
-				args = append(args, "fence", e.Fence)
-			}
-			if suppressed > 0 {
-				args = append(args, "similar_warnings_suppressed", suppressed)
-			}
-			log.WarnContext(ctx, "ddblease: a step failed; retrying", args...)
-		}
-	case EventStopped:
-		// The error is returned to the caller: logging it too would report
-		// it twice.
-		if e.Err != nil {
-			log.DebugContext(ctx, "ddblease: the campaign stopped with an error", "err", e.Err)
-		}
-	case EventRenewed:
-		log.DebugContext(ctx, "ddblease: renewed the lease", "fence", e.Fence, "margin", e.Margin, "latency", e.Latency)
+	if len(failedConditions(err)) > 0 {
+		return CallConditionFailed
 	}
-}
-
-// event fills in the fields every event of this handle carries.
-func (l *Lease) event(kind EventKind, e Event) Event {
-	e.Kind, e.Job, e.Owner, e.Time = kind, l.job, l.opts.Owner, l.opts.Now()
-	return e
+	var api smithy.APIError
+	if errors.As(err, &api) && throttleCodes[api.ErrorCode()] {
+		return CallThrottled
+	}
+	switch op {
+	case "GetItem", "BatchGetItem", "DescribeTable", "Query":
+		return CallError
+	}
+	if mayHaveApplied(err) {
+		return CallInDoubt
+	}
+	return CallError
 }

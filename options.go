@@ -1,12 +1,8 @@
 package ddblease
 
 import (
-	"encoding/hex"
 	"log/slog"
-	"math/rand/v2"
 	"time"
-	"unicode"
-	"unicode/utf8"
 )
 
 // This file owns Options and their defaults and validation.
@@ -175,40 +171,6 @@ func (o *Options) setDefaults() error {
 	var err error
 	o.Layout, err = o.Layout.withDefaults("Options")
 	return err
-}
-
-// randomID returns n random bytes in hex. Renewal versions and owner ids
-// need uniqueness, not secrecy: math/rand/v2's generator is seeded from
-// the operating system and is far cheaper than crypto/rand.
-func randomID(n int) string {
-	b := make([]byte, n)
-	for i := 0; i < n; i += 8 {
-		v := rand.Uint64()
-		for j := i; j < min(i+8, n); j++ {
-			b[j] = byte(v)
-			v >>= 8
-		}
-	}
-	return hex.EncodeToString(b)
-}
-
-// checkName validates a job or owner name: non-empty, at most max bytes,
-// valid UTF-8 without control characters.
-func checkName(what, s string, max int) error {
-	switch {
-	case s == "":
-		return invalid("%s is empty", what)
-	case len(s) > max:
-		return invalid("%s is %d bytes long, over the limit of %d", what, len(s), max)
-	case !utf8.ValidString(s):
-		return invalid("%s %q is not valid UTF-8", what, s)
-	}
-	for _, r := range s {
-		if unicode.IsControl(r) {
-			return invalid("%s %q contains a control character", what, s)
-		}
-	}
-	return nil
 }
 
 // checkTable validates a DynamoDB table name.

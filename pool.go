@@ -525,3 +525,25 @@ func (p *Pool) view() (poolView, map[string]bool) {
 	defer p.mu.Unlock()
 	return p.seen, maps.Clone(p.declined)
 }
+
+// CheckHealth reports whether this replica's share of the pool is in a
+// state that restarting its process could cure. It returns nil, or an
+// error wrapping ErrUnhealthy that says why in one line, when the
+// membership's renewals have failed for longer than tolerance with no
+// success since, when Run returned an error and has not run again since,
+// or when CheckHealth of one of the pool's leases (Pool.Lease) fails.
+// Tolerance zero means LeaseDuration; a negative tolerance is an error
+// wrapping ErrInvalid. It needs no call to DynamoDB.
+func (p *Pool) CheckHealth(tolerance time.Duration) error {
+	if tolerance < 0 {
+		return invalid("health tolerance is negative (%v)", tolerance)
+	}
+	if tolerance == 0 {
+		tolerance = p.opts.LeaseDuration
+	}
+	errs := []error{p.health.check(p.opts.Now(), p.name, tolerance)}
+	for _, job := range p.jobs {
+		errs = append(errs, p.leases[job].CheckHealth(tolerance))
+	}
+	return errors.Join(errs...)
+}

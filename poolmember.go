@@ -15,10 +15,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// This file owns a pool's member items: the renewal that writes this
-// replica's item (its session, session.go) and reads the others', how a
-// member is read and judged live or gone, the removal of dead members,
-// and the leave at the end of a Run.
+// This file owns a pool's membership: the renewal that writes this
+// replica's member item (its session, session.go) and reads the others',
+// how a member is judged live or gone, the removal of dead members, the
+// pool's directory entry, and the leave at the end of a Run.
 
 // maxWrites bounds the writes of one renewal whose answers keep showing
 // another view than the one written.
@@ -116,74 +116,6 @@ func (p *Pool) handleNotes(ctx context.Context, s *session, notes []string) {
 		}
 	}
 	s.noteHandled(handled)
-}
-
-// Attributes of a pool's member item (and session.go's).
-const (
-	memberExpiry   = "exp"      // N: the member's expiry, Unix ms, by its clock
-	memberView     = "view"     // S: the view it acts on (viewOf)
-	memberJobs     = "list"     // S: its job list (listHash)
-	memberDeclined = "declined" // S: the jobs it declines, a JSON array of names
-)
-
-// member is a pool's member item.
-type member struct {
-	owner    string
-	exp      int64 // Unix ms; -1 if the item is malformed
-	view     string
-	jobs     string
-	declined []string // sorted
-	sid, sv  string   // its session and the session's version
-	ended    string   // who ended the session; "" while it is not ended
-	leaving  bool
-}
-
-// decodeMember reads a member item. A malformed one is returned with
-// expiry -1 (it is ignored, then removed) and an error, with its owner
-// when its key names one.
-func decodeMember(y Layout, item map[string]types.AttributeValue) (member, error) {
-	m := member{exp: -1}
-	sk, err := str(item, y.SortKey)
-	if err == nil {
-		m.owner = strings.TrimPrefix(sk, skMember)
-	}
-	m.sid, _ = str(item, memberSession)
-	m.sv, _ = str(item, memberVersion)
-	exp, eerr := num(item, memberExpiry)
-	view, verr := str(item, memberView)
-	jobs, jerr := str(item, memberJobs)
-	list, lerr := str(item, memberDeclined)
-	_, serr := str(item, memberSession)
-	_, vserr := str(item, memberVersion)
-	var nerr, lverr error
-	if _, ok := item[memberEnded]; ok {
-		if m.ended, nerr = str(item, memberEnded); m.ended == noSession {
-			m.ended = "" // not ended
-		}
-	}
-	if v, ok := item[memberLeaving]; ok {
-		b, isBool := v.(*types.AttributeValueMemberBOOL)
-		if !isBool {
-			lverr = fmt.Errorf("attribute %q is not a BOOL", memberLeaving)
-		} else {
-			m.leaving = b.Value
-		}
-	}
-	var declined []string
-	if lerr == nil {
-		if derr := json.Unmarshal([]byte(list), &declined); derr != nil {
-			lerr = fmt.Errorf("attribute %q is not a JSON array of names: %v", memberDeclined, derr)
-		}
-	}
-	if err = errors.Join(err, eerr, verr, jerr, lerr, serr, vserr, nerr, lverr); err != nil || exp < 0 {
-		return m, fmt.Errorf("%w: member item %q: %v", ErrMalformedItem, y.describe(item), errors.Join(err, fmt.Errorf("expiry %d", exp)))
-	}
-	if len(declined) == 0 {
-		declined = nil // "[]": none
-	}
-	slices.Sort(declined)
-	m.exp, m.view, m.jobs, m.declined = exp, view, jobs, declined
-	return m, nil
 }
 
 // watch records the members read by a Query sent at sent and, for each,

@@ -16,8 +16,9 @@ import (
 // This file owns the end of a tenure by its holder: the drain (drainWatch:
 // fn's leader context ended, fn given DrainTimeout to return), the
 // resignation that hands the lease over in one write (term.resign, and
-// term.resignRetrying where a hand-over must not be lost), Resign, and
-// ResignOnSignal for SIGTERM.
+// term.resignRetrying where a hand-over must not be lost), Resign,
+// ResignOnSignal for SIGTERM, and the yield to the others after an
+// operator's resign request (term.yieldToOthers).
 
 // Resign gives the lease up with a write conditional on this owner, fence
 // and renewal version that sets its expiry to zero, so that a polling
@@ -258,4 +259,25 @@ func (w *drainWatch) finish() (expired bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.expired
+}
+
+// yieldToOthers applies the hand-over rule after an operator ended this
+// replica's tenure, by a resign request or a forced release (as
+// the lease item last seen shows): Acquire leaves a free lease to the other
+// replicas for one LeaseDuration, so that the lease goes to another replica
+// instead of straight back to the one asked to let go; a lone replica takes
+// it back after that. err, the resignation's own failure if any, is logged.
+func (t *term) yieldToOthers(err error) {
+	l, fence := t.l, t.fence
+	l.mu.Lock()
+	c, present := l.obs.rec.Control, l.obs.present
+	asked := present && (c.ResignFence == fence || c.ReleasedFence == fence)
+	if asked {
+		l.yieldUntil = time.Now().Add(l.opts.LeaseDuration)
+	}
+	l.mu.Unlock()
+	if asked {
+		l.log.Info("ddblease: handing the lease over on an operator's request; leaving it to the other replicas for a lease duration",
+			"fence", fence, "err", err)
+	}
 }

@@ -266,7 +266,7 @@ func (ld *leading) end(ctx context.Context) (done bool, err error) {
 		// resign request or forced release): whatever fn returned then is
 		// the tenure's end, not a failure that stops the campaign. After an
 		// operator's request, campaign on leaving the lease to the other
-		// replicas for a while (control.go).
+		// replicas for a while (resign.go).
 		if fnErr != nil {
 			l.log.Warn("ddblease: the leader's function returned an error after its tenure ended; campaigning again",
 				"fence", fence, "err", fnErr, "cause", context.Cause(ld.leaderCtx))

@@ -8,10 +8,14 @@ import (
 	"time"
 )
 
-// This file owns the run protocol (runner.execute): every run RunSchedule
-// makes (a slot, a catch-up, an operator's trigger) is claimed under the
-// current tenure, handed out only if the tenure still leads, run, and its
-// outcome recorded, or left where a newer tenure finds it.
+// This file owns the runner (one per RunSchedule) and the run protocol
+// (runner.execute): every run RunSchedule makes (a slot, a catch-up, an
+// operator's trigger) is claimed under the current tenure, handed out
+// only if the tenure still leads, run, and its outcome recorded, or left
+// where a newer tenure finds it.
+
+// maxGivenUp is how many given-up claims the runner remembers.
+const maxGivenUp = 100
 
 // firing is one run RunSchedule may make: a slot of the schedule (fired
 // on time or by a catch-up), an operator's trigger, or the catch-up a
@@ -286,4 +290,55 @@ func (r *runner) runAndFinish(ctx context.Context, tn *term, run *JobRun) (recor
 		fnErr = fmt.Errorf("%w (%v)", fnErr, context.Cause(ctx))
 	}
 	return r.finish(ctx, tn, run, fnErr)
+}
+
+// runner fires a schedule's slots for RunSchedule. Its fields are used by
+// one tenure at a time.
+type runner struct {
+	l     *Lease
+	sched Schedule
+	fn    func(context.Context, *JobRun) error
+	o     JobOptions
+	last  time.Time // latest slot handled (fired, found taken or skipped); zero if none
+	// fence is the fence of the tenure that led last, zero before the
+	// first: a tenure whose fence does not follow it had another between.
+	fence int64
+	// givenUp holds the claim tokens of the latest slots given up after
+	// claims with unknown outcomes: a sweep abandons such a claim if it did
+	// land.
+	givenUp []string
+	// unswept holds skipped slots a catch-up could not read back, and
+	// slots whose orphaned run a catch-up or a claim could not mark
+	// abandoned (leftRunning): they are read again after each firing until
+	// they are swept (the latest maxSweep are kept), so that a run an
+	// older tenure left running there is still marked abandoned.
+	unswept []time.Time
+	ctl     runnerControl // operator controls (control.go)
+	// busySince is when the runs that kept the runner busy since it last
+	// looked for due slots began: a slot that came due while this tenure
+	// led and was busy (a long fn, a trigger) is fired whatever its age.
+	busySince time.Time
+	marks     int // abandon writes since the last firing (maxMarks)
+	// ran holds the tokens of the triggers and catch-ups whose fn this
+	// tenure called: their requests stay pending when the outcome was not
+	// recorded, and their claims would be recognised again.
+	ran map[string]bool
+	// looked is the last look for a due slot, by both clocks; ahead sums
+	// the wall clock's jumps ahead of the runtime clock since (returned).
+	looked sent
+	ahead  time.Duration
+}
+
+// leftRunning reports whether err, from a claim, says that the run is one
+// an older tenure left running, which the claim could not mark abandoned.
+func leftRunning(err error, tn *term) bool {
+	var taken *SlotTakenError
+	return errors.As(err, &taken) && !taken.Abandoned && taken.Run.orphanFor(tn.fence)
+}
+
+// runnerControl is RunSchedule's view of the operator controls.
+type runnerControl struct {
+	look   bool              // read the controls before waiting for a slot
+	paused bool              // as last read
+	tokens map[string]string // claim token of each trigger and catch-up tried, by id
 }

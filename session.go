@@ -2,6 +2,7 @@ package ddblease
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -15,25 +16,10 @@ import (
 )
 
 // This file owns a pool replica's session (docs/sessions.md): its member
-// item's renewal, its local deadline and the end of every tenure bound to
-// it; and the rules by which a replica takes a job bound to another
-// replica's session (sessionFree, and the end it writes first).
-
-// Attributes of sessions: in a member item, and in a lease item bound to one.
-const (
-	memberSession = "sid"     // S: the session's id, new for each Pool.Run
-	memberVersion = "sv"      // S: the session's version, new at each renewal
-	memberEnded   = "ended"   // S: set once, by the replica that ended the lapsed session
-	memberLeaving = "leaving" // BOOL: the replica is leaving the pool: assign it nothing
-	memberNotes   = "notes"   // SS: notes on jobs whose lease item an operator changed (Admin; newNote)
-	attrSession   = "session" // S, lease item: the id of the session it is bound to
-	// The pool of that session is the lease item's attrPool.
-
-	// noSession marks a lease item bound to no session, and a member
-	// item's session not ended: the library never relies on REMOVE
-	// (minidyn v0.8.2 ignores a top-level REMOVE clause).
-	noSession = "-"
-)
+// item (member, decodeMember) and its renewal, its local deadline and the
+// end of every tenure bound to it; and the rules by which a replica takes
+// a job bound to another replica's session (sessionFree, and the end it
+// writes first).
 
 // session is one session of a pool replica: from its first renewal to
 // its end (a refusal, its deadline passing, or the end of Pool.Run). It
@@ -364,7 +350,7 @@ func (l *Lease) judgeBound(ctx context.Context) {
 // consistent) and, for the tenure bound to s, does what a heartbeat's
 // answer does for a lease of its own: a moved fence (a forced release)
 // ends the tenure, and then frees the item, which no one else may take
-// while s lives; other changes reach the keeper (control.go). It reports
+// while s lives; other changes reach the keeper (heartbeat.go). It reports
 // whether the note was handled; a failed read leaves it for the next
 // renewal.
 func (l *Lease) noticeNote(ctx context.Context, s *session) bool {
@@ -508,4 +494,64 @@ func (a *Admin) noteSession(ctx context.Context, job string, rec Record) error {
 		return fmt.Errorf("ddblease: tell the pool session holding %q: %w", job, explainTableError(ctx, a.db, a.table, a.o.Layout, err))
 	}
 	return nil
+}
+
+// member is a pool's member item.
+type member struct {
+	owner    string
+	exp      int64 // Unix ms; -1 if the item is malformed
+	view     string
+	jobs     string
+	declined []string // sorted
+	sid, sv  string   // its session and the session's version
+	ended    string   // who ended the session; "" while it is not ended
+	leaving  bool
+}
+
+// decodeMember reads a member item. A malformed one is returned with
+// expiry -1 (it is ignored, then removed) and an error, with its owner
+// when its key names one.
+func decodeMember(y Layout, item map[string]types.AttributeValue) (member, error) {
+	m := member{exp: -1}
+	sk, err := str(item, y.SortKey)
+	if err == nil {
+		m.owner = strings.TrimPrefix(sk, skMember)
+	}
+	m.sid, _ = str(item, memberSession)
+	m.sv, _ = str(item, memberVersion)
+	exp, eerr := num(item, memberExpiry)
+	view, verr := str(item, memberView)
+	jobs, jerr := str(item, memberJobs)
+	list, lerr := str(item, memberDeclined)
+	_, serr := str(item, memberSession)
+	_, vserr := str(item, memberVersion)
+	var nerr, lverr error
+	if _, ok := item[memberEnded]; ok {
+		if m.ended, nerr = str(item, memberEnded); m.ended == noSession {
+			m.ended = "" // not ended
+		}
+	}
+	if v, ok := item[memberLeaving]; ok {
+		b, isBool := v.(*types.AttributeValueMemberBOOL)
+		if !isBool {
+			lverr = fmt.Errorf("attribute %q is not a BOOL", memberLeaving)
+		} else {
+			m.leaving = b.Value
+		}
+	}
+	var declined []string
+	if lerr == nil {
+		if derr := json.Unmarshal([]byte(list), &declined); derr != nil {
+			lerr = fmt.Errorf("attribute %q is not a JSON array of names: %v", memberDeclined, derr)
+		}
+	}
+	if err = errors.Join(err, eerr, verr, jerr, lerr, serr, vserr, nerr, lverr); err != nil || exp < 0 {
+		return m, fmt.Errorf("%w: member item %q: %v", ErrMalformedItem, y.describe(item), errors.Join(err, fmt.Errorf("expiry %d", exp)))
+	}
+	if len(declined) == 0 {
+		declined = nil // "[]": none
+	}
+	slices.Sort(declined)
+	m.exp, m.view, m.jobs, m.declined = exp, view, jobs, declined
+	return m, nil
 }

@@ -11,10 +11,13 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
 )
 
-// This file owns CreateTable, Layout.TableSpec and the one check of a
-// table's key schema.
+// This file owns the table: CreateTable, Layout.TableSpec, the one check
+// of a table's key schema and the explanation of a table error
+// (explainTableError), and the reads by key every part uses (getItem,
+// query, batchGet).
 
 // tableCallTimeout bounds each call CreateTable makes.
 const tableCallTimeout = 10 * time.Second
@@ -193,3 +196,101 @@ func getItem(ctx context.Context, db DynamoDBAPI, table string, key map[string]t
 	}
 	return out.Item, nil
 }
+
+// explainTableError adds the table's name to errors the SDK reports
+// without it: a missing table, and a key schema that is not ours (checked
+// with one DescribeTable).
+func explainTableError(ctx context.Context, db DynamoDBAPI, table string, y Layout, err error) error {
+	var api smithy.APIError
+	if !errors.As(err, &api) {
+		return err
+	}
+	switch api.ErrorCode() {
+	case "ResourceNotFoundException":
+		return fmt.Errorf("table %q not found (create it with CreateTable or your infrastructure code): %w", table, err)
+	case "ValidationException":
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tableCallTimeout)
+		defer cancel()
+		out, derr := db.DescribeTable(cctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
+		if derr != nil {
+			return fmt.Errorf("table %q: %w", table, err)
+		}
+		if serr := checkSchema(table, out.Table, y); serr != nil {
+			return fmt.Errorf("%w (the server said: %w)", serr, err)
+		}
+		return fmt.Errorf("table %q: %w", table, err)
+	case "AccessDeniedException", "UnrecognizedClientException", "InvalidSignatureException",
+		"MissingAuthenticationTokenException", "InvalidClientTokenId":
+		return fmt.Errorf("table %q: access refused, check the credentials and their permissions: %w", table, err)
+	}
+	return err
+}
+
+// batchGet reads the items of keys with strongly consistent BatchGetItem
+// requests of up to 100 keys, sending unprocessed keys again, and returns
+// the items found. what names the read for errors.
+func batchGet(ctx context.Context, db DynamoDBAPI, table string, y Layout, what string, keys []map[string]types.AttributeValue,
+	pause, timeout time.Duration) ([]map[string]types.AttributeValue, error) {
+	var found []map[string]types.AttributeValue
+	for start := 0; start < len(keys); start += 100 {
+		req := map[string]types.KeysAndAttributes{table: {Keys: keys[start:min(start+100, len(keys))], ConsistentRead: aws.Bool(true)}}
+		again := func(err error) bool { return err == errUnprocessed }
+		n, stop, err := retrier{backoff: fixed(pause), again: again, attempts: 11, timeout: timeout}.do(ctx,
+			func(ctx context.Context) error {
+				out, err := db.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: req})
+				if err != nil {
+					return fmt.Errorf("ddblease: %s: %w", what, explainTableError(ctx, db, table, y, err))
+				}
+				found = append(found, out.Responses[table]...)
+				if req = out.UnprocessedKeys; len(req) > 0 {
+					return errUnprocessed
+				}
+				return nil
+			})
+		switch {
+		case stop == retryAttempts:
+			return nil, fmt.Errorf("ddblease: %s: keys still unprocessed after %d rounds", what, n)
+		case stop == retryEnded:
+			return nil, fmt.Errorf("ddblease: %s: %w", what, context.Cause(ctx))
+		case err != nil:
+			return nil, err
+		}
+	}
+	return found, nil
+}
+
+// query returns the items of partition pk whose sort key is from lo to
+// hi, both included, in sort key order (backwards when newest is set),
+// at most limit of them when limit is positive, with strongly consistent
+// Query requests. what names the read for errors.
+func query(ctx context.Context, db DynamoDBAPI, table string, y Layout, pk, lo, hi string, limit int, newest bool,
+	timeout time.Duration, what string) ([]map[string]types.AttributeValue, error) {
+	in := &dynamodb.QueryInput{
+		TableName:                 aws.String(table),
+		KeyConditionExpression:    aws.String("#pk = :pk AND #sk BETWEEN :lo AND :hi"),
+		ExpressionAttributeNames:  map[string]string{"#pk": y.PartitionKey, "#sk": y.SortKey},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": avS(pk), ":lo": avS(lo), ":hi": avS(hi)},
+		ConsistentRead:            aws.Bool(true),
+		ScanIndexForward:          aws.Bool(!newest),
+	}
+	var items []map[string]types.AttributeValue
+	for {
+		if limit > 0 {
+			in.Limit = aws.Int32(int32(min(limit-len(items), 1000)))
+		}
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		out, err := db.Query(cctx, in)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("ddblease: %s: %w", what, explainTableError(ctx, db, table, y, err))
+		}
+		items = append(items, out.Items...)
+		if len(out.LastEvaluatedKey) == 0 || limit > 0 && len(items) >= limit {
+			return items, nil
+		}
+		in.ExclusiveStartKey = out.LastEvaluatedKey
+	}
+}
+
+// prefixRange returns the bounds of the sort keys that start with prefix.
+func prefixRange(prefix string) (lo, hi string) { return prefix, prefix + "\U0010FFFF" }
