@@ -2,8 +2,10 @@ package ddblease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -14,7 +16,9 @@ import (
 
 // This file owns Admin: the operator's reads and writes of a job's lease
 // item (resign requests, forced releases, pauses, resumptions, triggers) and
-// what it reports of a job.
+// what it reports of a job; for a job held through a pool session, the
+// note its holder reads (noteSession) and the session's expiry
+// (sessionExpiries).
 
 // defaultAdminCallTimeout is the default of AdminOptions.CallTimeout.
 const defaultAdminCallTimeout = 10 * time.Second
@@ -518,4 +522,71 @@ func (a *Admin) WaitRun(ctx context.Context, t Trigger, poll time.Duration) (Run
 		return RunRecord{}, err
 	}
 	return rec, nil
+}
+
+// noteSession notes job in the member item of the session its lease item
+// is bound to, after an operator changed the item: the session's holder
+// reads the item at its next renewal (Lease.noticeNote). A session no
+// longer in its item is left alone: no one renews it.
+func (a *Admin) noteSession(ctx context.Context, job string, rec Record) error {
+	if rec.Session == "" {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.o.CallTimeout)
+	defer cancel()
+	_, err := a.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
+		TableName: aws.String(a.table), Key: a.o.Layout.memberKey(rec.Pool, rec.Owner),
+		UpdateExpression:          aws.String("ADD #n :job"),
+		ConditionExpression:       aws.String("#sid = :sid"),
+		ExpressionAttributeNames:  map[string]string{"#n": memberNotes, "#sid": memberSession},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":job": &types.AttributeValueMemberSS{Value: []string{newNote(job)}}, ":sid": avS(rec.Session)},
+	})
+	var ccf *types.ConditionalCheckFailedException
+	if err != nil && !errors.As(err, &ccf) {
+		return fmt.Errorf("ddblease: tell the pool session holding %q: %w", job, explainTableError(ctx, a.db, a.table, a.o.Layout, err))
+	}
+	return nil
+}
+
+// sessionExpiries sets the expiry of each record bound to a pool session
+// to the session's: its member item's expiry while the item holds the
+// session unended, zero (free) otherwise. It reads each member item once,
+// with one strongly consistent BatchGetItem per 100: its cost grows with
+// the replicas, not the jobs.
+func (a *Admin) sessionExpiries(ctx context.Context, recs []*Record) error {
+	y := a.o.Layout
+	type mk struct{ pool, owner string }
+	var keys []map[string]types.AttributeValue
+	seen := map[mk]bool{}
+	for _, r := range recs {
+		if k := (mk{r.Pool, r.Owner}); r.Session != "" && !seen[k] {
+			seen[k] = true
+			keys = append(keys, y.memberKey(k.pool, k.owner))
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	items, err := batchGet(ctx, a.db, a.table, y, "read pool sessions", keys, time.Second, a.o.CallTimeout)
+	if err != nil {
+		return err
+	}
+	members := map[mk]member{}
+	for _, item := range items {
+		pk, _ := str(item, y.PartitionKey)
+		if m, err := decodeMember(y, item); err == nil {
+			members[mk{strings.TrimPrefix(pk, y.Prefix+skPoolPrefix), m.owner}] = m
+		}
+	}
+	for _, r := range recs {
+		if r.Session == "" {
+			continue
+		}
+		if m, ok := members[mk{r.Pool, r.Owner}]; ok && m.sid == r.Session && m.ended == "" {
+			r.ExpiresAt = time.UnixMilli(m.exp)
+		} else {
+			r.ExpiresAt = time.Time{}
+		}
+	}
+	return nil
 }

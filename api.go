@@ -3,12 +3,16 @@ package ddblease
 import (
 	"context"
 	"reflect"
+	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// This file owns the DynamoDB calls the library makes (DynamoDBAPI) and the
-// check of a client given to it.
+// This file owns the DynamoDB calls the library makes (DynamoDBAPI), the
+// check of a client given to it, and the strongly consistent read of one
+// item by key (getItem).
 
 // DynamoDBAPI is the part of the DynamoDB client that this package uses.
 // *dynamodb.Client satisfies it; wrap it to count or intercept calls.
@@ -48,4 +52,18 @@ func CheckClient(db any) error {
 		}
 	}
 	return nil
+}
+
+// getItem reads the item under key in table with a strongly consistent
+// read bounded by timeout; nil when there is none. Callers that must know
+// the outcome of a write even when ctx has ended pass
+// context.WithoutCancel(ctx).
+func getItem(ctx context.Context, db DynamoDBAPI, table string, key map[string]types.AttributeValue, timeout time.Duration) (map[string]types.AttributeValue, error) {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	out, err := db.GetItem(cctx, &dynamodb.GetItemInput{TableName: aws.String(table), Key: key, ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		return nil, err
+	}
+	return out.Item, nil
 }

@@ -422,17 +422,6 @@ func ended(ctx context.Context) error {
 	return fmt.Errorf("%w: %w", err, cause)
 }
 
-// unsentError is the error of a request that the SDK client failed to
-// build, address or sign, so that it was never sent: no credentials, no
-// region, an endpoint that cannot be resolved. Retrying mends it only when
-// the cause is passing (credentials that could not be refreshed once, a
-// credentials endpoint not reachable yet); the table never refused it.
-type unsentError struct{ err error }
-
-func (e *unsentError) Error() string { return e.err.Error() }
-
-func (e *unsentError) Unwrap() error { return e.err }
-
 // unsent reports whether err is, or wraps, an unsentError.
 func unsent(err error) bool {
 	var u *unsentError

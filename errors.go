@@ -7,9 +7,9 @@ import (
 	"time"
 )
 
-// This file owns every error sentinel and the error types (HeldError,
-// PanicError, movedOnError aside: heartbeat.go); which errors are worth a
-// retry is condwrite.go's.
+// This file owns every error sentinel and the library's error types
+// (StaleFenceError and SlotTakenError stand beside the guard and the run
+// item they describe); which errors are worth a retry is condwrite.go's.
 
 var (
 	// ErrHeld reports that another owner holds a live lease. The error is a
@@ -179,3 +179,50 @@ func soundError(err error) error {
 
 // The classification of errors: every decision to retry, or to resolve
 // an unknown outcome, goes through the functions below.
+
+// unsentError is the error of a request that the SDK client failed to
+// build, address or sign, so that it was never sent: no credentials, no
+// region, an endpoint that cannot be resolved. Retrying mends it only when
+// the cause is passing (credentials that could not be refreshed once, a
+// credentials endpoint not reachable yet); the table never refused it.
+type unsentError struct{ err error }
+
+func (e *unsentError) Error() string { return e.err.Error() }
+
+func (e *unsentError) Unwrap() error { return e.err }
+
+// movedOnError reports that the lease item names another owner or fence.
+// inDoubt: the write's own outcome is unknown (it may have landed before
+// the item moved on).
+type movedOnError struct {
+	err     error
+	inDoubt bool
+}
+
+func (e *movedOnError) Error() string { return e.err.Error() }
+
+func (e *movedOnError) Unwrap() error { return e.err }
+
+// pausedError is errPaused with the pause's start as the lease item held
+// it (Unix ms; 0 if not recorded), which a skip record keeps.
+type pausedError struct{ pausedAt int64 }
+
+func (e pausedError) Error() string { return errPaused.Error() }
+
+func (e pausedError) Is(target error) bool { return target == errPaused }
+
+// endedBeforeRun is the error of a campaign whose ctx had ended before it
+// began: nothing was attempted.
+type endedBeforeRun struct{ err error }
+
+func (e endedBeforeRun) Error() string { return e.err.Error() }
+
+func (e endedBeforeRun) Unwrap() error { return e.err }
+
+// schemaError is the error of a key schema mismatch; it wraps
+// ErrTableSchema.
+type schemaError struct{ msg string }
+
+func (e *schemaError) Error() string { return e.msg }
+
+func (e *schemaError) Unwrap() error { return ErrTableSchema }

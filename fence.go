@@ -302,12 +302,6 @@ func (l *Lease) takeoverRule() takeover {
 // expiry, on this handle's clock.
 func (r takeover) expiredAt() time.Time { return r.obs.rec.ExpiresAt.Add(r.skew) }
 
-// expiredBy is the expiry half of the takeover rule, for every record a
-// reader judges by an expiry that another clock wrote (a lease item, a
-// pool member and its session, a job's status): it has passed once the
-// reader's clock (now) is more than skew past it.
-func expiredBy(expires, now time.Time, skew time.Duration) bool { return now.After(expires.Add(skew)) }
-
 // watchedAt is when the observed renewal version will have been watched
 // unchanged for a whole lease, by the runtime's clock.
 func (r takeover) watchedAt() time.Time {

@@ -245,18 +245,6 @@ func (k *keeper) putOffLocked() bool {
 	return true
 }
 
-// movedOnError reports that the lease item names another owner or fence.
-// inDoubt: the write's own outcome is unknown (it may have landed before
-// the item moved on).
-type movedOnError struct {
-	err     error
-	inDoubt bool
-}
-
-func (e *movedOnError) Error() string { return e.err.Error() }
-
-func (e *movedOnError) Unwrap() error { return e.err }
-
 // controlWatch lets the keeper wake a RunSchedule that waits for its next
 // slot when the operator controls in the lease item change. Its channel is
 // made by RunSchedule (watch), so that a Lease that only runs Run holds

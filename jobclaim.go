@@ -146,13 +146,6 @@ func (p pauseCheck) refuses(c Control, slot time.Time) bool {
 		c.PausedAt.UnixMilli() <= ms && c.ResumedAt.UnixMilli() >= ms
 }
 
-// pausedError is errPaused with the pause's start as the lease item held
-// it (Unix ms; 0 if not recorded), which a skip record keeps.
-type pausedError struct{ pausedAt int64 }
-
-func (e pausedError) Error() string        { return errPaused.Error() }
-func (e pausedError) Is(target error) bool { return target == errPaused }
-
 // claim is Claim under this term, with the given token (one per firing,
 // reused by its retries) and claimSpec.
 func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token string, missed int, spec claimSpec) (*JobRun, error) {

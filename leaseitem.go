@@ -12,8 +12,9 @@ import (
 )
 
 // This file owns the lease item: Record and its decoding, the operator's
-// controls it carries (Control, controlItem, the pending triggers), and
-// the error of a tenure whose item moved on (movedOn).
+// controls it carries (Control, controlItem, the pending triggers), the
+// error of a tenure whose item moved on (movedOn), and the expiry half of
+// the takeover rule (expiredBy).
 
 // Record is a lease item as stored in the table. Its JSON form (see
 // MarshalJSON) has the field names of ddblease's other JSON output.
@@ -402,3 +403,9 @@ func validTriggerID(id string) bool {
 // triggerRunID is the run id of a triggered run: its slot, then the
 // trigger id, so that it never collides with a schedule slot.
 func triggerRunID(slot time.Time, id string) string { return fmtSlot(slot) + "#trigger-" + id }
+
+// expiredBy is the expiry half of the takeover rule, for every record a
+// reader judges by an expiry that another clock wrote (a lease item, a
+// pool member and its session, a job's status): it has passed once the
+// reader's clock (now) is more than skew past it.
+func expiredBy(expires, now time.Time, skew time.Duration) bool { return now.After(expires.Add(skew)) }

@@ -146,13 +146,6 @@ func (l *Lease) enter(ctx context.Context) (leave func(stopped bool, err error),
 	return leave, nil
 }
 
-// endedBeforeRun is the error of a campaign whose ctx had ended before it
-// began: nothing was attempted.
-type endedBeforeRun struct{ err error }
-
-func (e endedBeforeRun) Error() string { return e.err.Error() }
-func (e endedBeforeRun) Unwrap() error { return e.err }
-
 // lead runs fn for this tenure. done is false when the tenure ended without
 // a shutdown or an error, and the campaign should go on.
 func (t *term) lead(ctx context.Context, fn func(context.Context, *term) error) (done bool, err error) {

@@ -296,7 +296,7 @@ func (p *Pool) sessionFree(ctx context.Context, owner, sid string) bool {
 }
 
 // lapsed reports whether a member's session lapsed, by the rules a
-// standby applies to a lease (fence.go): its expiry is MaxClockSkew
+// standby applies to a lease (takeover): its expiry is MaxClockSkew
 // old, or its version has been read unchanged for a LeaseDuration.
 func (p *Pool) lapsed(m member, w watchedEntry) bool {
 	now := p.opts.Now()
@@ -410,49 +410,6 @@ func (s *session) isOver() bool {
 	return s.over
 }
 
-// sessionExpiries sets the expiry of each record bound to a pool session
-// to the session's: its member item's expiry while the item holds the
-// session unended, zero (free) otherwise. It reads each member item once,
-// with one strongly consistent BatchGetItem per 100: its cost grows with
-// the replicas, not the jobs.
-func (a *Admin) sessionExpiries(ctx context.Context, recs []*Record) error {
-	y := a.o.Layout
-	type mk struct{ pool, owner string }
-	var keys []map[string]types.AttributeValue
-	seen := map[mk]bool{}
-	for _, r := range recs {
-		if k := (mk{r.Pool, r.Owner}); r.Session != "" && !seen[k] {
-			seen[k] = true
-			keys = append(keys, y.memberKey(k.pool, k.owner))
-		}
-	}
-	if len(keys) == 0 {
-		return nil
-	}
-	items, err := batchGet(ctx, a.db, a.table, y, "read pool sessions", keys, time.Second, a.o.CallTimeout)
-	if err != nil {
-		return err
-	}
-	members := map[mk]member{}
-	for _, item := range items {
-		pk, _ := str(item, y.PartitionKey)
-		if m, err := decodeMember(y, item); err == nil {
-			members[mk{strings.TrimPrefix(pk, y.Prefix+skPoolPrefix), m.owner}] = m
-		}
-	}
-	for _, r := range recs {
-		if r.Session == "" {
-			continue
-		}
-		if m, ok := members[mk{r.Pool, r.Owner}]; ok && m.sid == r.Session && m.ended == "" {
-			r.ExpiresAt = time.UnixMilli(m.exp)
-		} else {
-			r.ExpiresAt = time.Time{}
-		}
-	}
-	return nil
-}
-
 // A note names the job whose lease item an operator changed, behind an id
 // of its own (noteIDLen hex characters and a colon): a second change of the
 // job noted while the holder handles the first is a second element of the
@@ -470,30 +427,6 @@ func noteJob(note string) string {
 		return note[noteIDLen+1:]
 	}
 	return note
-}
-
-// noteSession notes job in the member item of the session its lease item
-// is bound to, after an operator changed the item: the session's holder
-// reads the item at its next renewal (Lease.noticeNote). A session no
-// longer in its item is left alone: no one renews it.
-func (a *Admin) noteSession(ctx context.Context, job string, rec Record) error {
-	if rec.Session == "" {
-		return nil
-	}
-	cctx, cancel := context.WithTimeout(ctx, a.o.CallTimeout)
-	defer cancel()
-	_, err := a.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
-		TableName: aws.String(a.table), Key: a.o.Layout.memberKey(rec.Pool, rec.Owner),
-		UpdateExpression:          aws.String("ADD #n :job"),
-		ConditionExpression:       aws.String("#sid = :sid"),
-		ExpressionAttributeNames:  map[string]string{"#n": memberNotes, "#sid": memberSession},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":job": &types.AttributeValueMemberSS{Value: []string{newNote(job)}}, ":sid": avS(rec.Session)},
-	})
-	var ccf *types.ConditionalCheckFailedException
-	if err != nil && !errors.As(err, &ccf) {
-		return fmt.Errorf("ddblease: tell the pool session holding %q: %w", job, explainTableError(ctx, a.db, a.table, a.o.Layout, err))
-	}
-	return nil
 }
 
 // member is a pool's member item.

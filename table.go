@@ -16,8 +16,8 @@ import (
 
 // This file owns the table: CreateTable, Layout.TableSpec, the one check
 // of a table's key schema and the explanation of a table error
-// (explainTableError), and the reads by key every part uses (getItem,
-// query, batchGet).
+// (explainTableError), and the reads of many items by key (query,
+// batchGet).
 
 // tableCallTimeout bounds each call CreateTable makes.
 const tableCallTimeout = 10 * time.Second
@@ -134,13 +134,6 @@ func checkSchema(table string, d *types.TableDescription, y Layout) error {
 	return &schemaError{msg: msg}
 }
 
-// schemaError is the error of a key schema mismatch; it wraps
-// ErrTableSchema.
-type schemaError struct{ msg string }
-
-func (e *schemaError) Error() string { return e.msg }
-func (e *schemaError) Unwrap() error { return ErrTableSchema }
-
 // keyRole names a key type for errors.
 func keyRole(t types.KeyType) string {
 	if t == types.KeyTypeRange {
@@ -181,20 +174,6 @@ func (l Layout) TableSpec() (TableSpec, error) {
 		TTLAttribute: RunTTLAttribute,
 		layout:       y,
 	}, nil
-}
-
-// getItem reads the item under key in table with a strongly consistent
-// read bounded by timeout; nil when there is none. Callers that must know
-// the outcome of a write even when ctx has ended pass
-// context.WithoutCancel(ctx).
-func getItem(ctx context.Context, db DynamoDBAPI, table string, key map[string]types.AttributeValue, timeout time.Duration) (map[string]types.AttributeValue, error) {
-	cctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	out, err := db.GetItem(cctx, &dynamodb.GetItemInput{TableName: aws.String(table), Key: key, ConsistentRead: aws.Bool(true)})
-	if err != nil {
-		return nil, err
-	}
-	return out.Item, nil
 }
 
 // explainTableError adds the table's name to errors the SDK reports
