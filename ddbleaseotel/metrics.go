@@ -50,6 +50,10 @@ const (
 	AttrStep = attribute.Key("ddblease.step")
 	// AttrGuardOp is the guard form that refused a write.
 	AttrGuardOp = attribute.Key("ddblease.guard.operation")
+	// AttrPool is the pool name, in place of AttrJob, on the calls and
+	// retries of a pool's membership (its member item's renewal and
+	// reads), which no one job makes.
+	AttrPool = attribute.Key("ddblease.pool")
 )
 
 // Metrics turns ddblease events into OpenTelemetry instruments. Its
@@ -192,7 +196,7 @@ func (m *Metrics) handleLocked(k handleKey) *handle {
 // Observe records one event. It is the observer Instrument installs.
 func (m *Metrics) Observe(e ddblease.Event) {
 	ctx := context.Background()
-	job := m.attrs1(e.Job, "", "")
+	job := m.attrs1(e, "", "")
 	switch e.Kind {
 	case ddblease.EventCampaign:
 		// Start the counters at zero, so that rates and increases are
@@ -218,7 +222,7 @@ func (m *Metrics) Observe(e ddblease.Event) {
 		m.margin.Record(ctx, e.Margin.Seconds(), job)
 	case ddblease.EventLost:
 		m.update(e, func(h *handle) bool { h.leader = false; return false })
-		m.losses.Add(ctx, 1, m.attrs1(e.Job, AttrReason, string(e.Reason)))
+		m.losses.Add(ctx, 1, m.attrs1(e, AttrReason, string(e.Reason)))
 	case ddblease.EventResigned:
 		m.update(e, func(h *handle) bool { h.leader = false; return false })
 		m.resignations.Add(ctx, 1, job)
@@ -248,13 +252,13 @@ func (m *Metrics) Observe(e ddblease.Event) {
 			m.handovers.Add(ctx, 1, job)
 		}
 	case ddblease.EventCall:
-		a := m.attrs2(e.Job, AttrOperation, e.Op, AttrOutcome, string(e.Outcome))
+		a := m.attrs2(e, AttrOperation, e.Op, AttrOutcome, string(e.Outcome))
 		m.calls.Add(ctx, 1, a)
 		m.callDuration.Record(ctx, e.Latency.Seconds(), a)
 	case ddblease.EventRetry:
-		m.retries.Add(ctx, 1, m.attrs1(e.Job, AttrStep, e.Op))
+		m.retries.Add(ctx, 1, m.attrs1(e, AttrStep, e.Op))
 	case ddblease.EventRunFinished:
-		a := m.attrs1(e.Job, AttrStatus, string(e.Status))
+		a := m.attrs1(e, AttrStatus, string(e.Status))
 		m.runs.Add(ctx, 1, a)
 		m.runDuration.Record(ctx, e.Duration.Seconds(), a)
 	case ddblease.EventSlotsMissed:
@@ -264,7 +268,7 @@ func (m *Metrics) Observe(e ddblease.Event) {
 		}
 		m.slotsMissed.Add(ctx, n, job)
 	case ddblease.EventStaleFence:
-		m.refusals.Add(ctx, 1, m.attrs1(e.Job, AttrGuardOp, e.Op))
+		m.refusals.Add(ctx, 1, m.attrs1(e, AttrGuardOp, e.Op))
 	}
 }
 
@@ -309,18 +313,31 @@ func (m *Metrics) observeGauges(_ context.Context, o metric.Observer) error {
 }
 
 type attrKey struct {
-	job, a, b string
-	k1, k2    attribute.Key
+	job, pool, a, b string
+	k1, k2          attribute.Key
 }
 
-// attrs1 returns the attribute set {job, k=v}, or {job} if k is "".
-func (m *Metrics) attrs1(job string, k attribute.Key, v string) metric.MeasurementOption {
-	return m.attrSet(attrKey{job: job, k1: k, a: v})
+// subject returns the attribute key naming what e concerns: its job, or,
+// for a pool's membership (no job), its pool.
+func subject(e ddblease.Event) attrKey {
+	if e.Job == "" && e.Pool != "" {
+		return attrKey{pool: e.Pool}
+	}
+	return attrKey{job: e.Job}
 }
 
-// attrs2 returns the attribute set {job, k1=v1, k2=v2}.
-func (m *Metrics) attrs2(job string, k1 attribute.Key, v1 string, k2 attribute.Key, v2 string) metric.MeasurementOption {
-	return m.attrSet(attrKey{job: job, k1: k1, a: v1, k2: k2, b: v2})
+// attrs1 returns the attribute set {subject, k=v}, or {subject} if k is "".
+func (m *Metrics) attrs1(e ddblease.Event, k attribute.Key, v string) metric.MeasurementOption {
+	a := subject(e)
+	a.k1, a.a = k, v
+	return m.attrSet(a)
+}
+
+// attrs2 returns the attribute set {subject, k1=v1, k2=v2}.
+func (m *Metrics) attrs2(e ddblease.Event, k1 attribute.Key, v1 string, k2 attribute.Key, v2 string) metric.MeasurementOption {
+	a := subject(e)
+	a.k1, a.a, a.k2, a.b = k1, v1, k2, v2
+	return m.attrSet(a)
 }
 
 // attrSet returns the attribute set k stands for, made once.
@@ -332,6 +349,9 @@ func (m *Metrics) attrSet(k attrKey) metric.MeasurementOption {
 		return a
 	}
 	kv := []attribute.KeyValue{AttrJob.String(k.job)}
+	if k.pool != "" {
+		kv = []attribute.KeyValue{AttrPool.String(k.pool)}
+	}
 	if k.k1 != "" {
 		kv = append(kv, k.k1.String(k.a))
 	}

@@ -237,6 +237,18 @@ func TestInstrumentChainsTheUserObserver(t *testing.T) {
 	}
 }
 
+// A pool's membership retries (no job) are counted under the pool's name,
+// not under an empty job.
+func TestPoolMembershipRetriesNameThePool(t *testing.T) {
+	m, c := newMetrics(t)
+	m.Observe(ddblease.Event{Kind: ddblease.EventRetry, Pool: "reports", Owner: "a", Op: "membership", Err: errors.New("reset")})
+	c.collect()
+	c.want("ddblease.retries", 1, ddbleaseotel.AttrPool.String("reports"), ddbleaseotel.AttrStep.String("membership"))
+	if _, ok := c.value("ddblease.retries", ddbleaseotel.AttrJob.String(""), ddbleaseotel.AttrStep.String("membership")); ok {
+		t.Error("a membership retry was counted under an empty job")
+	}
+}
+
 // TestConcurrentUse records from many goroutines while collecting; run
 // with -race.
 func TestConcurrentUse(t *testing.T) {
