@@ -263,9 +263,9 @@ type poolRun struct {
 	runs     map[string]*jobRun
 	finished chan string     // a job's Run returned
 	runCtx   context.Context // the jobs' Runs' parent: ends when Run returns
-	seenAt   time.Time       // when this replica's membership was last renewed
 	unsentAt time.Time       // the first renewal never sent, while none has reached the table
 	reached  bool            // a renewal reached the table
+	failing  bool            // the last renewal failed: the next comes after a RetryInterval
 }
 
 // jobRun is the Run of one job of a pool.
@@ -285,7 +285,13 @@ func (r *poolRun) loop(ctx context.Context) error {
 			return r.stop(err)
 		}
 		r.act(ctx)
-		wait := time.NewTimer(jitter(p.opts.HeartbeatInterval))
+		next := p.opts.HeartbeatInterval
+		if r.failing {
+			// As a lease's heartbeat: try again soon, while the session
+			// still has time left.
+			next = min(p.opts.RetryInterval, next)
+		}
+		wait := time.NewTimer(jitter(next))
 		err, again := r.wait(ctx, wait.C)
 		wait.Stop()
 		if !again {
@@ -302,7 +308,7 @@ func (r *poolRun) renew(ctx context.Context) error {
 	now := p.opts.Now()
 	switch {
 	case err == nil:
-		r.seenAt, r.reached = now, true
+		r.reached, r.failing = true, false
 		p.health.ok()
 		p.mu.Lock()
 		p.seen = seen
@@ -316,12 +322,13 @@ func (r *poolRun) renew(ctx context.Context) error {
 		return fmt.Errorf("ddblease: pool %q: no request could be sent to table %q (check the client's credentials and region): %w",
 			p.name, p.table, err)
 	}
+	r.failing = true
 	p.log.Warn("ddblease: could not renew the pool membership", "err", err)
 	p.health.fail(now, err)
 	p.notify.emit(Event{Kind: EventRetry, Pool: p.name, Owner: p.opts.Owner, Time: now, Op: stepMembership, Err: err})
-	if !r.seenAt.IsZero() && now.Sub(r.seenAt) > p.opts.LeaseDuration-p.opts.margin() {
-		// The others count this replica gone: lead nothing they may have
-		// taken on.
+	if r.reached && p.liveSession() == nil {
+		// The session's deadline passed: the others count this replica
+		// gone, so lead nothing they may have taken on.
 		p.mu.Lock()
 		p.seen = poolView{live: []string{}}
 		p.mu.Unlock()

@@ -268,3 +268,40 @@ func TestPoolSessionNoteDuringHandlingIsNotLost(t *testing.T) {
 	}
 	require.NoError(t, stop())
 }
+
+// A failed renewal of the session is tried again after a RetryInterval, as
+// a lease's heartbeat is, not a whole HeartbeatInterval later: two renewals
+// that go unanswered (each until CallTimeout) then cost the replica
+// nothing, where waiting a heartbeat after each would let the session's
+// deadline pass and every job it holds be lost and taken again with a new
+// fence.
+func TestPoolSessionRenewalRetriedAfterARetryInterval(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, faults, faulty := tableWithFaults(t)
+	var mu sync.Mutex
+	var lost []ddblease.Event
+	observe := func(o *ddblease.Options) {
+		o.Observer = func(e ddblease.Event) {
+			if e.Kind == ddblease.EventLost {
+				mu.Lock()
+				lost = append(lost, e)
+				mu.Unlock()
+			}
+		}
+	}
+	p := newPool(t, faulty, table, poolJobs(3), fast("a"), observe)
+	w := newPoolWatch(t)
+	stop := async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn("a")) })
+	eventually(t, "a leads every job", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 3}, w.leads()) })
+	before := w.fences()
+	renewals := faults.Count("UpdateItem")
+	faults.Fail("UpdateItem", ddbtest.Blackhole, 2) // idle held jobs write nothing: these are the session's renewals
+	eventually(t, "two renewals unanswered, then one answered", func() bool { return faults.Count("UpdateItem") >= renewals+3 })
+	time.Sleep(time.Second) // past the deadline the session would have had without the retry
+	require.NoError(t, stop())
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Empty(t, lost, "tenures lost")
+	assert.Equal(t, before, w.fences(), "the jobs were taken again")
+}

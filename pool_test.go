@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -477,4 +478,11 @@ func leaseFence(t *testing.T, db *dynamodb.Client, table, job string) int64 {
 	n, err := strconv.ParseInt(f.Value, 10, 64)
 	require.NoError(t, err)
 	return n
+}
+
+// fences returns the fence each job's fn was last handed.
+func (w *poolWatch) fences() map[string]int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return maps.Clone(w.fence)
 }
