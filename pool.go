@@ -152,9 +152,9 @@ func NewPool(db DynamoDBAPI, table, pool string, jobs []string, optFns ...func(*
 // would ever acquire. Waiting for a token costs no timeout.
 const maxPoolAttempts = 32
 
-// attempt waits for a token for one acquisition attempt of a job of the
-// pool p (nil: a lease of its own, which needs none) and returns the
-// function that gives it back, or ctx's error.
+// attempt waits for a token for one acquisition attempt or resignation of
+// a job of the pool p (nil: a lease of its own, which needs none) and
+// returns the function that gives it back, or ctx's error.
 func (p *Pool) attempt(ctx context.Context) (done func(), err error) {
 	if p == nil {
 		return func() {}, nil

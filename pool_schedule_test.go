@@ -268,3 +268,33 @@ func TestPoolBoundsAcquisitionsInFlight(t *testing.T) {
 	assert.LessOrEqual(t, hi, 32, "acquisitions in flight at once")
 	assert.Zero(t, retries.Load(), "failed attempts")
 }
+
+// A replica that stops hands its jobs over without sending every
+// resignation at once, as it acquires them: at most 32 lease-item writes
+// are in flight, and every job is resigned (free for the others at once).
+func TestPoolBoundsResignationsInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	slow := &inFlight{DynamoDBAPI: db, delay: 20 * time.Millisecond}
+	jobs := poolJobs(200)
+	p := newPool(t, slow, table, jobs, fast("a"), slowLease)
+	stop := async(ctx, func(ctx context.Context) error {
+		return p.Run(ctx, func(ctx context.Context, _ string, _ int64) error { <-ctx.Done(); return nil })
+	})
+	eventually(t, "a leads every job", func() bool { return len(leaders(p, jobs)) == len(jobs) })
+	slow.mu.Lock()
+	slow.hi = 0
+	slow.mu.Unlock()
+	require.NoError(t, stop())
+	slow.mu.Lock()
+	hi := slow.hi
+	slow.mu.Unlock()
+	t.Logf("200 jobs: at most %d lease-item writes in flight at once as the pool stopped", hi)
+	assert.LessOrEqual(t, hi, 32, "resignations in flight at once")
+	for _, job := range jobs {
+		h, err := p.Lease(job).Holder(ctx)
+		require.NoError(t, err)
+		assert.True(t, h.ExpiresAt.IsZero(), "job %s not resigned: %+v", job, h)
+	}
+}

@@ -64,6 +64,11 @@ func (l *Lease) Resign(ctx context.Context) error {
 
 func (t *term) resign(ctx context.Context) error {
 	l := t.l
+	done, err := l.pool.attempt(ctx) // a pool's replica hands its jobs over a few at a time
+	if err != nil {
+		return err
+	}
+	defer done()
 	now := l.opts.Now()
 	rv := randomID(8)
 	names := map[string]string{
@@ -83,7 +88,7 @@ func (t *term) resign(ctx context.Context) error {
 		update += ", #ses = :nos" // free: a standby of the pool takes it at its next poll
 		names["#ses"], values[":nos"] = attrSession, avS(noSession)
 	}
-	err := t.fencedWrite(ctx, l.opts.CallTimeout, time.Time{}, update, names, values, rv)
+	err = t.fencedWrite(ctx, l.opts.CallTimeout, time.Time{}, update, names, values, rv)
 	var moved *movedOnError
 	if errors.As(err, &moved) && moved.inDoubt {
 		// The answer was lost and the lease has a newer holder: either our
