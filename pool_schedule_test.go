@@ -216,9 +216,17 @@ func TestPoolRunScheduleControlsReadWhileCampaigning(t *testing.T) {
 // as a busy table does, and records the most sent at once.
 type inFlight struct {
 	ddblease.DynamoDBAPI
+	table   string
 	delay   time.Duration
 	mu      sync.Mutex
 	now, hi int
+}
+
+// slowPoolTable returns a fresh table behind a client whose lease-item
+// writes take 20 ms each and are counted in flight, and 200 job names.
+func slowPoolTable(t *testing.T) (*inFlight, []string) {
+	table, db := tableAndClient(t)
+	return &inFlight{DynamoDBAPI: db, table: table, delay: 20 * time.Millisecond}, poolJobs(200)
 }
 
 func (c *inFlight) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
@@ -245,11 +253,9 @@ func (c *inFlight) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput,
 func TestPoolBoundsAcquisitionsInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 60*time.Second)
-	table, db := tableAndClient(t)
-	slow := &inFlight{DynamoDBAPI: db, delay: 20 * time.Millisecond}
-	jobs := poolJobs(200)
+	slow, jobs := slowPoolTable(t)
 	var retries atomic.Int32
-	p := newPool(t, slow, table, jobs, fast("a"), slowLease, func(o *ddblease.Options) {
+	p := newPool(t, slow, slow.table, jobs, fast("a"), slowLease, func(o *ddblease.Options) {
 		o.Observer = func(e ddblease.Event) {
 			if e.Kind == ddblease.EventRetry {
 				retries.Add(1)
@@ -275,10 +281,8 @@ func TestPoolBoundsAcquisitionsInFlight(t *testing.T) {
 func TestPoolBoundsResignationsInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 60*time.Second)
-	table, db := tableAndClient(t)
-	slow := &inFlight{DynamoDBAPI: db, delay: 20 * time.Millisecond}
-	jobs := poolJobs(200)
-	p := newPool(t, slow, table, jobs, fast("a"), slowLease)
+	slow, jobs := slowPoolTable(t)
+	p := newPool(t, slow, slow.table, jobs, fast("a"), slowLease)
 	stop := async(ctx, func(ctx context.Context) error {
 		return p.Run(ctx, func(ctx context.Context, _ string, _ int64) error { <-ctx.Done(); return nil })
 	})
