@@ -13,7 +13,10 @@
  * A replica's read of the other's member item (a standby's watch) is
  * eventually consistent: it may return the item as it was before its
  * last renewal. Other reads, and the conditional writes, see the item as
- * it is.
+ * it is. Beside it, each replica keeps the view of the members its last
+ * member read returned (strongly consistent, but as old as that read:
+ * a replica acts on it until it reads again, a pause included), and
+ * judges by it whether a session has left its member item.
  *
  * Time is a global tick (now); each replica's wall clock is now + off[r],
  * the offsets within SKEW of each other. A replica begins at most one
@@ -35,7 +38,12 @@
  *      read, which binds it to the taker's session and adds one to the
  *      fence;
  *   R6 a sink accepts an effect only if its fence is not below the
- *      highest it accepted (the guard).
+ *      highest it accepted (the guard);
+ *   R7 a session that its member item no longer shows (the item deleted,
+ *      or holding another session; here: not yet holding it) has left
+ *      only if a member read sent after the replica found a job bound to
+ *      it does not show it, and its jobs are taken a lease after that
+ *      read.
  *
  * The properties (each assert names one):
  *   P1 two replicas never lead the job at once;
@@ -56,6 +64,9 @@
  *                   SKEW margin (P1)
  *   NO_FENCE_STEP   R5 broken: taking a job keeps its fence (P3)
  *   GUARD_ANY       R6 dropped: the sink accepts every effect (P4)
+ *   GONE_STALE      R7 broken: a session missing from the view counts
+ *                   as left a lease after the replica first asked, by
+ *                   whatever member read the view holds (P1)
  */
 
 #define N     2   /* replicas */
@@ -70,6 +81,8 @@
 #endif
 #define NONE  255
 #define SIDS  1   /* sessions each replica may start */
+#define SID1  1   /* so each replica's one session has id 1, and a job
+                     found bound to o's session is bound to o's sid 1 */
 
 byte now;
 
@@ -132,6 +145,13 @@ proctype replica(byte r) {
 	byte wsince = NONE;   /* ... since this tick (NONE: not watching) */
 	bool handed, sent;    /* one hand-over and one effect each: enough for
 	                         the properties, and fewer states */
+	byte vsid;            /* o's session, as the last member read showed it */
+	byte ask = NONE;      /* whether (GONE_STALE: when) a job was found
+	                         bound to o's session, which the view lacked
+	                         (R7) ... */
+	byte miss = NONE;     /* ... and when a member read sent after that
+	                         lacked it too */
+	bool gone;
 
 end:	do
 	:: fresh[r] -> fresh[r] = false;
@@ -173,18 +193,51 @@ end:	do
 #endif
 			:: else -> holds[r] = false; sid = 0 /* lost, or confirmed too late */
 			fi
+		};
+		/* then read the members, the view the replica acts on until its
+		   next renewal (R7); the read may fail, and leave the view as
+		   it was */
+		atomic {
+			if
+			:: sid != 0 ->
+				vsid = m_sid[o];
+				if
+				:: ask != NONE && vsid == SID1 -> ask = NONE; miss = NONE
+				:: ask != NONE && vsid != SID1 && miss == NONE -> miss = now /* sent after the ask: a later action */
+				:: else -> skip
+				fi
+			:: true -> skip
+			fi
 		}
 
-	/* take the job: read it and its session's member item; if that
-	   session may be live, watch it and, once it has lapsed, end it; then
-	   take the job with a conditional write */
+	/* take the job: read it; if its session is missing from the view,
+	   wait for R7; if that session may be live, watch its member item
+	   and, once it has lapsed, end it; then take the job with a
+	   conditional write */
 	:: sid != 0 && !holds[r] && now < deadline[r] ->
 		atomic {
 			ro = j_owner; rs = j_sid; rf = j_fence;
-			free = (ro == NONE || ro == r || m_sid[ro] != rs || m_ended[ro])
+			free = (ro == NONE || ro == r || m_ended[ro]);
+			gone = (!free && vsid != rs)
 		};
 		if
-		:: !free ->
+		:: gone ->
+			if
+			:: ask == NONE ->
+#ifdef GONE_STALE
+				ask = now
+#else
+				ask = 0 /* asked: R7 needs no more, as every later read of
+				           this replica is a later action, sent after */
+#endif
+			:: else -> skip
+			fi;
+#ifdef GONE_STALE
+			free = (now - ask >= L)
+#else
+			free = (miss != NONE && now - miss >= L)
+#endif
+		:: !free && !gone ->
 			/* a standby's read is eventually consistent: it may return
 			   the member item as it was before its last renewal */
 			atomic {
@@ -275,6 +328,6 @@ end:	do
 		}
 	:: else -> skip
 	fi;
-	ts = 0; ok = false; free = false; ro = 0; rs = 0; rf = 0; rsv = 0; rexp = 0 /* forgotten: fewer states */
+	ts = 0; ok = false; free = false; gone = false; ro = 0; rs = 0; rf = 0; rsv = 0; rexp = 0 /* forgotten: fewer states */
 	od
 }
