@@ -3,6 +3,7 @@ package ddblease
 import (
 	"context"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -34,31 +35,35 @@ func TestPoolJobStartedAsThePoolStopsIsNoError(t *testing.T) {
 // itself. The replica frees it a LeaseDuration after such a read, and a
 // read that shows it again voids what the missing one said.
 func TestPoolSessionGoneOnlyByAReadSentAfterTheAsk(t *testing.T) {
-	const lease = 50 * time.Millisecond
-	db := dynamodb.New(dynamodb.Options{Region: "us-east-1"})
-	p, err := NewPool(db, "table", "reports", []string{"j"}, func(o *Options) {
-		o.Owner, o.LeaseDuration, o.HeartbeatInterval, o.MaxClockSkew = "a", lease, lease/5, lease/5
+	// The pool judges by the runtime clock: synctest's fake clock moves it.
+	synctest.Test(t, func(t *testing.T) {
+		const lease = 50 * time.Millisecond
+		db := dynamodb.New(dynamodb.Options{Region: "us-east-1"})
+		p, err := NewPool(db, "table", "reports", []string{"j"}, func(o *Options) {
+			o.Owner, o.LeaseDuration, o.HeartbeatInterval, o.MaxClockSkew = "a", lease, lease/5, lease/5
+		})
+		require.NoError(t, err)
+		p.begin()
+		ctx := context.Background()
+		alone := map[string]member{"a": {owner: "a", sid: "sa", sv: "1"}}
+		withB := map[string]member{"a": {owner: "a", sid: "sa", sv: "2"}, "b": {owner: "b", sid: "sb", sv: "1",
+			exp: time.Now().Add(time.Hour).UnixMilli()}}
+
+		stale := time.Now()
+		p.watch(alone, stale) // answered before b's session existed, acted on late
+		assert.False(t, p.sessionFree(ctx, "b", "sb"), "the first ask")
+		time.Sleep(2 * lease)
+		assert.False(t, p.sessionFree(ctx, "b", "sb"), "freed by a read sent before the ask")
+
+		p.watch(withB, time.Now()) // b's session is there: the ask starts again
+		p.watch(alone, time.Now())
+		time.Sleep(2 * lease)
+		assert.False(t, p.sessionFree(ctx, "b", "sb"), "freed by a read older than the ask after a read showed it")
+
+		time.Sleep(time.Millisecond)
+		p.watch(alone, time.Now()) // sent after the ask: the session left
+		assert.False(t, p.sessionFree(ctx, "b", "sb"), "freed at once")
+		time.Sleep(lease + lease/5)
+		assert.True(t, p.sessionFree(ctx, "b", "sb"), "a LeaseDuration after a read sent after the ask")
 	})
-	require.NoError(t, err)
-	p.begin()
-	ctx := context.Background()
-	alone := map[string]member{"a": {owner: "a", sid: "sa", sv: "1"}}
-	withB := map[string]member{"a": {owner: "a", sid: "sa", sv: "2"}, "b": {owner: "b", sid: "sb", sv: "1",
-		exp: time.Now().Add(time.Hour).UnixMilli()}}
-
-	stale := time.Now()
-	p.watch(alone, stale) // answered before b's session existed, acted on late
-	assert.False(t, p.sessionFree(ctx, "b", "sb"), "the first ask")
-	time.Sleep(2 * lease)
-	assert.False(t, p.sessionFree(ctx, "b", "sb"), "freed by a read sent before the ask")
-
-	p.watch(withB, time.Now()) // b's session is there: the ask starts again
-	p.watch(alone, time.Now())
-	time.Sleep(2 * lease)
-	assert.False(t, p.sessionFree(ctx, "b", "sb"), "freed by a read older than the ask after a read showed it")
-
-	p.watch(alone, time.Now()) // sent after the ask: the session left
-	assert.False(t, p.sessionFree(ctx, "b", "sb"), "freed at once")
-	time.Sleep(lease + lease/5)
-	assert.True(t, p.sessionFree(ctx, "b", "sb"), "a LeaseDuration after a read sent after the ask")
 }

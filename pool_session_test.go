@@ -279,29 +279,18 @@ func TestPoolSessionRenewalRetriedAfterARetryInterval(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 60*time.Second)
 	table, faults, faulty := tableWithFaults(t)
-	var mu sync.Mutex
-	var lost []ddblease.Event
-	observe := func(o *ddblease.Options) {
-		o.Observer = func(e ddblease.Event) {
-			if e.Kind == ddblease.EventLost {
-				mu.Lock()
-				lost = append(lost, e)
-				mu.Unlock()
-			}
-		}
-	}
-	p := newPool(t, faulty, table, poolJobs(3), fast("a"), observe)
+	var events eventLog
+	p := newPool(t, faulty, table, poolJobs(3), fast("a"), events.option)
 	w := newPoolWatch(t)
 	stop := async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn("a")) })
 	eventually(t, "a leads every job", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 3}, w.leads()) })
 	before := w.fences()
 	renewals := faults.Count("UpdateItem")
 	faults.Fail("UpdateItem", ddbtest.Blackhole, 2) // idle held jobs write nothing: these are the session's renewals
-	eventually(t, "two renewals unanswered, then one answered", func() bool { return faults.Count("UpdateItem") >= renewals+3 })
-	time.Sleep(time.Second) // past the deadline the session would have had without the retry
+	// Two renewals unanswered, then four answered: past the deadline the
+	// session would have had without the retry.
+	eventually(t, "six renewals", func() bool { return faults.Count("UpdateItem") >= renewals+6 })
 	require.NoError(t, stop())
-	mu.Lock()
-	defer mu.Unlock()
-	assert.Empty(t, lost, "tenures lost")
+	assert.Nil(t, events.find(ddblease.EventLost), "a tenure lost")
 	assert.Equal(t, before, w.fences(), "the jobs were taken again")
 }

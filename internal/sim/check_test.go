@@ -850,26 +850,26 @@ func (c *checker) runs(admin *dynamodb.Client, calls []fnCall) {
 	}
 }
 
-// callsOf returns the calls of fn for job j.
-func callsOf(calls []fnCall, j string) []fnCall {
-	var out []fnCall
-	for _, x := range calls {
-		if x.job == j {
+// ofJob returns the elements of xs (calls of fn, IsLeader samples) whose
+// job, as job reads it, is j.
+func ofJob[T any](xs []T, job func(T) string, j string) []T {
+	var out []T
+	for _, x := range xs {
+		if job(x) == j {
 			out = append(out, x)
 		}
 	}
 	return out
 }
 
+// callsOf returns the calls of fn for job j.
+func callsOf(calls []fnCall, j string) []fnCall {
+	return ofJob(calls, func(x fnCall) string { return x.job }, j)
+}
+
 // samplesOf returns the IsLeader samples of job j.
 func samplesOf(samples []sample, j string) []sample {
-	var out []sample
-	for _, x := range samples {
-		if x.job == j {
-			out = append(out, x)
-		}
-	}
-	return out
+	return ofJob(samples, func(x sample) string { return x.job }, j)
 }
 
 // jobName is the job being judged: the pool's job, or the one job.
