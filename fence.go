@@ -109,9 +109,35 @@ func (l *Lease) attempt(ctx context.Context) (t *term, again bool, err error) {
 	if err != nil {
 		return nil, false, err
 	}
+	prev := l.takeoverRule()
 	l.observe(rec, present) // a standby's poll: an eventually consistent read
+	l.warnSameOwner(prev, rec, present)
 	l.judgeBound(ctx)
 	return nil, l.mayTry(), nil
+}
+
+// warnSameOwner logs a warning (at most one every warnEvery) when a
+// standby's polls show the lease renewed under this handle's Owner by a
+// writer this handle does not know: another live process uses the same
+// Owner, which Options.Owner forbids. prev is the rule of the observation
+// before rec's. A predecessor that stopped under the same Owner (a
+// restarted pod keeps its name) renews nothing, and is not warned of.
+func (l *Lease) warnSameOwner(prev takeover, rec Record, present bool) {
+	if !present || !prev.obs.present || prev.ours || rec.Session != "" || rec.Owner != l.opts.Owner ||
+		prev.obs.rec.Owner != rec.Owner || prev.obs.rec.version == rec.version {
+		return
+	}
+	l.mu.Lock()
+	ours := l.oursLocked(rec.version)
+	l.mu.Unlock()
+	if ours {
+		return
+	}
+	if ok, suppressed := l.warn.allow("same owner", time.Now()); ok {
+		l.log.Warn("ddblease: another process holds this lease under this handle's Owner: Options.Owner must differ between contenders; "+
+			"this handle waits for the lease to expire, as for any holder", "holder", rec.Owner, "fence", rec.Fence,
+			"similar_warnings_suppressed", suppressed)
+	}
 }
 
 // mayPassAtStart reports whether err, of a request never sent while
@@ -280,6 +306,7 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 type takeover struct {
 	obs   observation
 	owner string        // this handle's owner id
+	ours  bool          // the observed item carries a renewal version this handle wrote
 	sid   string        // this handle's pool session, if live: the items bound to it are this handle's to take
 	skew  time.Duration // MaxClockSkew
 	lease time.Duration // this handle's LeaseDuration
@@ -288,7 +315,8 @@ type takeover struct {
 // takeoverRule returns the rule for the last observation.
 func (l *Lease) takeoverRule() takeover {
 	l.mu.Lock()
-	r := takeover{obs: l.obs, owner: l.opts.Owner, skew: l.opts.MaxClockSkew, lease: l.opts.LeaseDuration}
+	r := takeover{obs: l.obs, owner: l.opts.Owner, ours: l.oursLocked(l.obs.rec.version), skew: l.opts.MaxClockSkew,
+		lease: l.opts.LeaseDuration}
 	l.mu.Unlock()
 	if l.pool != nil {
 		if s := l.pool.liveSession(); s != nil {
@@ -317,8 +345,9 @@ func (r takeover) watched(now sent) (string, bool) {
 }
 
 // mayTry reports whether an acquisition attempt may succeed now: nothing
-// observed yet, no item, this handle's own item, or takeable by expiry or
-// by watching.
+// observed yet, no item, this handle's own item (its owner, and a version
+// this handle wrote: another process with the same Owner is waited for as
+// any other holder is, with reads), or takeable by expiry or by watching.
 func (r takeover) mayTry(now sent) bool {
 	if !r.obs.valid || !r.obs.present {
 		return true
@@ -327,7 +356,7 @@ func (r takeover) mayTry(now sent) bool {
 		// Bound to a pool session: only the session rules free it.
 		return r.obs.boundFree || r.sid != "" && r.obs.rec.Owner == r.owner && r.obs.rec.Session == r.sid
 	}
-	if r.obs.rec.Owner == r.owner {
+	if r.obs.rec.Owner == r.owner && r.ours {
 		return true
 	}
 	_, watched := r.watched(now)

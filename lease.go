@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -314,6 +315,12 @@ func (l *Lease) wrote(rv string, applied, inDoubt bool) {
 			l.doubt = l.doubt[len(l.doubt)-maxDoubt:]
 		}
 	}
+}
+
+// oursLocked reports whether rv is a renewal version this handle wrote:
+// its last confirmed, or one in doubt. Called with l.mu held.
+func (l *Lease) oursLocked(rv string) bool {
+	return rv != "" && (rv == l.confirmed || slices.Contains(l.doubt, rv))
 }
 
 // mineIn returns the condition that the item carries a version this handle

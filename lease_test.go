@@ -2,6 +2,8 @@ package ddblease_test
 
 import (
 	"context"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -98,6 +100,57 @@ func TestStandbyTakesOverExpiredLease(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "b", rec.Owner)
 	assert.Equal(t, int64(2), rec.Fence)
+}
+
+// A second process given the leader's Owner (a constant in the service's
+// config, say) is a standby like any other: it polls with reads, not a
+// refused write every RetryInterval, never leads while the leader renews,
+// and says what is wrong once it sees the lease renewed under its Owner by
+// a writer it does not know. It leads when the leader resigns.
+func TestStandbyWithTheLeadersOwnerPollsWithReadsAndWarns(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 20*time.Second)
+	table, db := tableAndClient(t)
+	a := newLease(t, db, table, "job", fast("billing-service"))
+	stopA := runAsync(ctx, a, func(ctx context.Context, _ int64) error { <-ctx.Done(); return nil })
+	eventually(t, "a leads", a.IsLeader)
+
+	var be eventLog
+	logs := newLogCapture()
+	b := newLease(t, db, table, "job", fast("billing-service"), be.option, func(o *ddblease.Options) { o.Logger = slog.New(logs) })
+	var ledWhileA atomic.Bool
+	stopB := runAsync(ctx, b, func(ctx context.Context, fence int64) error {
+		ledWhileA.Store(a.IsLeader())
+		<-ctx.Done()
+		return nil
+	})
+	defer func() { assert.NoError(t, stopB()) }()
+	time.Sleep(2 * time.Second) // four of a's heartbeats, some forty of b's polls
+	writes, reads := 0, 0
+	for _, e := range be.all() {
+		switch {
+		case e.Kind == ddblease.EventCall && e.Op == "UpdateItem":
+			writes++
+		case e.Kind == ddblease.EventCall && e.Op == "GetItem":
+			reads++
+		}
+	}
+	assert.LessOrEqual(t, writes, 1, "b's writes while a leads: at most its first attempt, before it saw the item")
+	assert.Greater(t, reads, 10, "b's polls")
+	assert.True(t, a.IsLeader())
+	assert.False(t, b.IsLeader())
+	var warned []string
+	for _, r := range logs.all() {
+		if r.level == slog.LevelWarn && strings.Contains(r.msg, "Owner must differ between contenders") {
+			warned = append(warned, r.line())
+		}
+	}
+	assert.Len(t, warned, 1, "one warning in two seconds: %v", lines(logs.all()))
+
+	require.NoError(t, stopA())
+	eventually(t, "b leads once a resigned", b.IsLeader)
+	assert.False(t, ledWhileA.Load(), "b led while a did")
+	assert.Equal(t, int64(2), b.State().Fence)
 }
 
 // A stale holder whose local deadline has not passed yet (its clock is far

@@ -38,6 +38,13 @@ func (l *eventLog) find(k ddblease.EventKind) *ddblease.Event {
 	return nil
 }
 
+// all returns the events seen.
+func (l *eventLog) all() []ddblease.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]ddblease.Event(nil), l.events...)
+}
+
 // kinds returns the kinds seen, requests left out.
 func (l *eventLog) kinds() []ddblease.EventKind {
 	l.mu.Lock()

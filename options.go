@@ -25,7 +25,9 @@ const MaxJobLength = 200
 // duration is an error.
 type Options struct {
 	// Owner identifies this contender in the lease item. It must differ
-	// between contenders: two handles with the same Owner count as one.
+	// between live contenders: a handle that finds the lease renewed under
+	// its Owner by a writer it does not know (another process given the
+	// same Owner) waits for it as for any holder, and logs a warning.
 	// Default: DefaultOwner's id (the ECS task ARN, the Kubernetes pod or
 	// "<hostname>-<pid>", then a random suffix drawn once per process),
 	// shared by the process's handles; a second handle of the process on

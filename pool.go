@@ -57,8 +57,9 @@ type Pool struct {
 	opts     Options // resolved: the same for every job's lease
 	log      *slog.Logger
 	running  atomic.Bool
-	notify   notifier   // the membership's events, to Options.Observer
-	health   poolHealth // what CheckHealth reports of the membership
+	notify   notifier    // the membership's events, to Options.Observer
+	health   poolHealth  // what CheckHealth reports of the membership
+	warn     warnLimiter // of another process renewing this replica's member item (Pool.write)
 	declines chan struct{}
 	attempts chan struct{} // a token per acquisition attempt in flight (attempt)
 

@@ -3,7 +3,9 @@ package ddblease_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -79,6 +81,68 @@ func TestPoolSessionLapsedIsEndedThenItsJobsTaken(t *testing.T) {
 	}
 	require.NoError(t, stopA())
 	_ = stopB()
+}
+
+// A replica restarted under its predecessor's Owner (a StatefulSet's pod
+// keeps its name; a service may set Owner to its host's name) takes the
+// jobs its predecessor held, once its own session has replaced the
+// predecessor's in their member item: a LeaseDuration after a member read
+// showed it, and never while the predecessor may still lead. Here the
+// predecessor dies (every request unanswered) while it leads, and its
+// successor starts at once.
+func TestPoolReplicaRestartedUnderTheSameOwnerTakesItsPredecessorsJobs(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, faults, faulty := tableWithFaults(t)
+	jobs := poolJobs(3)
+	w := newPoolWatch(t) // fails the test if a job's fn starts while another's runs
+	before := newPool(t, faulty, table, jobs, fast("worker-0"))
+	stopBefore := async(ctx, func(ctx context.Context) error { return before.Run(ctx, w.fn("before")) })
+	eventually(t, "the first process leads every job", func() bool { return w.leads()["before"] == 3 })
+	faults.Set(blackholeAll) // the first process dies
+
+	after := newPool(t, srv.Client(nil), table, jobs, fast("worker-0"))
+	stopAfter := async(ctx, func(ctx context.Context) error { return after.Run(ctx, w.fn("after")) })
+	eventually(t, "the restarted process leads every job", func() bool { return w.leads()["after"] == 3 })
+	for _, job := range jobs {
+		rec, err := after.Lease(job).Holder(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, int64(2), rec.Fence, "job %s", job)
+	}
+	require.NoError(t, stopAfter())
+	_ = stopBefore()
+}
+
+// Two live processes given the same Owner share one member item: each
+// replaces the other's session there. They say so, and no job has two
+// leaders at once.
+func TestPoolTwoProcessesWithOneOwnerWarn(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(4)
+	w := newPoolWatch(t) // fails the test if a job's fn starts while another's runs
+	logs := [2]*logCapture{newLogCapture(), newLogCapture()}
+	var stops []func() error
+	for i, name := range []string{"first", "second"} {
+		p := newPool(t, db, table, jobs, fast("billing-service"), func(o *ddblease.Options) { o.Logger = slog.New(logs[i]) })
+		stops = append(stops, async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn(name)) }))
+		if i == 0 {
+			eventually(t, "the first process leads every job", func() bool { return w.leads()["first"] == 4 })
+		}
+	}
+	warned := func(c *logCapture) bool {
+		for _, r := range c.all() {
+			if r.level == slog.LevelWarn && strings.Contains(r.msg, "under this replica's Owner") {
+				return true
+			}
+		}
+		return false
+	}
+	eventually(t, "both processes warn", func() bool { return warned(logs[0]) && warned(logs[1]) })
+	for _, stop := range stops {
+		_ = stop()
+	}
 }
 
 // A session that another replica ended is never renewed again: its

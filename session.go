@@ -216,6 +216,7 @@ func (s *session) renew(ctx context.Context, f memberFields) (notes []string, er
 		s.end(LossDeposed, func(t *term) error {
 			return fmt.Errorf("%w: %q fence %d: the pool session was ended by another replica", ErrLost, t.l.job, t.fence)
 		})
+		p.warnIfReplaced(ctx, key, s.sid)
 		return nil, fmt.Errorf("%w: member item %q", errSessionEnded, p.opts.Layout.describe(key))
 	case err != nil:
 		return nil, fmt.Errorf("ddblease: pool %q: renew its member item %q: %w", p.name, p.opts.Layout.describe(key),
@@ -233,6 +234,28 @@ func (s *session) renew(ctx context.Context, f memberFields) (notes []string, er
 	return notes, nil
 }
 
+// warnIfReplaced reads the member item whose renewal of session sid was
+// refused, and logs a warning (at most one every warnEvery) when another
+// session replaced sid without ending it: only a process that runs the
+// pool under this replica's Owner writes that item, and two such
+// processes end each other's sessions, their jobs moving between them.
+// A session another replica ended bears its end mark instead.
+func (p *Pool) warnIfReplaced(ctx context.Context, key map[string]types.AttributeValue, sid string) {
+	item, err := getItem(ctx, p.db, p.table, key, p.opts.CallTimeout)
+	if err != nil || len(item) == 0 {
+		return
+	}
+	m, err := decodeMember(p.opts.Layout, item)
+	if err != nil || m.sid == sid || m.ended != "" {
+		return
+	}
+	if ok, suppressed := p.warn.allow("same owner", time.Now()); ok {
+		p.log.Warn("ddblease: another process runs this pool under this replica's Owner, which Options.Owner forbids: "+
+			"they end each other's sessions, and the jobs move between them", "member", p.opts.Layout.describe(key),
+			"similar_warnings_suppressed", suppressed)
+	}
+}
+
 // noteHandled records jobs whose notes were handled: the next renewal
 // deletes them from the member item.
 func (s *session) noteHandled(jobs []string) {
@@ -242,8 +265,8 @@ func (s *session) noteHandled(jobs []string) {
 }
 
 // sessionFree reports whether a job bound to owner's session sid may be
-// taken now (docs/sessions.md, rules 3 and 4): the session is this
-// replica's own and over; its member item was read with the end mark; it
+// taken now (docs/sessions.md, rules 3 and 4): the session is one of this
+// Run's own and over; its member item was read with the end mark; it
 // lapsed (its expiry MaxClockSkew old, or its version read unchanged for
 // a LeaseDuration) and this replica ended it, with a write conditional on
 // the version it watched; or a member read sent after the first ask for
@@ -253,8 +276,16 @@ func (s *session) noteHandled(jobs []string) {
 func (p *Pool) sessionFree(ctx context.Context, owner, sid string) bool {
 	if owner == p.opts.Owner {
 		p.mu.Lock()
-		defer p.mu.Unlock()
-		return p.pastSessions[sid]
+		past, live := p.pastSessions[sid], p.sess != nil && p.sess.sid == sid
+		p.mu.Unlock()
+		if past || live {
+			return past
+		}
+		// A session of this Owner that this Run never had: a predecessor's
+		// (a process restarted under the same Owner, as a StatefulSet's pod
+		// is, or an earlier Run). This replica's session replaced it in the
+		// member item, so the rule for a session gone from its item frees
+		// its jobs.
 	}
 	p.mu.Lock()
 	m, ok := p.members[owner]

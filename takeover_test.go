@@ -27,11 +27,14 @@ func TestTakeoverRule(t *testing.T) {
 		clauses  []string
 		excluded []string
 		wall     time.Duration // the wall clock (Options.Now) ahead of the runtime's by this
+		ours     bool          // the item carries a version this handle wrote
 	}{
 		{name: "nothing observed yet", obs: observation{}, mayTry: true},
 		{name: "no item", obs: observation{valid: true}, mayTry: true},
-		{name: "own item", obs: held("me", now.Add(20*time.Second), now, lease), mayTry: true,
+		{name: "own item", obs: held("me", now.Add(20*time.Second), now, lease), ours: true, mayTry: true,
 			wait: 21*time.Second + time.Millisecond},
+		{name: "this owner, a version another handle wrote (another process with the same Owner)",
+			obs: held("me", now.Add(20*time.Second), now, lease), wait: 21*time.Second + time.Millisecond, excluded: []string{":seen"}},
 		{name: "live, another owner", obs: held("b", now.Add(20*time.Second), now, lease),
 			wait: 21*time.Second + time.Millisecond, excluded: []string{":seen"}},
 		{name: "expired by less than the skew", obs: held("b", now.Add(-skew/2), now.Add(-time.Second), lease),
@@ -55,7 +58,7 @@ func TestTakeoverRule(t *testing.T) {
 			wait: lease + time.Millisecond},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := takeover{obs: c.obs, owner: "me", skew: skew, lease: lease}
+			r := takeover{obs: c.obs, owner: "me", ours: c.ours, skew: skew, lease: lease}
 			at := sent{at: now.Add(c.wall), real: now}
 			assert.Equal(t, c.mayTry, r.mayTry(at), "mayTry")
 			assert.Equal(t, c.wait, r.wait(at), "wait")
