@@ -41,6 +41,11 @@ type world struct {
 	// holder's next renewal deletes unread (notes).
 	returned  map[string]map[string]bool
 	lostNotes []lostNote
+	// addedBy holds, by member+"\x00"+note, the SDK invocation id of the
+	// operator's ADD that first applied the note: the SDK's retries of a
+	// request whose answer was lost send it again, with the same id, and
+	// add no change the holder has not read.
+	addedBy map[string]string
 }
 
 // lostNote is an operator's note on job, added to member's notes while
@@ -97,8 +102,9 @@ func (w *world) apply(rep int, target string, hdr http.Header, body []byte) *htt
 		fmt.Fprintf(os.Stderr, "req %d at %v rep %d %s\n", w.nreq, w.since(), rep, target)
 	}
 	var merged []lostNote
+	inv := hdr.Get("Amz-Sdk-Invocation-Id")
 	if target == "DynamoDB_20120810.UpdateItem" && bytes.Contains(body, []byte("member#")) {
-		merged = w.mergedNotes(body)
+		merged = w.mergedNotes(body, inv)
 	}
 	w.h.ServeHTTP(rec, req)
 	if rec.Code == http.StatusOK {
@@ -108,6 +114,7 @@ func (w *world) apply(rep int, target string, hdr http.Header, body []byte) *htt
 		}
 		if target == "DynamoDB_20120810.UpdateItem" && bytes.Contains(body, []byte("member#")) {
 			w.lostNotes = append(w.lostNotes, merged...)
+			w.notesAdded(body, inv)
 			w.notesRead(body, rec.Body.Bytes())
 		}
 	}
@@ -125,15 +132,19 @@ type noteUpdate struct {
 
 func (u noteUpdate) member() string { return u.Key["pk"]["S"] + "/" + u.Key["sk"]["S"] }
 
-// mergedNotes returns the notes an operator's ADD (Admin's noteSession)
-// would merge into notes a renewal has already returned.
-func (w *world) mergedNotes(body []byte) []lostNote {
+// mergedNotes returns the notes an operator's ADD (Admin's noteSession),
+// sent by SDK invocation inv, would merge into notes a renewal has
+// already returned; a resend of the ADD that applied the note is none.
+func (w *world) mergedNotes(body []byte, inv string) []lostNote {
 	var u noteUpdate
 	if json.Unmarshal(body, &u) != nil || !strings.HasPrefix(u.UpdateExpression, "ADD ") {
 		return nil
 	}
 	var out []lostNote
 	for _, e := range u.ExpressionAttributeValues[":job"].SS {
+		if by, ok := w.addedBy[u.member()+"\x00"+e]; ok && by == inv && inv != "" {
+			continue // the SDK sent the request that applied it again
+		}
 		if w.returned[u.member()][e] {
 			j := e // a job name; or, since each note has an id, "<16 hex>:<job>"
 			if len(e) > 17 && e[16] == ':' {
@@ -143,6 +154,23 @@ func (w *world) mergedNotes(body []byte) []lostNote {
 		}
 	}
 	return out
+}
+
+// notesAdded records the notes an operator's applied ADD, sent by SDK
+// invocation inv, added first.
+func (w *world) notesAdded(body []byte, inv string) {
+	var u noteUpdate
+	if json.Unmarshal(body, &u) != nil || !strings.HasPrefix(u.UpdateExpression, "ADD ") {
+		return
+	}
+	if w.addedBy == nil {
+		w.addedBy = map[string]string{}
+	}
+	for _, e := range u.ExpressionAttributeValues[":job"].SS {
+		if k := u.member() + "\x00" + e; w.addedBy[k] == "" {
+			w.addedBy[k] = inv
+		}
+	}
 }
 
 // notesRead follows, from a renewal of a member item and its answer, the
