@@ -170,6 +170,15 @@ func (w *writeLock) lock() {
 	w.notify.hold()
 }
 
+// tryLock takes the lock if it is free, and reports whether it did.
+func (w *writeLock) tryLock() bool {
+	if !w.mu.TryLock() {
+		return false
+	}
+	w.notify.hold()
+	return true
+}
+
 // unlock releases the lock and delivers the events queued meanwhile.
 func (w *writeLock) unlock() {
 	w.notify.release()

@@ -380,10 +380,11 @@ func (l *Lease) judgeBound(ctx context.Context) {
 // changed this lease's item (Admin). It reads the item (strongly
 // consistent) and, for the tenure bound to s, does what a heartbeat's
 // answer does for a lease of its own: a moved fence (a forced release)
-// ends the tenure, and then frees the item, which no one else may take
-// while s lives; other changes reach the keeper (heartbeat.go). It reports
-// whether the note was handled; a failed read leaves it for the next
-// renewal.
+// ends the tenure; other changes reach the keeper (heartbeat.go). An item
+// bound to s that no tenure holds (a forced release, whether its tenure
+// ended here or before, by a resignation that the release refused) is
+// freed: no one else may take it while s lives. It reports whether the
+// note was handled; a failed read or free leaves it for the next renewal.
 func (l *Lease) noticeNote(ctx context.Context, s *session) bool {
 	rec, present, err := l.read(ctx, true)
 	if err != nil {
@@ -397,26 +398,52 @@ func (l *Lease) noticeNote(ctx context.Context, s *session) bool {
 		k = t.k
 	}
 	l.mu.Unlock()
-	if t == nil || t.sess != s || !t.holds() {
-		return true
-	}
-	if present && rec.Owner == l.opts.Owner && rec.Fence == t.fence {
-		if k != nil {
-			k.noticeControl()
+	if t != nil && t.sess == s && t.holds() {
+		if present && rec.Owner == l.opts.Owner && rec.Fence == t.fence {
+			if k != nil {
+				k.noticeControl()
+			}
+			return true
 		}
-		return true
+		t.end(&movedOnError{err: movedOn(l.job, t.fence, rec)}, LossDeposed)
 	}
-	t.end(&movedOnError{err: movedOn(l.job, t.fence, rec)}, LossDeposed)
 	if present && rec.Owner == l.opts.Owner && rec.Session == s.sid {
-		l.free(ctx, rec)
+		return l.freeUnheld(ctx, s)
 	}
 	return true
+}
+
+// freeUnheld frees the lease item if it is bound to session s and no
+// tenure of this handle holds it. It decides under the write lock, which
+// an acquisition holds from its write until its tenure begins, so that an
+// item this handle has just taken is never freed; when the lock is busy
+// it reports false, and the note's next renewal tries again (the pool's
+// renewal never waits for a job's write).
+func (l *Lease) freeUnheld(ctx context.Context, s *session) bool {
+	if !l.writes.tryLock() {
+		return false
+	}
+	defer l.writes.unlock()
+	rec, present, err := l.read(ctx, true)
+	if err != nil {
+		return false
+	}
+	l.observe(rec, present)
+	if !present || rec.Owner != l.opts.Owner || rec.Session != s.sid {
+		return true
+	}
+	if t := l.current(); t != nil && t.sess == s && t.holds() && t.fence == rec.Fence {
+		return true // a tenure of this handle holds it
+	}
+	return l.free(ctx, rec)
 }
 
 // free frees a lease item bound to this replica's session that no tenure
 // of it holds (an operator released it by force), on condition that it
 // is unchanged, so that a standby of the pool takes it at its next poll.
-func (l *Lease) free(ctx context.Context, rec Record) {
+// It reports whether the item is settled: freed, or changed since rec
+// was read (the condition failed).
+func (l *Lease) free(ctx context.Context, rec Record) bool {
 	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
 	defer cancel()
 	_, err := l.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
@@ -428,10 +455,13 @@ func (l *Lease) free(ctx context.Context, rec Record) {
 		ExpressionAttributeValues: map[string]types.AttributeValue{":zero": avN(0), ":rv": avS(randomID(8)), ":nos": avS(noSession),
 			":me": avS(l.opts.Owner), ":sid": avS(rec.Session), ":f": avN(rec.Fence)},
 	})
-	if err != nil {
-		l.log.Warn("ddblease: could not free a lease released by force; the others take it when this replica's pool session ends",
+	var ccf *types.ConditionalCheckFailedException
+	if err != nil && !errors.As(err, &ccf) {
+		l.log.Warn("ddblease: could not free a lease released by force; trying again at the pool session's next renewal",
 			"fence", rec.Fence, "err", err)
+		return false
 	}
+	return true
 }
 
 // isOver reports whether the session ended.
