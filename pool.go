@@ -59,7 +59,7 @@ type Pool struct {
 	running  atomic.Bool
 	notify   notifier    // the membership's events, to Options.Observer
 	health   poolHealth  // what CheckHealth reports of the membership
-	warn     warnLimiter // of another process renewing this replica's member item (Pool.write)
+	warn     warnLimiter // of another process replacing this replica's session (Pool.warnIfReplaced)
 	declines chan struct{}
 	attempts chan struct{} // a token per acquisition attempt in flight (attempt)
 
