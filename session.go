@@ -239,19 +239,34 @@ func (s *session) renew(ctx context.Context, f memberFields) (notes []string, er
 // session replaced sid without ending it: only a process that runs the
 // pool under this replica's Owner writes that item, and two such
 // processes end each other's sessions, their jobs moving between them.
-// A session another replica ended bears its end mark instead.
+// A session another replica ended bears its end mark instead. The read is
+// a strongly consistent Query of the pool's partition, bounded to the one
+// item (the pool's replicas are granted Query there, not GetItem:
+// docs/deploy.md); a read that fails is logged too, at most one line every
+// warnEvery, since the warning it would have given cannot be.
 func (p *Pool) warnIfReplaced(ctx context.Context, key map[string]types.AttributeValue, sid string) {
-	item, err := getItem(ctx, p.db, p.table, key, p.opts.CallTimeout)
-	if err != nil || len(item) == 0 {
+	y := p.opts.Layout
+	sk := skMember + p.opts.Owner
+	items, err := query(ctx, p.db, p.table, y, y.poolPartition(p.name), sk, sk, 1, false, p.opts.CallTimeout,
+		fmt.Sprintf("pool %q: read the member item whose renewal was refused", p.name))
+	if err != nil {
+		if ok, suppressed := p.warn.allow("same owner read", time.Now()); ok {
+			p.log.Warn("ddblease: could not read the member item whose renewal was refused, to tell whether another process "+
+				"runs this pool under this replica's Owner", "member", y.describe(key), "err", err,
+				"similar_warnings_suppressed", suppressed)
+		}
 		return
 	}
-	m, err := decodeMember(p.opts.Layout, item)
+	if len(items) == 0 {
+		return
+	}
+	m, err := decodeMember(y, items[0])
 	if err != nil || m.sid == sid || m.ended != "" {
 		return
 	}
 	if ok, suppressed := p.warn.allow("same owner", time.Now()); ok {
 		p.log.Warn("ddblease: another process runs this pool under this replica's Owner, which Options.Owner forbids: "+
-			"they end each other's sessions, and the jobs move between them", "member", p.opts.Layout.describe(key),
+			"they end each other's sessions, and the jobs move between them", "member", y.describe(key),
 			"similar_warnings_suppressed", suppressed)
 	}
 }
