@@ -550,7 +550,9 @@ func (a *Admin) noteSession(ctx context.Context, job string, rec Record) error {
 
 // sessionExpiries sets the expiry of each record bound to a pool session
 // to the session's: its member item's expiry while the item holds the
-// session unended, zero (free) otherwise. It reads each member item once,
+// session unended, zero (free) otherwise; and, while it holds it, its last
+// renewal to the session's (a held job's lease item is not rewritten: its
+// session is renewed). It reads each member item once,
 // with one strongly consistent BatchGetItem per 100: its cost grows with
 // the replicas, not the jobs.
 func (a *Admin) sessionExpiries(ctx context.Context, recs []*Record) error {
@@ -584,6 +586,9 @@ func (a *Admin) sessionExpiries(ctx context.Context, recs []*Record) error {
 		}
 		if m, ok := members[mk{r.Pool, r.Owner}]; ok && m.sid == r.Session && m.ended == "" {
 			r.ExpiresAt = time.UnixMilli(m.exp)
+			if ren := time.UnixMilli(m.renewed); m.renewed > 0 && ren.After(r.RenewedAt) {
+				r.RenewedAt = ren
+			}
 		} else {
 			r.ExpiresAt = time.Time{}
 		}

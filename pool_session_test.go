@@ -358,3 +358,43 @@ func TestPoolSessionRenewalRetriedAfterARetryInterval(t *testing.T) {
 	assert.Nil(t, events.find(ddblease.EventLost), "a tenure lost")
 	assert.Equal(t, before, w.fences(), "the jobs were taken again")
 }
+
+// A held pool job's lease item is not rewritten while it is held: its
+// session is. Its renewal age and deadline, as the handle's health check
+// and State and as an operator's Admin.Job and Admin.Jobs report them,
+// are its session's: over several heartbeats of an idle job, the last
+// renewal is never much more than a heartbeat old, and the deadline
+// stays about a lease ahead, as for a lease of its own.
+func TestPoolJobRenewalAgeIsItsSessions(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(2)
+	p := newPool(t, db, table, jobs, fast("a"))
+	stop := async(ctx, func(ctx context.Context) error {
+		return p.Run(ctx, func(ctx context.Context, _ string, _ int64) error { <-ctx.Done(); return nil })
+	})
+	eventually(t, "a leads every job", func() bool { return len(leaders(p, jobs)) == 2 })
+	admin := newAdmin(t, db, table)
+	o := p.Lease(jobs[0]).Options()
+	// A renewal every heartbeat, each confirmed within a round trip: the
+	// last one sent is at most a heartbeat and the slack old.
+	const slack = 400 * time.Millisecond
+	bound := o.HeartbeatInterval + slack
+	for end := time.Now().Add(6 * o.HeartbeatInterval); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		assert.NoError(t, p.CheckHealth(slack), "the health check")
+		assert.Less(t, time.Since(p.Lease(jobs[0]).State().RenewedAt), bound, "State().RenewedAt")
+		st, err := admin.Job(ctx, jobs[0])
+		require.NoError(t, err)
+		assert.Less(t, time.Since(st.Lease.RenewedAt), bound, "Admin.Job's RenewedAt")
+		assert.Greater(t, time.Until(st.Lease.ExpiresAt), o.LeaseDuration-bound, "Admin.Job's ExpiresAt")
+		all, err := admin.Jobs(ctx)
+		require.NoError(t, err)
+		require.Len(t, all, 2)
+		for _, js := range all {
+			assert.Less(t, time.Since(js.Lease.RenewedAt), bound, "Admin.Jobs' RenewedAt of %s", js.Job)
+			assert.Greater(t, time.Until(js.Lease.ExpiresAt), o.LeaseDuration-bound, "Admin.Jobs' ExpiresAt of %s", js.Job)
+		}
+	}
+	require.NoError(t, stop())
+}

@@ -177,13 +177,16 @@ func (s *session) renew(ctx context.Context, f memberFields) (notes []string, er
 	s.mu.Unlock()
 	snt := p.opts.sendNow()
 	sv := randomID(8)
-	names := map[string]string{"#x": memberExpiry, "#v": memberView, "#j": memberJobs, "#d": memberDeclined,
+	names := map[string]string{"#x": memberExpiry, "#ren": attrRenewedAt, "#v": memberView, "#j": memberJobs, "#d": memberDeclined,
 		"#sid": memberSession, "#sv": memberVersion, "#end": memberEnded, "#lv": memberLeaving, "#n": memberNotes}
 	values := map[string]types.AttributeValue{
-		":x": avN(snt.at.Add(p.opts.LeaseDuration).UnixMilli()), ":v": avS(f.view), ":j": avS(f.list),
+		":x": avN(snt.at.Add(p.opts.LeaseDuration).UnixMilli()), ":ren": avN(snt.at.UnixMilli()), ":v": avS(f.view), ":j": avS(f.list),
 		":d": avS(f.declined), ":sid": avS(s.sid), ":sv": avS(sv), ":lv": avBool(f.leaving),
 	}
-	update := "SET #x = :x, #v = :v, #j = :j, #d = :d, #sid = :sid, #sv = :sv, #lv = :lv"
+	// The renewal's send time (renewedAt, as a lease item's) is the last
+	// renewal of every job bound to the session: Admin reports it as
+	// theirs (sessionExpiries).
+	update := "SET #x = :x, #ren = :ren, #v = :v, #j = :j, #d = :d, #sid = :sid, #sv = :sv, #lv = :lv"
 	values[":nos"] = avS(noSession)
 	cond := "#sid = :sid AND (attribute_not_exists(#end) OR #end = :nos)"
 	switch {
@@ -509,6 +512,7 @@ func noteJob(note string) string {
 type member struct {
 	owner    string
 	exp      int64 // Unix ms; -1 if the item is malformed
+	renewed  int64 // Unix ms: when its last renewal was sent, by its clock; 0 if not recorded
 	view     string
 	jobs     string
 	declined []string // sorted
@@ -529,6 +533,10 @@ func decodeMember(y Layout, item map[string]types.AttributeValue) (member, error
 	m.sid, _ = str(item, memberSession)
 	m.sv, _ = str(item, memberVersion)
 	exp, eerr := num(item, memberExpiry)
+	var rerr error
+	if _, ok := item[attrRenewedAt]; ok {
+		m.renewed, rerr = num(item, attrRenewedAt)
+	}
 	view, verr := str(item, memberView)
 	jobs, jerr := str(item, memberJobs)
 	list, lerr := str(item, memberDeclined)
@@ -554,7 +562,7 @@ func decodeMember(y Layout, item map[string]types.AttributeValue) (member, error
 			lerr = fmt.Errorf("attribute %q is not a JSON array of names: %v", memberDeclined, derr)
 		}
 	}
-	if err = errors.Join(err, eerr, verr, jerr, lerr, serr, vserr, nerr, lverr); err != nil || exp < 0 {
+	if err = errors.Join(err, eerr, rerr, verr, jerr, lerr, serr, vserr, nerr, lverr); err != nil || exp < 0 {
 		return m, fmt.Errorf("%w: member item %q: %v", ErrMalformedItem, y.describe(item), errors.Join(err, fmt.Errorf("expiry %d", exp)))
 	}
 	if len(declined) == 0 {
