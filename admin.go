@@ -2,9 +2,11 @@ package ddblease
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -188,7 +190,13 @@ type ReleaseOptions struct {
 	// it still believes it leads until its next heartbeat (up to its
 	// HeartbeatInterval) or its local deadline, whichever comes first, and
 	// two replicas believe they lead meanwhile; the fence still refuses its
-	// writes (guarantee 1 holds, guarantee 2 does not). Default false.
+	// writes (guarantee 1 holds, guarantee 2 does not). For a job of a
+	// pool, the release also unbinds the item from its holder's session
+	// and marks the job declined in the holder's member item, so that the
+	// other replicas assign it elsewhere at their next renewal and one of
+	// them leads it at once, without waiting for the holder's membership
+	// to lapse; a live holder learns of it at its session's next renewal.
+	// Default false.
 	HolderDead bool
 }
 
@@ -216,6 +224,12 @@ type ReleaseOptions struct {
 // again). The released replica does not campaign again until another
 // owner has taken the lease or a lease duration has passed.
 //
+// A job of a pool moves, as after RequestResign: its holder learns of the
+// release at its session's next renewal (up to its HeartbeatInterval),
+// ends its tenure, frees the item and declines the job for as long as its
+// Pool.Run lasts, and another replica leads it within a heartbeat
+// interval or two. With HolderDead, see there.
+//
 // The write is conditional on the fence the caller saw (fence), or, when
 // fence is zero, on the one a consistent read finds first, so that a
 // tenure that began since is not released: a mismatch is an error wrapping
@@ -231,12 +245,18 @@ func (a *Admin) ForceRelease(ctx context.Context, job string, fence int64, optFn
 			fn(&ro)
 		}
 	}
-	if fence == 0 {
+	// held is the item as read before the release: with HolderDead, the
+	// session its tenure is bound to, which the release unbinds it from.
+	var held Record
+	if fence == 0 || ro.HolderDead {
 		st, err := a.Job(ctx, job)
 		if err != nil {
 			return Record{}, err
 		}
-		fence = st.Lease.Fence
+		if fence == 0 {
+			fence = st.Lease.Fence
+		}
+		held = st.Lease
 	}
 	now := a.o.Now()
 	names := map[string]string{"#drn": attrDraining, "#ren": attrRenewedAt,
@@ -259,7 +279,62 @@ func (a *Admin) ForceRelease(ctx context.Context, job string, fence int64, optFn
 	case failed:
 		return rec, &HeldError{Job: job, Owner: rec.Owner, Fence: rec.Fence, ExpiresAt: rec.ExpiresAt, Draining: rec.Draining}
 	}
+	if ro.HolderDead && held.Session != "" && held.Fence == fence {
+		// The item written names no session, so update noted none: the
+		// holder, were it alive, learns of the release through the
+		// session it held; and the others assign the job elsewhere at
+		// their next renewal, as if its holder had declined it, instead
+		// of leaving it to the dead replica until its membership lapses.
+		if err := errors.Join(a.noteSession(ctx, job, held), a.declineFor(ctx, job, held)); err != nil {
+			return rec, fmt.Errorf("ddblease: %q was released (fence %d), but the pool's replicas may wait for its holder's membership to lapse: %w",
+				job, rec.Fence, err)
+		}
+	}
 	return rec, nil
+}
+
+// declineFor adds job to the jobs that the member item of held's session
+// declines, while the item holds that session unended, so that the pool's
+// replicas assign the job to another of them at their next renewal
+// (assign: a job its replica declines goes elsewhere). The replica itself
+// writes its declines at each renewal: one that is alive declines the job
+// too once it has read the note of the release (Lease.noticeNote). A
+// member item that changed between the read and the write is read again.
+func (a *Admin) declineFor(ctx context.Context, job string, held Record) error {
+	y := a.o.Layout
+	key := y.memberKey(held.Pool, held.Owner)
+	for range 3 {
+		item, err := getItem(ctx, a.db, a.table, key, a.o.CallTimeout)
+		if err != nil {
+			return fmt.Errorf("read member item %q: %w", y.describe(key), explainTableError(ctx, a.db, a.table, y, err))
+		}
+		m, err := decodeMember(y, item)
+		if len(item) == 0 || err != nil || m.sid != held.Session || m.ended != "" || slices.Contains(m.declined, job) {
+			return nil // no session to mend, or already declined
+		}
+		old, _ := str(item, memberDeclined)
+		list, err := json.Marshal(slices.Sorted(slices.Values(append(m.declined, job))))
+		if err != nil {
+			return err
+		}
+		cctx, cancel := context.WithTimeout(ctx, a.o.CallTimeout)
+		_, err = a.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
+			TableName: aws.String(a.table), Key: key,
+			UpdateExpression:          aws.String("SET #d = :d"),
+			ConditionExpression:       aws.String("#sid = :sid AND #d = :old"),
+			ExpressionAttributeNames:  map[string]string{"#d": memberDeclined, "#sid": memberSession},
+			ExpressionAttributeValues: map[string]types.AttributeValue{":d": avS(string(list)), ":sid": avS(held.Session), ":old": avS(old)},
+		})
+		cancel()
+		var ccf *types.ConditionalCheckFailedException
+		switch {
+		case err == nil:
+			return nil
+		case !errors.As(err, &ccf):
+			return fmt.Errorf("update member item %q: %w", y.describe(key), explainTableError(ctx, a.db, a.table, y, err))
+		}
+	}
+	return fmt.Errorf("member item %q keeps changing", y.describe(key))
 }
 
 // RequestResign asks the tenure that holds job's lease to hand it over: it

@@ -110,16 +110,22 @@ func hash64(s string) uint64 {
 	return x
 }
 
-// decline records an operator's resign request on job: this replica
-// declines it, and renews its membership at once to say so.
+// decline records an operator's move of job off this replica (a resign
+// request, a forced release): this replica declines it, and renews its
+// membership at once to say so. A job already declined is left as it is.
 func (p *Pool) decline(job string) {
 	p.mu.Lock()
+	if p.declined[job] {
+		p.mu.Unlock()
+		return
+	}
 	if p.declined == nil {
 		p.declined = map[string]bool{}
 	}
 	p.declined[job] = true
 	p.mu.Unlock()
-	p.log.Info("ddblease: an operator asked this replica to resign the job: it declines it while the pool runs", "job", job)
+	p.log.Info("ddblease: an operator moved the job off this replica (a resign request or a forced release): "+
+		"it declines it while the pool runs", "job", job)
 	select {
 	case p.declines <- struct{}{}:
 	default:

@@ -234,3 +234,145 @@ func TestPoolMalformedMemberIgnored(t *testing.T) {
 	assert.False(t, errors.Is(p.CheckHealth(0), ddblease.ErrUnhealthy))
 	assert.False(t, strings.Contains(fmt.Sprint(w.leads()), "b"))
 }
+
+// moveTimings are a pool's timings for the tests that time a job's move
+// in heartbeats: a lease of three heartbeats.
+func moveTimings(o *ddblease.Options) {
+	o.LeaseDuration = 3 * time.Second
+	o.HeartbeatInterval = time.Second
+}
+
+// An operator's forced release of a pool job its holder leads moves the
+// job, as a resign request does: the holder learns of it at its
+// session's next renewal, frees the item and declines the job, and the
+// other replica leads it within a heartbeat or two, under a higher fence,
+// rather than the job waiting a lease with no leader and going back to
+// its holder. It stays with the other replica. No job has two leaders
+// at once (poolWatch).
+func TestPoolForceReleaseMovesTheJob(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(4)
+	w := newPoolWatch(t)
+	a := newPool(t, db, table, jobs, fast("a"), moveTimings)
+	b := newPool(t, db, table, jobs, fast("b"), moveTimings)
+	stopA := async(ctx, func(ctx context.Context) error { return a.Run(ctx, w.fn("a")) })
+	stopB := async(ctx, func(ctx context.Context) error { return b.Run(ctx, w.fn("b")) })
+	defer func() { assert.NoError(t, stopB()) }()
+	defer func() { assert.NoError(t, stopA()) }()
+	eventually(t, "two jobs each", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2, "b": 2}, w.leads()) })
+	job := a.Assigned()[0]
+	fence := a.Lease(job).State().Fence
+	require.True(t, a.Lease(job).IsLeader())
+	o := a.Lease(job).Options()
+
+	released := time.Now()
+	_, err := newAdmin(t, db, table).ForceRelease(ctx, job, fence)
+	require.NoError(t, err)
+	eventually(t, "b leads "+job, func() bool { return w.leader(job) == "b" })
+	moved := time.Since(released)
+	t.Logf("led by the other replica %v (%.1f heartbeats) after the release", moved, moved.Seconds()/o.HeartbeatInterval.Seconds())
+	assert.Less(t, moved, o.LeaseDuration, "the job moved within a heartbeat or two, not after a lease")
+	assert.Equal(t, fence+2, b.Lease(job).State().Fence, "released (+1), then taken (+1)")
+	for end := time.Now().Add(o.LeaseDuration + o.HeartbeatInterval); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		require.Equal(t, "b", w.leader(job), "a does not take it back")
+	}
+	assert.NotContains(t, a.Assigned(), job)
+	eventually(t, "two jobs each again", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2, "b": 2}, w.leads()) })
+}
+
+// A forced release with HolderDead of a job whose replica died (every
+// request of it unanswered) hands the job to a surviving replica at its
+// next renewal, which leads it at once, well before the dead replica's
+// membership lapses: the survivors no longer assign it to the dead
+// replica. The dead replica's fence is refused, and the survivor's is
+// higher than the release's.
+func TestPoolForceReleaseHolderDeadMovesTheJobAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, faults, faulty := tableWithFaults(t)
+	db := srv.Client(nil)
+	jobs := poolJobs(4)
+	// A lease of six heartbeats: the dead replica's membership lapses
+	// six heartbeats after its last renewal.
+	slowLapse := func(o *ddblease.Options) {
+		o.LeaseDuration = 6 * time.Second
+		o.HeartbeatInterval = time.Second
+	}
+	wa, wb := newPoolWatch(t), newPoolWatch(t) // the dead replica's fn runs on: it is cut off, not stopped
+	a := newPool(t, faulty, table, jobs, fast("a"), slowLapse)
+	b := newPool(t, db, table, jobs, fast("b"), slowLapse)
+	stopA := async(ctx, func(ctx context.Context) error { return a.Run(ctx, wa.fn("a")) })
+	stopB := async(ctx, func(ctx context.Context) error { return b.Run(ctx, wb.fn("b")) })
+	defer func() { assert.NoError(t, stopB()) }()
+	eventually(t, "two jobs each", func() bool { return wa.leads()["a"] == 2 && wb.leads()["b"] == 2 })
+	job := a.Assigned()[0]
+	fence := a.Lease(job).State().Fence
+	require.NotZero(t, fence)
+	o := a.Lease(job).Options()
+
+	faults.Set(blackholeAll) // a dies
+	released := time.Now()
+	rec, err := newAdmin(t, db, table).ForceRelease(ctx, job, 0, func(o *ddblease.ReleaseOptions) { o.HolderDead = true })
+	require.NoError(t, err)
+	assert.Equal(t, fence+1, rec.Fence)
+	eventually(t, "b leads "+job, func() bool { return wb.leader(job) == "b" })
+	moved := time.Since(released)
+	t.Logf("led by the survivor %v (%.1f heartbeats) after the release", moved, moved.Seconds()/o.HeartbeatInterval.Seconds())
+	assert.Less(t, moved, o.LeaseDuration/2, "led at the survivor's next renewal, long before the dead replica's membership lapses")
+	assert.Equal(t, fence+2, b.Lease(job).State().Fence)
+	g, err := ddblease.NewGuard(db, table, job)
+	require.NoError(t, err)
+	assert.ErrorIs(t, g.Check(ctx, fence), ddblease.ErrStaleFence, "the dead holder's fence is refused")
+	faults.Clear()
+	_ = stopA()
+}
+
+// A forced release with HolderDead of a pool job whose holder is in fact
+// alive reaches that holder too, as ReleaseOptions.HolderDead promises:
+// its tenure ends at its session's next renewal (its leader context's
+// cause says an operator released it), though the release unbound the
+// item from its session; the job goes to the other replica.
+func TestPoolForceReleaseHolderDeadReachesALiveHolder(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(2)
+	causes := make(chan error, 4)
+	fences := map[string]chan int64{"a": make(chan int64, 4), "b": make(chan int64, 4)}
+	var job atomic.Pointer[string]
+	fn := func(replica string) func(context.Context, string, int64) error {
+		return func(ctx context.Context, j string, fence int64) error {
+			if p := job.Load(); p != nil && *p == j {
+				fences[replica] <- fence
+			}
+			<-ctx.Done()
+			if p := job.Load(); p != nil && *p == j && replica == "a" {
+				causes <- context.Cause(ctx)
+			}
+			return nil
+		}
+	}
+	a := newPool(t, db, table, jobs, fast("a"), moveTimings)
+	b := newPool(t, db, table, jobs, fast("b"), moveTimings)
+	stopA := async(ctx, func(ctx context.Context) error { return a.Run(ctx, fn("a")) })
+	stopB := async(ctx, func(ctx context.Context) error { return b.Run(ctx, fn("b")) })
+	defer func() { assert.NoError(t, stopB()) }()
+	defer func() { assert.NoError(t, stopA()) }()
+	eventually(t, "one job each", func() bool { return len(leaders(a, jobs)) == 1 && len(leaders(b, jobs)) == 1 })
+	j := leaders(a, jobs)[0]
+	job.Store(&j)
+	fence := a.Lease(j).State().Fence
+	released := time.Now()
+	_, err := newAdmin(t, db, table).ForceRelease(ctx, j, fence, func(o *ddblease.ReleaseOptions) { o.HolderDead = true })
+	require.NoError(t, err)
+	cause := receive(t, (<-chan error)(causes), "the live holder's tenure ends")
+	ended := time.Since(released)
+	assert.ErrorIs(t, cause, ddblease.ErrLost)
+	assert.ErrorContains(t, cause, "released by force")
+	o := a.Lease(j).Options()
+	assert.Less(t, ended, o.LeaseDuration, "ended at the holder's next renewal")
+	assert.False(t, a.Lease(j).IsLeader())
+	assert.Equal(t, fence+2, receive(t, (<-chan int64)(fences["b"]), "b leads the job"))
+}

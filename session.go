@@ -398,11 +398,14 @@ func (l *Lease) judgeBound(ctx context.Context) {
 // changed this lease's item (Admin). It reads the item (strongly
 // consistent) and, for the tenure bound to s, does what a heartbeat's
 // answer does for a lease of its own: a moved fence (a forced release)
-// ends the tenure; other changes reach the keeper (heartbeat.go). An item
-// bound to s that no tenure holds (a forced release, whether its tenure
-// ended here or before, by a resignation that the release refused) is
-// freed: no one else may take it while s lives. It reports whether the
-// note was handled; a failed read or free leaves it for the next renewal.
+// ends the tenure; other changes reach the keeper (heartbeat.go). A job
+// released by force from this replica is declined, as after a resign
+// request (Pool.decline), before its tenure ends, so that it moves to
+// another replica instead of coming back here. An item bound to s that no
+// tenure holds (a forced release, whether its tenure ended here or before,
+// by a resignation that the release refused) is freed: no one else may
+// take it while s lives. It reports whether the note was handled; a
+// failed read or free leaves it for the next renewal.
 func (l *Lease) noticeNote(ctx context.Context, s *session) bool {
 	rec, present, err := l.read(ctx, true)
 	if err != nil {
@@ -416,6 +419,11 @@ func (l *Lease) noticeNote(ctx context.Context, s *session) bool {
 		k = t.k
 	}
 	l.mu.Unlock()
+	released := present && rec.Owner == l.opts.Owner && JobStatus{Lease: rec}.Released() &&
+		(rec.Session == s.sid || t != nil && t.sess == s && t.fence == rec.Control.ReleasedFence)
+	if released {
+		l.pool.decline(l.job)
+	}
 	if t != nil && t.sess == s && t.holds() {
 		if present && rec.Owner == l.opts.Owner && rec.Fence == t.fence {
 			if k != nil {
