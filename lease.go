@@ -382,24 +382,30 @@ func (l *Lease) read(ctx context.Context, consistent bool) (Record, bool, error)
 
 // logEvent writes the log line an event deserves: one per change of
 // leadership at Info, failures at Warn (repeated ones rate-limited), and
-// nothing per poll or per request.
+// nothing per poll or per request. A pool's job logs its changes of
+// leadership at Debug: the pool logs one line per change of its
+// assignment at Info (poolRun.act), whatever the number of jobs.
 func (l *Lease) logEvent(e Event) {
 	ctx := context.Background()
 	if c := l.runCtx.Load(); c != nil {
 		ctx = *c
 	}
 	log := l.log
+	change := slog.LevelInfo
+	if l.pool != nil {
+		change = slog.LevelDebug
+	}
 	switch e.Kind {
 	case EventAcquired:
-		log.InfoContext(ctx, "ddblease: acquired the lease", "fence", e.Fence)
+		log.Log(ctx, change, "ddblease: acquired the lease", "fence", e.Fence)
 	case EventLost:
 		log.WarnContext(ctx, "ddblease: leadership lost", "fence", e.Fence, "reason", string(e.Reason), "err", e.Err)
 	case EventDraining:
-		log.InfoContext(ctx, "ddblease: shutting down: draining the leader's work before resigning", "fence", e.Fence)
+		log.Log(ctx, change, "ddblease: shutting down: draining the leader's work before resigning", "fence", e.Fence)
 	case EventResigned:
-		log.InfoContext(ctx, "ddblease: resigning the lease", "fence", e.Fence)
+		log.Log(ctx, change, "ddblease: resigning the lease", "fence", e.Fence)
 	case EventLeaderSeen:
-		log.InfoContext(ctx, "ddblease: another replica leads", "holder", e.Holder, "fence", e.Fence)
+		log.Log(ctx, change, "ddblease: another replica leads", "holder", e.Holder, "fence", e.Fence)
 	case EventRunFinished:
 		// A slot skipped by an operator's pause is what was asked for:
 		// RunSchedule says so at Info.

@@ -338,11 +338,20 @@ func (r *poolRun) renew(ctx context.Context) error {
 }
 
 // act hands over the jobs assigned elsewhere and starts the Runs of the
-// jobs this replica campaigns for.
+// jobs this replica campaigns for. A change is logged in one line at
+// Info, whatever the number of jobs it moves (each job's own lines are at
+// Debug: Lease.logEvent).
 func (r *poolRun) act(ctx context.Context) {
 	p := r.p
 	seen, declined := p.view()
 	owners, mine := p.assignment(seen)
+	handed, started := 0, 0
+	defer func() {
+		if handed > 0 || started > 0 {
+			p.log.Info("ddblease: the pool's assignment changed", "members", len(seen.live), "jobs", r.running(),
+				"starting", started, "handing_over", handed)
+		}
+	}()
 	for job, run := range r.runs {
 		to := owners[job]
 		switch {
@@ -355,6 +364,7 @@ func (r *poolRun) act(ctx context.Context) {
 		}
 		run.cancelled = true
 		run.cancel() // a hand-over: the job's Run drains and resigns
+		handed++
 	}
 	if ctx.Err() != nil {
 		return
@@ -366,7 +376,20 @@ func (r *poolRun) act(ctx context.Context) {
 			continue
 		}
 		r.start(job)
+		started++
 	}
+}
+
+// running returns how many jobs this replica runs (leads, or campaigns
+// for) and has not handed over.
+func (r *poolRun) running() int {
+	n := 0
+	for _, run := range r.runs {
+		if !run.cancelled {
+			n++
+		}
+	}
+	return n
 }
 
 // start starts the run of job.
@@ -453,6 +476,9 @@ func (r *poolRun) stop(failed error) error {
 	ctx := context.WithoutCancel(r.runCtx)
 	if failed == nil || retryable(failed) {
 		_, _ = p.renew(ctx)
+	}
+	if len(r.runs) > 0 {
+		p.log.Info("ddblease: leaving the pool: handing its jobs over", "jobs", len(r.runs))
 	}
 	for _, run := range r.runs {
 		run.cancel()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
@@ -375,4 +376,40 @@ func TestPoolForceReleaseHolderDeadReachesALiveHolder(t *testing.T) {
 	assert.Less(t, ended, o.LeaseDuration, "ended at the holder's next renewal")
 	assert.False(t, a.Lease(j).IsLeader())
 	assert.Equal(t, fence+2, receive(t, (<-chan int64)(fences["b"]), "b leads the job"))
+}
+
+// A pool logs its changes of assignment, not each job's: a replica that
+// starts, leads 200 jobs and stops writes a few Info lines, however many
+// jobs it holds, and each job's acquisition and resignation at Debug.
+func TestPoolLogsOneLinePerChangeOfAssignment(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(200)
+	logs := newLogCapture()
+	p := newPool(t, db, table, jobs, fast("a"), func(o *ddblease.Options) { o.Logger = slog.New(logs) })
+	w := newPoolWatch(t)
+	stop := async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn("a")) })
+	eventually(t, "a leads every job", func() bool { return w.leads()["a"] == len(jobs) })
+	require.NoError(t, stop())
+	count := func(level slog.Level, msg string) int {
+		n := 0
+		for _, r := range logs.all() {
+			if r.level == level && strings.Contains(r.msg, msg) {
+				n++
+			}
+		}
+		return n
+	}
+	var info []string
+	for _, r := range logs.all() {
+		if r.level >= slog.LevelInfo {
+			info = append(info, r.line())
+		}
+	}
+	shown := info[:min(len(info), 20)]
+	assert.LessOrEqual(t, len(info), 6, "%d Info lines and above, the first:\n%s", len(info), strings.Join(shown, "\n"))
+	assert.Positive(t, count(slog.LevelInfo, "assignment"), "the change of assignment at Info:\n%s", strings.Join(shown, "\n"))
+	assert.Equal(t, len(jobs), count(slog.LevelDebug, "acquired the lease"), "each job's acquisition at Debug")
+	assert.Equal(t, len(jobs), count(slog.LevelDebug, "resigning the lease"), "each job's resignation at Debug")
 }
