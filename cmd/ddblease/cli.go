@@ -359,7 +359,7 @@ func (e *env) connect(ctx context.Context) error {
 			o.BaseEndpoint = aws.String(e.g.endpoint)
 		}
 	})
-	e.admin, err = ddblease.NewAdmin(e.db, e.g.table, func(o *ddblease.AdminOptions) { o.Layout = e.g.layout })
+	e.admin, err = e.newAdmin("")
 	if err != nil {
 		return usagef("%v", err)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -12,16 +13,28 @@ import (
 
 // uiState is one reading of the table, as the page and /metrics show it.
 type uiState struct {
-	Table     string       `json:"table"`
-	Now       time.Time    `json:"now"`
-	From      time.Time    `json:"from"`
-	To        time.Time    `json:"to"`
-	RefreshMs int64        `json:"refreshMs"`
-	Actions   bool         `json:"actions"`
-	Limit     int          `json:"limit"`
-	Errors    []string     `json:"errors,omitempty"`
-	Jobs      []uiJob      `json:"jobs"`
-	Pools     []uiPoolView `json:"pools"`
+	Table     string    `json:"table"`
+	Now       time.Time `json:"now"`
+	From      time.Time `json:"from"`
+	To        time.Time `json:"to"`
+	RefreshMs int64     `json:"refreshMs"`
+	Actions   bool      `json:"actions"`
+	Limit     int       `json:"limit"`
+	Errors    []string  `json:"errors,omitempty"`
+	// Stale is set when the table could not be read: the state is the
+	// latest reading that could, of Now.
+	Stale *uiStale     `json:"stale,omitempty"`
+	Jobs  []uiJob      `json:"jobs"`
+	Pools []uiPoolView `json:"pools"`
+	// failed is why the jobs could not be listed, if they could not.
+	failed error
+}
+
+// uiStale says why a state is not current: the error of the reading that
+// failed, and when it was made.
+type uiStale struct {
+	Error string    `json:"error"`
+	At    time.Time `json:"at"`
 }
 
 // uiJob is a job: its lease as status shows it, and its runs in the range.
@@ -69,6 +82,9 @@ func (s *uiServer) read(ctx context.Context, from, to time.Time) uiState {
 	jobs, err := s.src.Jobs(ctx)
 	if err != nil {
 		st.Errors = append(st.Errors, oneLine(explain(err).Error()))
+		if !errors.Is(err, ddblease.ErrMalformedItem) {
+			st.failed = err // no job could be listed
+		}
 	}
 	st.Jobs = make([]uiJob, len(jobs))
 	sem := make(chan struct{}, 4)

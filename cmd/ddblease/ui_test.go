@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -48,9 +49,9 @@ func startUI(t *testing.T, env []string, endpoint, table string, args ...string)
 	require.NoError(t, cmd.Start())
 	lines := bufio.NewScanner(out)
 	require.True(t, lines.Scan(), "ddblease ui printed nothing; stderr: %s", p.stderr.String())
-	m := regexp.MustCompile(`at (http://127\.0\.0\.1:\d+/)`).FindStringSubmatch(lines.Text())
+	m := regexp.MustCompile(`at http://\S*:(\d+)/`).FindStringSubmatch(lines.Text())
 	require.NotNil(t, m, "first line: %q", lines.Text())
-	p.url = m[1]
+	p.url = "http://127.0.0.1:" + m[1] + "/"
 	go func() { _, _ = io.Copy(io.Discard, out) }()
 	t.Cleanup(func() {
 		p.client.CloseIdleConnections()
@@ -232,7 +233,7 @@ func TestUIActionsNeedTokenAndSameOrigin(t *testing.T) {
 		{"same site, other port", map[string]string{uiTokenHeader: "secret-token",
 			"Sec-Fetch-Site": "same-site", "Origin": "http://127.0.0.1:1"}, 403, "cross-site request refused"},
 		{"another name for 127.0.0.1", map[string]string{uiTokenHeader: "secret-token", "Host": "evil.example:" +
-			strings.Split(host, ":")[1]}, 421, "unexpected Host"},
+			strings.Split(host, ":")[1]}, 421, `Host \"evil.example:` + strings.Split(host, ":")[1] + `\" refused`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			code, body := p.do(t, "POST", "/api/action", c.hdr, pause)
@@ -480,4 +481,187 @@ func startPool(t *testing.T, table, name string, jobs []string, owner string) *d
 	}()
 	t.Cleanup(func() { stop(); assert.NoError(t, <-done) })
 	return p
+}
+
+// startReplicaIn runs RunSchedule for job under layout until the test
+// ends.
+func startReplicaIn(t *testing.T, table string, layout ddblease.Layout, job, owner string) *replica {
+	t.Helper()
+	l, err := ddblease.New(srv.Client(nil), table, job, fast(owner), func(o *ddblease.Options) { o.Layout = layout })
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- l.RunSchedule(ctx, farSchedule, func(context.Context, *ddblease.JobRun) error { return nil })
+	}()
+	r := &replica{l: l, stop: sync.OnceValue(func() error { cancel(); return <-done })}
+	t.Cleanup(func() { assert.NoError(t, r.stop()) })
+	return r
+}
+
+func adminIn(t *testing.T, table string, layout ddblease.Layout) *ddblease.Admin {
+	t.Helper()
+	a, err := ddblease.NewAdmin(srv.Client(nil), table, func(o *ddblease.AdminOptions) { o.Layout = layout })
+	require.NoError(t, err)
+	return a
+}
+
+// act posts one of the page's actions as the page does, as alice.
+func (p *uiProc) act(t *testing.T, token, action, job string, fence int64) (int, string) {
+	t.Helper()
+	host := strings.TrimSuffix(strings.TrimPrefix(p.url, "http://"), "/")
+	return p.do(t, "POST", "/api/action", map[string]string{uiTokenHeader: token, "Origin": "http://" + host},
+		fmt.Sprintf(`{"job":%q,"action":%q,"fence":%d,"asker":"alice"}`, job, action, fence))
+}
+
+// The actions act on the job the page shows: with --key-prefix, team B's
+// nightly, never the default layout's nightly in the same table, also
+// when both tenures have the same fence.
+func TestUILayoutActionsKeyPrefix(t *testing.T) {
+	table := srv.NewTable(t)
+	teamB := ddblease.Layout{Prefix: "teamb#"}
+	a := startReplicaIn(t, table, ddblease.Layout{}, "nightly", "team-a")
+	b := startReplicaIn(t, table, teamB, "nightly", "team-b")
+	waitFor(t, "both lead", func() bool { return a.l.IsLeader() && b.l.IsLeader() })
+	fenceA, fenceB := a.l.State().Fence, b.l.State().Fence
+	require.Equal(t, fenceA, fenceB, "the same fence: a resignation by fence alone cannot tell them apart")
+	adminA, adminB := adminIn(t, table, ddblease.Layout{}), adminIn(t, table, teamB)
+	job := func(a *ddblease.Admin) ddblease.JobStatus {
+		st, err := a.Job(context.Background(), "nightly")
+		require.NoError(t, err)
+		return st
+	}
+
+	env := append(baseEnv(), uiTokenEnv+"=layout-token")
+	p := startUI(t, env, srv.URL, table, "--key-prefix", "teamb#", "--allow-actions")
+	st := p.state(t, "")
+	require.Len(t, st.Jobs, 1)
+	assert.Equal(t, "team-b", st.Jobs[0].Holder, "the page shows team B's nightly")
+
+	code, body := p.act(t, "layout-token", "pause", "nightly", 0)
+	require.Equal(t, http.StatusOK, code, body)
+	assert.True(t, job(adminB).Lease.Control.Paused, "team B's nightly paused")
+	assert.False(t, job(adminA).Lease.Control.Paused, "team A's nightly untouched")
+	assert.Equal(t, "alice via ddblease ui", job(adminB).Lease.Control.PausedBy)
+
+	code, body = p.act(t, "layout-token", "resume", "nightly", 0)
+	require.Equal(t, http.StatusOK, code, body)
+	assert.False(t, job(adminB).Lease.Control.Paused)
+	assert.Empty(t, job(adminA).Lease.Control.ResumedBy, "team A's nightly untouched")
+
+	code, body = p.act(t, "layout-token", "trigger", "nightly", 0)
+	require.Equal(t, http.StatusOK, code, body)
+	waitFor(t, "team B's triggered run", func() bool {
+		runs, err := adminB.Runs(context.Background(), "nightly", ddblease.RunRange{})
+		require.NoError(t, err)
+		return len(runs) == 1 && runs[0].Status == ddblease.RunSucceeded
+	})
+	runs, err := adminA.Runs(context.Background(), "nightly", ddblease.RunRange{})
+	require.NoError(t, err)
+	assert.Empty(t, runs, "team A's nightly did not run")
+	assert.Zero(t, job(adminA).Lease.Control.Triggers)
+
+	code, body = p.act(t, "layout-token", "resign", "nightly", fenceB)
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, `asked \"team-b\"`)
+	waitFor(t, "team B's holder resigned and took the lease back", func() bool { return b.l.State().Fence > fenceB })
+	assert.True(t, a.l.IsLeader(), "team A's holder still leads")
+	assert.Equal(t, fenceA, a.l.State().Fence, "team A's tenure is the same")
+	assert.Empty(t, job(adminA).Lease.Control.ResignBy, "no resignation asked of team A")
+}
+
+// The actions work on a table whose keys are not pk and sk.
+func TestUILayoutActionsCustomKeys(t *testing.T) {
+	layout := ddblease.Layout{PartitionKey: "id", SortKey: "rk"}
+	table := srv.NewTable(t, func(l *ddblease.Layout) { *l = layout })
+	r := startReplicaIn(t, table, layout, "nightly", "replica-a")
+	waitFor(t, "a leads", r.l.IsLeader)
+	admin := adminIn(t, table, layout)
+	env := append(baseEnv(), uiTokenEnv+"=keys-token")
+	p := startUI(t, env, srv.URL, table, "--partition-key", "id", "--sort-key", "rk", "--allow-actions")
+	require.Len(t, p.state(t, "").Jobs, 1)
+	for _, action := range []string{"pause", "resume", "trigger", "resign"} {
+		code, body := p.act(t, "keys-token", action, "nightly", r.l.State().Fence)
+		assert.Equal(t, http.StatusOK, code, "%s: %s", action, body)
+	}
+	st, err := admin.Job(context.Background(), "nightly")
+	require.NoError(t, err)
+	assert.Equal(t, "alice via ddblease ui", st.Lease.Control.ResumedBy)
+}
+
+// The first response holds the state: a plain GET of / names every job
+// and holder, escaped, and every pool, without script.
+func TestUIFirstPaint(t *testing.T) {
+	table := srv.NewTable(t)
+	history(t, table, "billing", time.Now().Add(-30*time.Minute), 3)
+	const odd = `<img src=x onerror=alert(1)>&"`
+	a := startReplica(t, table, odd, "replica-<a>", func(context.Context, *ddblease.JobRun) error { return nil })
+	b := startReplica(t, table, "nightly-report", "replica-b", func(context.Context, *ddblease.JobRun) error { return nil })
+	pool := startPool(t, table, "tenants", []string{"tenant-1"}, "replica-c")
+	waitFor(t, "all lead", func() bool { return a.l.IsLeader() && b.l.IsLeader() && pool.Lease("tenant-1").IsLeader() })
+	p := startUI(t, baseEnv(), srv.URL, table)
+
+	code, page := p.do(t, "GET", "/", nil, "")
+	require.Equal(t, http.StatusOK, code)
+	rows := regexp.MustCompile(`(?s)<tr data-job="([^"]*)"><th class="job">([^<]*)</th>\s*<td class="owner">([^<]*)</td>`).
+		FindAllStringSubmatch(page, -1)
+	got := map[string]string{}
+	for _, r := range rows {
+		assert.Equal(t, r[1], r[2])
+		got[r[2]] = r[3]
+	}
+	esc := "&lt;img src=x onerror=alert(1)&gt;&amp;&#34;"
+	assert.Equal(t, map[string]string{"billing": "—", "nightly-report": "replica-b", esc: "replica-&lt;a&gt;",
+		"tenant-1": "replica-c"}, got, "every job and its holder, in the HTML")
+	assert.NotContains(t, page, odd, "escaped")
+	assert.NotContains(t, page, "replica-<a>", "escaped")
+	assert.Contains(t, page, `<div class="pool" data-pool="tenants">`)
+	assert.Regexp(t, `<td class="last"><span class="badge s-succeeded">succeeded</span> \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC</td>`, page)
+	assert.Contains(t, page, `<span id="span">from `)
+
+	// The state the script starts from is in the page too, as JSON.
+	m := regexp.MustCompile(`(?s)<script type="application/json" id="initial-state">(.*?)</script>`).FindStringSubmatch(page)
+	require.NotNil(t, m, "the state for the script")
+	var st uiState
+	require.NoError(t, json.Unmarshal([]byte(m[1]), &st))
+	assert.Len(t, st.Jobs, 4)
+	assert.NotContains(t, m[1], "<img", "no markup in the JSON")
+}
+
+// The range comes from the address, an hour by default; a wrong one is a
+// clear 400, on the page and in the API.
+func TestUIRangeInAddress(t *testing.T) {
+	table := srv.NewTable(t)
+	history(t, table, "billing", time.Now().Add(-50*time.Minute), 1)
+	p := startUI(t, baseEnv(), srv.URL, table)
+	span := func(st uiState) time.Duration { return st.To.Sub(st.From) }
+	assert.Equal(t, time.Hour, span(p.state(t, "")), "the default range")
+	assert.Equal(t, 15*time.Minute, span(p.state(t, "range=15m")))
+
+	code, page := p.do(t, "GET", "/?range=15m", nil, "")
+	require.Equal(t, http.StatusOK, code)
+	assert.Contains(t, page, `<option value="15m" selected>15 minutes</option>`)
+	from := regexp.MustCompile(`<span id="span">from ([^<]+) to ([^<]+)</span>`).FindStringSubmatch(page)
+	require.NotNil(t, from, page)
+	t0, err := time.Parse("2006-01-02 15:04:05 UTC", from[1])
+	require.NoError(t, err)
+	t1, err := time.Parse("2006-01-02 15:04:05 UTC", from[2])
+	require.NoError(t, err)
+	assert.Equal(t, 15*time.Minute, t1.Sub(t0).Round(time.Second))
+	code, page = p.do(t, "GET", "/", nil, "")
+	require.Equal(t, http.StatusOK, code)
+	assert.Contains(t, page, `<option value="" selected>1 hour (default)</option>`)
+	code, page = p.do(t, "GET", "/?range=90m&to=2026-01-02T03:04:05Z", nil, "")
+	require.Equal(t, http.StatusOK, code)
+	assert.Contains(t, page, `<option value="90m" selected>90m</option>`, "a range not among the choices is kept")
+	assert.Contains(t, page, "from 2026-01-02 01:34:05 UTC to 2026-01-02 03:04:05 UTC")
+
+	for _, q := range []string{"range=banana", "range=0s", "range=800h", "to=yesterday"} {
+		code, page := p.do(t, "GET", "/?"+q, nil, "")
+		assert.Equal(t, http.StatusBadRequest, code, q)
+		assert.Regexp(t, `<div id="errors" role="alert"><p>(range|to) &#34;[^&]+&#34; must be `, page, q)
+		code, body := p.do(t, "GET", "/api/state?"+q, nil, "")
+		assert.Equal(t, http.StatusBadRequest, code, q)
+		assert.Contains(t, body, "must be", q)
+	}
 }

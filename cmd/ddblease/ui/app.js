@@ -1,5 +1,9 @@
-// The page of ddblease ui: reads /api/state every refreshMs and draws it.
-// Actions (with --allow-actions) post to /api/action with the token.
+// The page of ddblease ui: draws the state its HTML came with, then reads
+// /api/state every refreshMs and draws it again. The range and the
+// selected run live in the address (?range=, ?to=, ?job=&run=). When a
+// reading fails, the last state stays, marked stale with the error and
+// its time. Actions (with --allow-actions) post to /api/action with the
+// token.
 'use strict';
 
 const $ = (sel) => document.querySelector(sel);
@@ -47,21 +51,59 @@ const ago = (t) => {
 };
 const runKey = (r) => r.slot + '|' + (r.trigger || '');
 
-async function refresh() {
-  clearTimeout(timer);
+// view is what the address says the page shows: the range, its end, and
+// the selected run.
+function view() {
   const q = new URLSearchParams();
   if ($('#range').value) q.set('range', $('#range').value);
   if ($('#to').value) q.set('to', new Date($('#to').value).toISOString().replace(/\.\d+Z$/, 'Z'));
+  return q;
+}
+
+// keepView writes the view into the address, so that a reload or a link
+// shows it.
+function keepView() {
+  const q = view();
+  if (selected) { q.set('job', selected.job); q.set('run', selected.key); }
+  const s = q.toString();
+  history.replaceState(null, '', location.pathname + (s ? '?' + s : ''));
+}
+
+async function refresh() {
+  clearTimeout(timer);
   try {
-    const r = await fetch('api/state?' + q);
-    const body = await r.json();
-    if (!r.ok) throw new Error(body.error || r.statusText);
+    let r, body;
+    try {
+      r = await fetch('api/state?' + view());
+    } catch (e) {
+      throw new Error('cannot reach ddblease ui: ' + e.message);
+    }
+    try {
+      body = await r.json();
+    } catch (e) {
+      throw new Error('ddblease ui answered ' + r.status + ' ' + r.statusText);
+    }
+    if (!r.ok) {
+      if (r.status === 400) { showErrors([body.error]); return; } // the address is wrong, not the table
+      throw new Error(body.error || r.statusText);
+    }
     state = body;
     render();
   } catch (e) {
-    showErrors(['cannot read the state: ' + e.message]);
+    stale(e.message, new Date().toISOString());
+  } finally {
+    timer = setTimeout(refresh, state ? state.refreshMs : 5000);
   }
-  timer = setTimeout(refresh, state ? state.refreshMs : 5000);
+}
+
+// stale keeps the last state on the page, marked stale with why it could
+// not be read and when.
+function stale(error, at) {
+  const box = $('#stale');
+  box.hidden = false;
+  box.replaceChildren(el('p', {}, el('strong', {}, 'Stale:'), ' the table could not be read at ',
+    el('time', {class: 'failed-at', datetime: at}, utc(at)), ' (', el('span', {class: 'stale-error'}, error), ')',
+    state ? '; shown is the latest reading, of ' + utc(state.now) + '.' : '.'));
 }
 
 function showErrors(errs) {
@@ -73,8 +115,9 @@ function render() {
   $('#mode').textContent = state.actions ? 'actions allowed' : 'read-only';
   $('#updated').replaceChildren('read ', both(state.now));
   $('#span').textContent = 'from ' + utc(state.from) + ' to ' + utc(state.to);
-  if (!$('#range').value) $('#range').options[0].textContent = span(Date.parse(state.to) - Date.parse(state.from)) + ' (default)';
-  showErrors(state.errors);
+  if (state.stale) stale(state.stale.error, state.stale.at);
+  else $('#stale').hidden = true;
+  showErrors(state.stale ? [] : state.errors);
   $('#jobs tbody').replaceChildren(...state.jobs.map(jobRow));
   if (!state.jobs.length) $('#jobs tbody').append(el('tr', {}, el('td', {colspan: 10}, 'no jobs in this table')));
   renderTimelines();
@@ -173,6 +216,7 @@ function tenureStarts(j) {
 
 function select(job, run) {
   selected = {job, key: runKey(run), run};
+  keepView();
   renderTimelines();
   showRun(job, run);
 }
@@ -187,7 +231,7 @@ function showRun(job, r) {
       row('finished', both(r.finishedAt)), row('took', r.took || '—'), row('claims', String(r.claims)),
       r.missed ? row('slots missed before it', String(r.missed)) : null),
     r.error ? el('pre', {class: 'error'}, r.error) : el('p', {}, 'no error recorded'),
-    el('button', {type: 'button', onclick: () => { selected = null; d.hidden = true; renderTimelines(); }}, 'close'));
+    el('button', {type: 'button', onclick: () => { selected = null; d.hidden = true; keepView(); renderTimelines(); }}, 'close'));
 }
 
 function renderPools() {
@@ -263,17 +307,31 @@ function init() {
     history.replaceState(null, '', location.pathname + location.search); // the token leaves the address bar
   }
   const q = new URLSearchParams(location.search);
-  if (q.get('range')) $('#range').value = q.get('range');
+  const range = q.get('range') || '';
+  if (![...$('#range').options].some((o) => o.value === range)) $('#range').append(el('option', {value: range}, range));
+  $('#range').value = range;
+  if (q.get('to') && !isNaN(Date.parse(q.get('to')))) {
+    const t = new Date(q.get('to'));
+    $('#to').value = new Date(t - t.getTimezoneOffset() * 60000).toISOString().slice(0, 19);
+  }
   const off = -new Date().getTimezoneOffset();
   $('#zone').textContent = 'Times in UTC, then in your zone: ' + zone + ' (UTC' + (off < 0 ? '−' : '+') +
     String(Math.floor(Math.abs(off) / 60)).padStart(2, '0') + ':' + String(Math.abs(off) % 60).padStart(2, '0') + ').';
-  $('#range').addEventListener('change', refresh);
-  $('#to').addEventListener('change', refresh);
-  $('#now').addEventListener('click', () => { $('#to').value = ''; refresh(); });
+  const changed = () => { keepView(); refresh(); };
+  $('#range').addEventListener('change', changed);
+  $('#to').addEventListener('change', changed);
+  $('#now').addEventListener('click', () => { $('#to').value = ''; changed(); });
   $('#confirm-ok').addEventListener('click', confirmAction);
   $('#confirm-cancel').addEventListener('click', () => $('#confirm').close());
   window.addEventListener('resize', () => state && renderTimelines());
-  refresh();
+  const first = $('#initial-state');
+  if (!first) return void refresh();
+  state = JSON.parse(first.textContent);
+  const job = state.jobs.find((j) => j.job === q.get('job'));
+  const run = job && job.runs.find((r) => runKey(r) === q.get('run'));
+  if (run) selected = {job: job.job, key: runKey(run), run};
+  render();
+  timer = setTimeout(refresh, state.refreshMs);
 }
 
 init();
