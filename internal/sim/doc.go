@@ -219,8 +219,11 @@
 //     at every instant at which every live replica sampled every job, each
 //     job is led (IsLeader) by exactly one replica: the one ddblease.Assign
 //     gives it over the replicas alive (not crashed) at the end, so that
-//     each leads jobs/replicas rounded down or up. The quiet period of a
-//     pool seed is long enough for several heartbeats of it.
+//     each leads jobs/replicas rounded down or up; after a forced release
+//     that applied (its replica declines the job, which moves it and may
+//     move another in its place), by one replica, each leading its share
+//     rounded down or up. The quiet period of a pool seed is long enough
+//     for several heartbeats of it.
 //
 // With clocks within the bound, each of them within MaxClockSkew of
 // virtual time too, and no wall step beyond it, judged by the slots'
