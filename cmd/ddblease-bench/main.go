@@ -79,6 +79,12 @@ type config struct {
 	sessEvery, sessWindow            time.Duration
 	every, sample                    time.Duration
 
+	// pool beside leases (and its child: pfMode)
+	pfJobs, pfTrials       int
+	pfLease, pfHB, pfRetry time.Duration
+	pfWindow               time.Duration
+	pfMode                 string
+
 	// parent
 	dynalite    string
 	out         string
@@ -102,7 +108,8 @@ func main() {
 	start := time.Now()
 	var c config
 	fs := flag.NewFlagSet("ddblease-bench", flag.ExitOnError)
-	fs.StringVar(&c.role, "role", "", "internal: contender, scale, pool, sched, schedidle or minidyn (child processes)")
+	fs.StringVar(&c.role, "role", "", "internal: contender, scale, pool, sched, schedidle, pfchild or minidyn (child processes)")
+	fs.StringVar(&c.pfMode, "pf-mode", "", "internal: leases or pool, the jobs of a pfchild")
 	fs.StringVar(&c.endpoint, "endpoint", "", "DynamoDB endpoint; empty starts dynalite on a free loopback port")
 	fs.StringVar(&c.table, "table", "ddblease-bench", "table name (created if missing)")
 	fs.StringVar(&c.job, "job", "", "internal: job name")
@@ -125,7 +132,7 @@ func main() {
 	fs.StringVar(&c.dynalite, "dynalite", "", "dynalite executable (default: testservers/dynalite/node_modules/.bin/dynalite above the working directory)")
 	fs.StringVar(&c.out, "out", "bench-out", "directory for logs and raw results")
 	fs.BoolVar(&c.quick, "quick", false, "2-3 trials of each figure, short windows, for CI")
-	fs.StringVar(&c.only, "only", "handover,drain,failover,cold,cost,overhead,scale,spread,sessions,reads", "figures to measure")
+	fs.StringVar(&c.only, "only", "handover,drain,failover,cold,cost,overhead,scale,spread,sessions,poolfail,reads", "figures to measure")
 	fs.StringVar(&c.setNames, "settings", "a,b", "settings columns: a (20s/5s/1s), b (30s/10s/1s)")
 	fs.IntVar(&c.handover, "handover", 30, "hand-over trials per setting")
 	fs.IntVar(&c.drainTrials, "drain-trials", 30, "hand-over trials with a draining leader per setting")
@@ -149,6 +156,12 @@ func main() {
 	fs.DurationVar(&c.sessWindow, "sess-window", 3*time.Minute, "window over which the sessions bench counts writes")
 	fs.DurationVar(&c.every, "every", time.Minute, "internal: the schedule of a sched replica's jobs")
 	fs.DurationVar(&c.sample, "sample", 100*time.Millisecond, "internal: how often a sched replica reads its jobs' State")
+	fs.IntVar(&c.pfJobs, "pf-jobs", 20, "jobs of the pool-beside-leases crash failover (poolfail)")
+	fs.IntVar(&c.pfTrials, "pf-trials", 7, "poolfail trials of each side (leases, pool)")
+	fs.DurationVar(&c.pfLease, "pf-lease", 3*time.Second, "poolfail lease duration")
+	fs.DurationVar(&c.pfHB, "pf-hb", time.Second, "poolfail heartbeat interval")
+	fs.DurationVar(&c.pfRetry, "pf-retry", 200*time.Millisecond, "poolfail retry interval")
+	fs.DurationVar(&c.pfWindow, "pf-window", 5*time.Second, "poolfail idle hold before the kill, over which requests are counted")
 	fs.IntVar(&c.readsRuns, "reads-runs", 20000, "run items in the table of the reads figure (over 10 jobs)")
 	fs.BoolVar(&c.scaleHeap, "scale-heap", false, "write a heap profile of each scale process (every allocation sampled: its memory figures grow)")
 	_ = fs.Parse(os.Args[1:])
@@ -168,6 +181,8 @@ func main() {
 		err = runSchedReplica(c)
 	case "schedidle":
 		err = runSchedIdle(c)
+	case "pfchild":
+		err = runPFChild(c)
 	case "minidyn":
 		err = runMinidyn()
 	case "":
@@ -212,6 +227,8 @@ func quickDefaults(c *config, fs *flag.FlagSet) {
 	def("sess-every", func() { c.sessEvery = 5 * time.Second })
 	def("sess-window", func() { c.sessWindow = 8 * time.Second })
 	def("reads-runs", func() { c.readsRuns = 2000 })
+	def("pf-trials", func() { c.pfTrials = 2 })
+	def("pf-window", func() { c.pfWindow = 2 * time.Second })
 }
 
 // childArgs are the flags of a child process on job with settings s.

@@ -257,6 +257,10 @@ func (r *runner) table() string {
 		r.sessionsTable(w, ss)
 	}
 
+	if pf := res.PoolFailover; pf != nil {
+		r.poolFailoverTable(w, pf)
+	}
+
 	if len(res.Reads) > 0 {
 		w("Reads: the items each operator read examines (the server's ScannedCount; the items a GetItem or BatchGetItem returned), on a table of %d jobs and %d run items (one a minute per job), through ddblease.Admin as the command calls it:\n\n",
 			readsJobs, res.ReadsItems)

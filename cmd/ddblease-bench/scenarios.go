@@ -73,7 +73,9 @@ type results struct {
 	Scale    []map[string]string
 	Spread   *spreadResult
 	Sessions *sessionsResult
-	Reads    []readsResult
+	// PoolFailover is the crash failover of a pool beside leases.
+	PoolFailover *poolFailoverResult
+	Reads        []readsResult
 	// ReadsItems is the run items of the reads figure's tables.
 	ReadsItems int
 	Errors     []string
@@ -194,6 +196,9 @@ func (r *runner) run() error {
 	}
 	if r.only["sessions"] {
 		r.sessions()
+	}
+	if r.only["poolfail"] {
+		r.poolFailover()
 	}
 	if r.only["reads"] {
 		r.reads()
