@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
 	"github.com/ddblease/ddblease"
+	"github.com/ddblease/ddblease/ddbleasetest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -282,4 +284,111 @@ func pageSize(t *testing.T) int {
 		n += len(b)
 	}
 	return n
+}
+
+// The first paint names every job and holder without script; the script
+// then refreshes it. The range and the selected run live in the address,
+// kept on reload.
+func TestUIBrowserFirstPaintAndAddress(t *testing.T) {
+	if !srv.InProcess() {
+		t.Skip("the page's browser tests run on the in-process server")
+	}
+	ctx, consoleErrors := browser(t)
+	table := srv.NewTable(t)
+	history(t, table, "billing", time.Now().UTC().Truncate(time.Minute).Add(-40*time.Minute), 5)
+	a := startReplica(t, table, "nightly-report", "replica-a", func(context.Context, *ddblease.JobRun) error { return nil })
+	waitFor(t, "a leads", a.l.IsLeader)
+	ui := startUI(t, baseEnv(), srv.URL, table, "--refresh", "300ms")
+	p := page{t: t, ctx: ctx, ui: ui}
+
+	// Without script: the HTML alone.
+	_, err := chromedp.Call(ctx, emulation.SetScriptExecutionDisabled, emulation.SetScriptExecutionDisabledParams{Value: true})
+	require.NoError(t, err)
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(ui.url)))
+	assert.Equal(t, "replica-a", js[string](p, cell("nightly-report", "owner")))
+	assert.Equal(t, "—", js[string](p, cell("billing", "owner")), "resigned")
+	assert.Contains(t, js[string](p, cell("billing", "last")), "failed", "its latest slot's run failed")
+	assert.Equal(t, "Times in UTC.", js[string](p, `document.querySelector('#zone').textContent`), "no script ran")
+
+	// With script: it refreshes what the HTML drew, without a reload.
+	_, err = chromedp.Call(ctx, emulation.SetScriptExecutionDisabled, emulation.SetScriptExecutionDisabledParams{Value: false})
+	require.NoError(t, err)
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(ui.url+"?range=15m")))
+	origin := js[float64](p, "performance.timeOrigin")
+	p.until("the script ran", `document.querySelector('#zone').textContent.includes('Europe/Berlin')`)
+	assert.Equal(t, "15m", js[string](p, `document.querySelector('#range').value`))
+	spanMin := `(() => { const m = document.querySelector('#span').textContent.match(/from (.+) UTC to (.+) UTC/);
+		return (Date.parse(m[2].replace(' ', 'T') + 'Z') - Date.parse(m[1].replace(' ', 'T') + 'Z')) / 60000; })()`
+	assert.Equal(t, 15.0, js[float64](p, spanMin), "the range of the address")
+	_, err = newAdmin(t, table).Pause(context.Background(), "nightly-report")
+	require.NoError(t, err)
+	p.until("the pause, refreshed by the script", cell("nightly-report", "state")+`.includes('paused')`)
+	assert.Equal(t, origin, js[float64](p, "performance.timeOrigin"), "no reload")
+
+	// A choice of range goes into the address, and a reload keeps it.
+	require.NoError(t, chromedp.Do(ctx, chromedp.SetValue(chromedp.CSS("#range"), "6h")))
+	_, err = chromedp.Run(ctx, chromedp.Evaluate[chromedp.Void](`document.querySelector('#range').dispatchEvent(new Event('change'))`))
+	require.NoError(t, err)
+	p.until("the 6 h range", spanMin+` === 360`)
+	assert.Equal(t, "?range=6h", js[string](p, "location.search"))
+	// The selected run too.
+	p.until("the failed run's mark", `!!document.querySelector('svg[data-job="billing"] rect.s-failed')`)
+	_, err = chromedp.Run(ctx, chromedp.Evaluate[chromedp.Void](
+		`document.querySelector('svg[data-job="billing"] rect.s-failed').dispatchEvent(new MouseEvent('click'))`))
+	require.NoError(t, err)
+	p.until("the failed run's detail", `!document.querySelector('#detail').hidden`)
+	search := js[string](p, "location.search")
+	assert.Contains(t, search, "job=billing")
+	assert.Contains(t, search, "run=")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Reload()))
+	p.until("the reload", `performance.timeOrigin !== `+strconv.FormatFloat(origin, 'f', -1, 64))
+	p.until("the range and run kept by the reload", `document.querySelector('#range').value === '6h' && `+
+		`!document.querySelector('#detail').hidden && document.querySelector('#detail pre.error')?.textContent === 'run 4 failed'`)
+	assert.Equal(t, 360.0, js[float64](p, spanMin))
+	assert.Equal(t, search, js[string](p, "location.search"))
+	assert.Empty(t, consoleErrors(), "the console")
+}
+
+// When the table cannot be read, the page keeps the last state, marked
+// stale with the error and its time: in the script's refresh and in the
+// first response; and when ddblease ui itself is gone.
+func TestUIBrowserStale(t *testing.T) {
+	if !srv.InProcess() {
+		t.Skip("the page's browser tests run on the in-process server")
+	}
+	ctx, _ := browser(t)
+	table := srv.NewTable(t)
+	a := startReplica(t, table, "billing", "replica-a", func(context.Context, *ddblease.JobRun) error { return nil })
+	waitFor(t, "a leads", a.l.IsLeader)
+	endpoint, faults := relay(t)
+	ui := startUI(t, baseEnv(), endpoint, table, "--refresh", "300ms")
+	p := page{t: t, ctx: ctx, ui: ui}
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(ui.url)))
+	p.until("billing's leader", cell("billing", "owner")+` === 'replica-a'`)
+	assert.True(t, js[bool](p, `document.querySelector('#stale').hidden`))
+
+	// The table goes away: every request to it fails.
+	faults.Set(func(string) ddbleasetest.Action { return ddbleasetest.Reset })
+	p.until("the stale mark", `!document.querySelector('#stale').hidden`)
+	assert.Contains(t, js[string](p, `document.querySelector('#stale').textContent`), "the table could not be read at")
+	assert.Contains(t, js[string](p, `document.querySelector('#stale .stale-error').textContent`), "list jobs: ")
+	at := js[string](p, `document.querySelector('#stale .failed-at').textContent`)
+	assert.Regexp(t, `^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$`, at)
+	assert.Equal(t, "replica-a", js[string](p, cell("billing", "owner")), "the last state stays")
+
+	// The first response, while the table is away: the last state, stale.
+	code, html := ui.do(t, "GET", "/", nil, "")
+	require.Equal(t, http.StatusOK, code)
+	assert.Contains(t, html, "<strong>Stale:</strong> the table could not be read at")
+	assert.Contains(t, html, "list jobs: ")
+	assert.Regexp(t, `<td class="owner">replica-a</td>`, html)
+
+	// Back: the mark goes.
+	faults.Set(func(string) ddbleasetest.Action { return ddbleasetest.Pass })
+	p.until("the stale mark gone", `document.querySelector('#stale').hidden`)
+
+	// ddblease ui stops: the script keeps what it had.
+	require.NoError(t, ui.stop())
+	p.until("the stale mark, ddblease ui gone", `document.querySelector('#stale .stale-error')?.textContent.includes('cannot reach ddblease ui')`)
+	assert.Equal(t, "replica-a", js[string](p, cell("billing", "owner")), "the last state stays")
 }

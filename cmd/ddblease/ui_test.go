@@ -33,6 +33,7 @@ type uiProc struct {
 	url    string // http://127.0.0.1:PORT/
 	stderr *lockedBuffer
 	client *http.Client
+	stop   func() error // interrupts it and waits for its end
 }
 
 // startUI runs `ddblease ui` on a free loopback port against endpoint,
@@ -53,10 +54,10 @@ func startUI(t *testing.T, env []string, endpoint, table string, args ...string)
 	require.NotNil(t, m, "first line: %q", lines.Text())
 	p.url = "http://127.0.0.1:" + m[1] + "/"
 	go func() { _, _ = io.Copy(io.Discard, out) }()
+	p.stop = sync.OnceValue(func() error { _ = cmd.Process.Signal(syscall.SIGINT); return cmd.Wait() })
 	t.Cleanup(func() {
 		p.client.CloseIdleConnections()
-		_ = cmd.Process.Signal(syscall.SIGINT)
-		assert.NoError(t, cmd.Wait(), "ddblease ui exits 0 on an interrupt; stderr: %s", p.stderr.String())
+		assert.NoError(t, p.stop(), "ddblease ui exits 0 on an interrupt; stderr: %s", p.stderr.String())
 	})
 	return p
 }
