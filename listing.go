@@ -140,7 +140,8 @@ type PoolStatus struct {
 type PoolMember struct {
 	Owner string
 	// Declined are the jobs the replica declines, after an operator's
-	// resign request (docs/pool.md), sorted; nil if none.
+	// resign request or a forced release (docs/pool.md), sorted; nil if
+	// none.
 	Declined []string
 	// ExpiresAt is the expiry the replica wrote at its last renewal, by
 	// its clock: it is live while ExpiresAt is not older than

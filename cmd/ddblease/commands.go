@@ -497,6 +497,14 @@ good): if it is alive, it believes it leads until its next heartbeat or its
 local deadline, alongside the new leader, and one leader at a time does not
 hold. Its writes that check the lease's fence are still refused.
 
+A job of a pool moves to another replica: its holder learns of the release
+at its session's next renewal (within a HeartbeatInterval), frees the item
+and declines the job, and another replica leads it within a heartbeat or
+two. With --dead, the release also marks the job declined in the holder's
+member item: the surviving replicas assign it elsewhere at their next
+renewal and one leads it at once, without waiting for the holder's
+membership to lapse.
+
 Either way, Guard.Put and Guard.Update refuse the old fence on an item only
 once a newer fence has written that item.`
 
@@ -514,6 +522,10 @@ func (e *env) forceRelease(ctx context.Context, args []string, yes, dead bool) e
 	after := r.ExpiresAt.Add(e.g.skew).UTC().Format(time.RFC3339)
 	next := fmt.Sprintf("no other replica leads before its recorded expiry plus --max-clock-skew (%s)", after)
 	switch {
+	case r.Session != "" && dead:
+		next = "a surviving replica of pool " + r.Pool + " leads it at its next renewal"
+	case r.Session != "":
+		next = "its holder declines it at its session's next renewal and another replica of pool " + r.Pool + " leads it within a heartbeat or two"
 	case dead:
 		next = "a standby leads at once"
 	case r.ExpiresAt.IsZero() || v.State == "expired":
