@@ -262,7 +262,8 @@ func (g *Guard) Do(ctx context.Context, fence int64, fn func(ctx context.Context
 // the caller's own is returned as the SDK's TransactionCanceledException
 // (errors.As), whose CancellationReasons list the guard's check first and
 // then items in order. An item acting on a lease or job-run item of the
-// lease table (any job's) is an error wrapping ErrInvalid. A server
+// lease table (any job's; its TableName the table's name or its ARN) is an
+// error wrapping ErrInvalid. A server
 // without transactions gets an error wrapping ErrTransactionsUnsupported;
 // use Put or Update there.
 //
@@ -394,8 +395,9 @@ func (g *Guard) stale(op string, e *StaleFenceError) error {
 // weaken them: one whose parentheses do not balance, or that uses a
 // placeholder starting with #ddblease or :ddblease, is refused with an
 // error wrapping ErrInvalid before any request. in.Item must not hold the
-// token attribute, nor be a lease or job-run item of the lease table. in is
-// not modified.
+// token attribute, nor be a lease or job-run item of the lease table
+// (whether in.TableName gives the table's name or its ARN). in is not
+// modified.
 //
 // A write is applied at most once, and a write that landed is reported as
 // landed: the condition also refuses an item that already carries this

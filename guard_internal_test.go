@@ -185,3 +185,28 @@ func TestRefersTo(t *testing.T) {
 		}
 	}
 }
+
+// A TableName is compared by the table's name, whether it gives the name
+// or the table's ARN; a malformed ARN is compared as it is.
+func TestTableName(t *testing.T) {
+	for in, want := range map[string]string{
+		"leases": "leases",
+		"arn:aws:dynamodb:eu-west-1:123456789012:table/leases":               "leases",
+		"arn:aws-cn:dynamodb:cn-north-1:123456789012:table/leases":           "leases",
+		"arn:aws:dynamodb:eu-west-1:123456789012:table/leases/index/byOwner": "leases",
+		"arn:aws:dynamodb:eu-west-1:123456789012:table/":                     "arn:aws:dynamodb:eu-west-1:123456789012:table/",
+		"arn:aws:dynamodb:eu-west-1:123456789012:table":                      "arn:aws:dynamodb:eu-west-1:123456789012:table",
+		"arn:aws:s3:::leases":     "arn:aws:s3:::leases",
+		"arn::dynamodb:::table/x": "arn::dynamodb:::table/x",
+		"arn:":                    "arn:",
+		"arn:aws:dynamodb":        "arn:aws:dynamodb",
+		"":                        "",
+	} {
+		if got := tableName(in); got != want {
+			t.Errorf("tableName(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if !sameTable("leases", "arn:aws:dynamodb:us-east-1:1:table/leases") || sameTable("leases", "arn:aws:dynamodb:us-east-1:1:table/leases2") {
+		t.Error("sameTable compares by name")
+	}
+}

@@ -278,7 +278,7 @@ func refersTo(expr string, names map[string]string, attr string) (string, bool) 
 // of table, or -1.
 func onItem(items []types.TransactWriteItem, table string, key map[string]types.AttributeValue) int {
 	same := func(t *string, k map[string]types.AttributeValue) bool {
-		if aws.ToString(t) != table {
+		if !sameTable(aws.ToString(t), table) {
 			return false
 		}
 		for n, v := range key {
@@ -312,13 +312,49 @@ func libraryItem(items []types.TransactWriteItem, table string, y Layout) int {
 // keptItem reports whether the item of key k in table t is a lease or
 // job-run item of the lease table.
 func keptItem(t *string, k map[string]types.AttributeValue, table string, y Layout) bool {
-	if aws.ToString(t) != table {
+	if !sameTable(aws.ToString(t), table) {
 		return false
 	}
 	pk, pok := k[y.PartitionKey].(*types.AttributeValueMemberS)
 	sk, sok := k[y.SortKey].(*types.AttributeValueMemberS)
 	return pok && sok && strings.HasPrefix(pk.Value, y.jobPartition("")) &&
 		(sk.Value == skLease || strings.HasPrefix(sk.Value, skRunPrefix))
+}
+
+// sameTable reports whether a and b name one table, each given as a name
+// or as a table's ARN (arn:PARTITION:dynamodb:REGION:ACCOUNT:table/NAME),
+// which DynamoDB accepts as a TableName: they are compared by name. The
+// region and account of an ARN are not compared (the guard does not know
+// its client's), so a same-named table elsewhere counts as the lease
+// table: the refusals that use this fail closed.
+func sameTable(a, b string) bool {
+	return tableName(a) == tableName(b)
+}
+
+// tableName is the name of the table that s gives as a TableName: the
+// name of a DynamoDB table ARN, or s itself when it is not one (a name,
+// or a malformed ARN, which DynamoDB refuses).
+func tableName(s string) string {
+	rest, ok := strings.CutPrefix(s, "arn:")
+	if !ok {
+		return s
+	}
+	f := strings.SplitN(rest, ":", 5) // partition, service, region, account, resource
+	if len(f) != 5 || f[0] == "" || f[1] != "dynamodb" {
+		return s
+	}
+	name, ok := strings.CutPrefix(f[4], "table/")
+	if !ok {
+		return s
+	}
+	// A table's ARN ends with its name; a longer resource (an index, a
+	// stream) is no TableName, but is compared by its table's name so that
+	// it cannot pass a refusal either.
+	name, _, _ = strings.Cut(name, "/")
+	if name == "" {
+		return s
+	}
+	return name
 }
 
 // reservedIn reports whether s holds a placeholder reserved for the guard:
