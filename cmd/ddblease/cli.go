@@ -2,14 +2,19 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -18,6 +23,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
 	"github.com/aws/smithy-go/logging"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/ddblease/ddblease"
 )
 
@@ -66,7 +72,8 @@ type globals struct {
 
 func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.table, "table", os.Getenv("DDBLEASE_TABLE"), "lease table `name` (default $DDBLEASE_TABLE)")
-	fs.StringVar(&g.endpoint, "endpoint", "", "DynamoDB endpoint `URL` (default: the SDK's, or $AWS_ENDPOINT_URL_DYNAMODB)")
+	fs.StringVar(&g.endpoint, "endpoint", "", "DynamoDB endpoint `URL` (default: the SDK's, or $AWS_ENDPOINT_URL_DYNAMODB); "+
+		"for a loopback one (localhost, 127.0.0.0/8, [::1]) without a region or credentials, "+localRegion+" and dummy credentials")
 	fs.StringVar(&g.region, "region", "", "AWS `region` (default: the SDK's, from $AWS_REGION or the profile)")
 	fs.BoolVar(&g.json, "json", false, "print JSON instead of a table")
 	fs.DurationVar(&g.skew, "max-clock-skew", ddblease.DefaultMaxClockSkew, "the replicas' MaxClockSkew, shown with expiry times")
@@ -78,7 +85,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 		"the table's sort key `attribute` (default sk, or $DDBLEASE_SORT_KEY)")
 	fs.StringVar(&g.layout.Prefix, "key-prefix", os.Getenv("DDBLEASE_KEY_PREFIX"),
 		"`prefix` of the library's partition keys, as the replicas' Layout.Prefix (default none, or $DDBLEASE_KEY_PREFIX)")
-	fs.StringVar(&g.logs, "log-format", "text", "what goes to stderr: text, or json (one object per line); exec's text is slog's key=value lines")
+	fs.StringVar(&g.logs, "log-format", "text", "the `format` of stderr: text, or json (one object per line); in text, an error is one plain line and exec's log is slog's key=value lines")
 }
 
 // command is one subcommand: its flags and its action.
@@ -112,6 +119,9 @@ type env struct {
 	log *slog.Logger
 	// region is the AWS region the client uses.
 	region string
+	// endpoint is the DynamoDB endpoint the client uses: --endpoint, or
+	// the SDK's from the environment or the profile ("": AWS's).
+	endpoint string
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -122,7 +132,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
-	msg := oneLine(explain(err).Error())
+	err = explain(err)
+	msg := oneLine(err.Error())
 	if !strings.HasPrefix(msg, "ddblease: ") {
 		msg = "ddblease: " + msg
 	}
@@ -139,22 +150,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // dispatch parses the command line and runs the command. It returns the
-// logger to report its error with: the one the command line asks for once
-// it is known, plain lines before.
+// logger to report its error with: one plain line, or with --log-format
+// json one JSON object, whatever the command's log is (exec's slog lines).
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (*slog.Logger, error) {
 	cmd, e, pos, err := parse(args, stdout, stderr)
 	switch {
 	case e == nil:
 		return plainLogger(stderr), err
 	case err != nil:
-		return e.log, err
+		return e.errLog(), err
 	}
 	if cmd.needsAPI == nil || cmd.needsAPI() {
 		if e.g.table == "" {
-			return e.log, usagef("%s: no table given: use --table or DDBLEASE_TABLE", cmd.name)
+			return e.errLog(), usagef("%s: no table given: use --table or DDBLEASE_TABLE", cmd.name)
 		}
 		if err := e.connect(ctx); err != nil {
-			return e.log, err
+			return e.errLog(), err
 		}
 	}
 	if e.g.timeout > 0 && !cmd.long {
@@ -162,7 +173,17 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (*sl
 		ctx, cancel = context.WithTimeout(ctx, e.g.timeout)
 		defer cancel()
 	}
-	return e.log, e.tableMissing(cmd.run(e, ctx, pos))
+	return e.errLog(), e.tableMissing(cmd.run(e, ctx, pos))
+}
+
+// errLog is the logger a command's error goes to: in the text format a
+// plain line, even after a log of slog's key=value lines (exec); in the
+// json format one object, as the rest of stderr.
+func (e *env) errLog() *slog.Logger {
+	if e.g.logs == "json" {
+		return e.log
+	}
+	return plainLogger(e.errw)
 }
 
 // parse reads the command line: the command, its env (without a client)
@@ -235,8 +256,8 @@ func (e *env) tableMissing(err error) error {
 		return err
 	}
 	where := "in region " + e.region
-	if e.g.endpoint != "" {
-		where = "at " + e.g.endpoint
+	if e.endpoint != "" {
+		where = "at " + e.endpoint
 	}
 	return fmt.Errorf("table %q not found %s (wrong table name, region or endpoint? create it with: ddblease create-table)", e.g.table, where)
 }
@@ -325,11 +346,20 @@ func printFlags(w io.Writer, fs *flag.FlagSet, keep func(name string) bool) {
 }
 
 // connect loads the AWS default configuration, checks that credentials can
-// be had, and makes the client and the Admin.
+// be had, and makes the client and the Admin. For a loopback endpoint
+// (ddblease local, DynamoDB Local), a missing region or missing credentials
+// are replaced by the ones ddblease local's export lines give, with a line
+// on stderr saying so; never for any other endpoint.
 func (e *env) connect(ctx context.Context) error {
 	var opts []func(*config.LoadOptions) error
 	if e.g.region != "" {
 		opts = append(opts, config.WithRegion(e.g.region))
+	}
+	if !e.g.debug {
+		// The SDK's own warnings (a test server's wrong CRC32, IMDSv1 on
+		// looking for credentials) would break the one-line error rule;
+		// errors are returned anyway.
+		opts = append(opts, config.WithLogger(logging.Nop{}))
 	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -337,21 +367,48 @@ func (e *env) connect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("loading the AWS configuration: %w", err)
 	}
+	e.endpoint = e.g.endpoint
+	if e.endpoint == "" { // $AWS_ENDPOINT_URL_DYNAMODB, $AWS_ENDPOINT_URL or the profile's, as the SDK resolves them
+		if p := dynamodb.NewFromConfig(cfg).Options().BaseEndpoint; p != nil {
+			e.endpoint = *p
+		}
+	}
+	loopback := isLoopback(e.endpoint)
+	var noRegion, noCreds bool
 	if cfg.Region == "" {
-		return usagef("no AWS region: use --region, AWS_REGION or a profile with a region")
+		if !loopback {
+			return usagef("no AWS region: use --region, AWS_REGION or a profile with a region")
+		}
+		noRegion, cfg.Region = true, localRegion
 	}
 	e.region = cfg.Region
-	if cfg.Credentials == nil {
+	switch {
+	case cfg.Credentials == nil && !loopback:
 		return errors.New("no AWS credentials found: set AWS_PROFILE or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run with a role")
+	case cfg.Credentials == nil:
+		noCreds = true
+	default:
+		if _, err := cfg.Credentials.Retrieve(cctx); err != nil {
+			if !loopback {
+				return fmt.Errorf("no AWS credentials found (set AWS_PROFILE or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run with a role): %w", err)
+			}
+			noCreds = true
+		}
 	}
-	if _, err := cfg.Credentials.Retrieve(cctx); err != nil {
-		return fmt.Errorf("no AWS credentials found (set AWS_PROFILE or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run with a role): %w", err)
+	if noCreds {
+		cfg.Credentials = aws.NewCredentialsCache(aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+			return aws.Credentials{AccessKeyID: localKey, SecretAccessKey: localKey, Source: "ddblease: dummy credentials for a loopback endpoint"}, nil
+		}))
 	}
-	if !e.g.debug {
-		// The SDK's own warnings (a test server's wrong CRC32, say) would
-		// break the one-line error rule; errors are returned anyway.
-		cfg.Logger = logging.Nop{}
-	} else {
+	switch {
+	case noRegion && noCreds:
+		e.log.Info(fmt.Sprintf("ddblease: no AWS region or credentials; using %s and dummy credentials for the loopback endpoint %s", localRegion, e.endpoint))
+	case noRegion:
+		e.log.Info(fmt.Sprintf("ddblease: no AWS region; using %s for the loopback endpoint %s", localRegion, e.endpoint))
+	case noCreds:
+		e.log.Info("ddblease: no AWS credentials; using dummy ones for the loopback endpoint " + e.endpoint)
+	}
+	if e.g.debug {
 		cfg.ClientLogMode = aws.LogRetries | aws.LogRequest | aws.LogResponse
 	}
 	e.db = dynamodb.NewFromConfig(cfg, func(o *dynamodb.Options) {
@@ -366,8 +423,39 @@ func (e *env) connect(ctx context.Context) error {
 	return nil
 }
 
-// explain turns the errors an operator meets most into plain words.
+// isLoopback reports whether endpoint is a URL whose host is localhost or
+// a loopback address (127.0.0.0/8, [::1]).
+func isLoopback(endpoint string) bool {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Host == "" {
+		return false
+	}
+	host := u.Hostname()
+	if strings.EqualFold(strings.TrimSuffix(host, "."), "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// explain turns the errors an operator meets most into plain words: an
+// invalid job name (a usage error), an endpoint that cannot be reached or
+// that is not DynamoDB, a missing table, refused credentials.
 func explain(err error) error {
+	if err == nil {
+		return nil
+	}
+	// The library's ErrInvalid for a job name, as such or in a usage
+	// error (exec's).
+	var u *usageError
+	if msg := oneLine(err.Error()); (errors.Is(err, ddblease.ErrInvalid) || errors.As(err, &u)) &&
+		strings.Contains(msg, "ddblease: invalid argument: job name ") {
+		msg = strings.ReplaceAll(msg, "ddblease: invalid argument: job name ", "job name ")
+		return usagef("%s (%s)", msg, validJobName)
+	}
+	if e := unreachable(err); e != nil {
+		return e
+	}
 	var nf *types.ResourceNotFoundException
 	if errors.As(err, &nf) {
 		return fmt.Errorf("%w (is the table name, region or endpoint wrong? create it with: ddblease create-table)", err)
@@ -380,6 +468,76 @@ func explain(err error) error {
 		}
 	}
 	return err
+}
+
+// validJobName says what a job name the library accepts is.
+var validJobName = fmt.Sprintf("a job name is 1 to %d bytes of UTF-8 without control characters", ddblease.MaxJobLength)
+
+// unreachable returns the error in plain words when err says the endpoint
+// could not be reached (refused, no such host, dial timeout, TLS to a
+// plain HTTP server) or answered what DynamoDB never answers (a 404, a
+// page of HTML); nil for any other error. The SDK's text is left out:
+// what it adds is the retries and an empty request id.
+func unreachable(err error) error {
+	var ue *url.Error
+	var re *smithyhttp.ResponseError
+	var de *smithy.DeserializationError
+	var why, at string
+	hint, local := "is the endpoint right?", true // local: ask about ddblease local for a loopback endpoint
+	switch {
+	case errors.As(err, &ue):
+		var op *net.OpError
+		var dns *net.DNSError
+		var rh tls.RecordHeaderError
+		switch {
+		case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+			return nil
+		case errors.As(err, &dns) && dns.IsNotFound:
+			why = fmt.Sprintf("no such host %q", dns.Name)
+		case errors.As(err, &dns):
+			why = fmt.Sprintf("looking up %q: %s", dns.Name, dns.Err)
+		case errors.Is(err, syscall.ECONNREFUSED):
+			why = "connection refused"
+		case errors.As(err, &rh), strings.Contains(ue.Err.Error(), "server gave HTTP response to HTTPS client"):
+			why = "the server does not speak TLS"
+			hint, local = "is it http:// rather than https://?", false
+		case errors.As(err, &op) && op.Op == "dial":
+			why = oneLine(op.Err.Error())
+		default:
+			return nil
+		}
+		at = ue.URL
+	case errors.As(err, &re) && re.Response != nil && (errors.As(err, &de) || re.HTTPStatusCode() == http.StatusNotFound):
+		if re.Response.Request != nil {
+			at = re.Response.Request.URL.String()
+		}
+		what := ""
+		if ct := re.Response.Header.Get("Content-Type"); ct != "" {
+			what = " with " + ct
+		}
+		endpoint := baseURL(at)
+		if endpoint == "" {
+			endpoint = "the endpoint"
+		}
+		return fmt.Errorf("the server at %s does not answer as DynamoDB does: HTTP %d%s (is the endpoint right?)",
+			endpoint, re.HTTPStatusCode(), what)
+	default:
+		return nil
+	}
+	endpoint := baseURL(at)
+	if local && isLoopback(endpoint) {
+		hint += " is ddblease local running?"
+	}
+	return fmt.Errorf("cannot reach DynamoDB at %s: %s (%s)", endpoint, why, hint)
+}
+
+// baseURL is a request's URL without its path: the endpoint as given.
+func baseURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.Host == "" {
+		return s
+	}
+	return u.Scheme + "://" + u.Host
 }
 
 // oneLine keeps an error message on one line.

@@ -17,6 +17,10 @@ import (
 //     handler, key=value lines with time and level;
 //   - text, for the other commands: plain lines, the message alone
 //     ("ddblease: unknown job: \"x\""), a warning after "warning: ".
+//
+// A command's error, in the text format, is one plain line whatever the
+// command (exec's too: "ddblease: exec worker: COMMAND exited with status
+// 7" after its key=value lines); in the json format, one more object.
 
 // newLogger returns the logger for --log-format format, writing to w the
 // records at level and above.

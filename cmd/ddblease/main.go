@@ -30,12 +30,17 @@
 // --region (or AWS_REGION, AWS_DEFAULT_REGION, the profile's region),
 // --json, --max-clock-skew, --timeout, --log-format. Credentials come from
 // the AWS default chain: environment, shared files and profile
-// (AWS_PROFILE), SSO, web identity, container and instance roles.
+// (AWS_PROFILE), SSO, web identity, container and instance roles. For a
+// loopback endpoint (localhost, 127.0.0.0/8, [::1]: ddblease local,
+// DynamoDB Local) with no region or no credentials, us-east-1 and dummy
+// credentials are used, and a line on stderr says so; never for another
+// endpoint.
 //
-// Errors are one line on stderr, and the exit status is 1 (2 for bad usage;
-// exec has its own rule, in docs/exec.md).
-// With --log-format json, everything on stderr is one JSON object per line;
-// exec's stderr is a log in slog's text format by default (logs.go).
+// Errors are one plain line on stderr, and the exit status is 1 (2 for bad
+// usage, an invalid job name among it; exec has its own rule, in
+// docs/exec.md). With --log-format json, everything on stderr is one JSON
+// object per line, errors included; exec's stderr is a log in slog's text
+// format by default, and its error the one plain line after it (logs.go).
 package main
 
 import (
