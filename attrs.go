@@ -276,6 +276,10 @@ const (
 	// attrListed records that the job's directory entry was written
 	// (Lease.list): until it is, each acquisition writes it.
 	attrListed = "listed" // BOOL
+	// attrLastFailed is the sort key of the latest run of the job
+	// recorded failed (JobRun.Finish), so that an operator reads the last
+	// failure by key (Admin.Run) whatever the runs since. It only grows.
+	attrLastFailed = "lastFailed" // S
 )
 
 // Attribute names of the operator controls kept in the lease item (see
@@ -341,7 +345,7 @@ const (
 // the key: a key attribute must not be named as one of them.
 var itemAttributes = map[string]bool{
 	attrOwner: true, attrFence: true, attrExpires: true, attrVersion: true, attrLeaseMs: true,
-	attrAcquiredAt: true, attrRenewedAt: true, attrDraining: true, attrListed: true,
+	attrAcquiredAt: true, attrRenewedAt: true, attrDraining: true, attrListed: true, attrLastFailed: true,
 	attrPaused: true, attrPausedBy: true, attrPausedAt: true, attrResumedBy: true, attrResumedAt: true,
 	attrCatchUp: true, attrCatchUpWanted: true, attrCatchUpDone: true, attrResignFence: true, attrResignBy: true, attrResignAt: true, attrReleasedFence: true,
 	attrReleasedBy: true, attrReleasedAt: true, attrTriggers: true,

@@ -30,7 +30,7 @@ func TestRecordTags(t *testing.T) {
 	}{
 		{leaseItem{}, []string{attrListed, attrOwner, attrFence, attrExpires, attrVersion, attrLeaseMs, attrAcquiredAt, attrRenewedAt, attrDraining,
 			attrPaused, attrPausedBy, attrPausedAt, attrResumedBy, attrResumedAt, attrCatchUp, attrCatchUpWanted, attrCatchUpDone,
-			attrResignFence, attrResignBy, attrResignAt, attrReleasedFence, attrReleasedBy, attrReleasedAt, attrPool, attrSession}},
+			attrResignFence, attrResignBy, attrResignAt, attrReleasedFence, attrReleasedBy, attrReleasedAt, attrPool, attrSession, attrLastFailed}},
 		{runItem{}, []string{attrJob, attrSlot, attrTrigger, attrFence, attrOwner, attrClaim, attrStatus, attrStartedAt,
 			attrFinishedAt, attrError, attrClaims, attrMissed, attrAbandonedBy, RunTTLAttribute, attrUnswept, attrSkippedIn}},
 	} {

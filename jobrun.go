@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
@@ -221,6 +222,9 @@ func (r *JobRun) finish(ctx context.Context, st RunStatus, runErr error, c *comm
 	err := r.write(ctx, upd, st, c)
 	if err == nil {
 		r.finished = true
+		if st == RunFailed {
+			r.noteFailure(ctx)
+		}
 		now := l.opts.Now()
 		l.notify.push(l.event(EventRunFinished, Event{Slot: r.slot, Fence: r.fence, Status: st, Err: runErr,
 			Duration: now.Sub(r.started)}))
@@ -278,6 +282,36 @@ func (r *JobRun) write(ctx context.Context, upd *types.Update, st RunStatus, c *
 		return &StaleFenceError{Job: l.job, Fence: r.fence, Current: mark, err: err}
 	}
 	return errors.Join(err, w.rerr, merr)
+}
+
+// noteFailure records the run, just recorded failed, as the job's latest
+// failure in the lease item (attrLastFailed), unless a later run is there
+// already: an operator reads the last failure by key, whatever the runs
+// since (Admin.Run). One UpdateItem that sets no attribute of the lease
+// protocol (not the renewal version: a heartbeat's condition still holds,
+// and a standby still sees the lease unchanged) and needs no tenure: it
+// is sent even once the leader context has ended. Every writer of the
+// lease item updates it in place (UpdateItem), so the attribute survives
+// acquisitions. The run's outcome does not depend on it: a failed write
+// is only logged, and the status shows an earlier failure.
+func (r *JobRun) noteFailure(ctx context.Context) {
+	l := r.l
+	y := l.opts.Layout
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.CallTimeout)
+	defer cancel()
+	_, err := l.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
+		TableName:                 aws.String(l.table),
+		Key:                       y.leaseKey(l.job),
+		UpdateExpression:          aws.String("SET #lf = :sk"),
+		ConditionExpression:       aws.String("attribute_exists(#pk) AND (attribute_not_exists(#lf) OR #lf < :sk)"),
+		ExpressionAttributeNames:  map[string]string{"#pk": y.PartitionKey, "#lf": attrLastFailed},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":sk": avS(runSK(r.slot, r.trigger))},
+	})
+	var ccf *types.ConditionalCheckFailedException
+	if err != nil && !errors.As(err, &ccf) {
+		l.log.Warn("ddblease: could not record the failed run in the lease item; status shows an earlier failure",
+			"job", l.job, "slot", r.id, "err", err)
+	}
 }
 
 // refused explains a failed condition on the run item, from the stored

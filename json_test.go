@@ -12,13 +12,15 @@ import (
 
 // The types an operator's tools print as JSON (ddblease status --json and
 // the like) use the field names of the command's own JSON output:
-// lowerCamelCase, RFC 3339 times, durations as Go durations, no zero time.
+// lowerCamelCase, RFC 3339 times, durations as numbers of seconds with
+// the unit in the field's name (as Prometheus and kubectl do), no zero
+// time.
 func TestJSONFieldNames(t *testing.T) {
 	at := time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC)
 	rec := ddblease.Record{Owner: "task-1", Fence: 7, ExpiresAt: at.Add(30 * time.Second), Duration: 30 * time.Second,
 		AcquiredAt: at, RenewedAt: at.Add(10 * time.Second),
 		Control: ddblease.Control{Paused: true, PausedBy: "ops", PausedAt: at, ResignFence: 7, ResignBy: "ops",
-			ResignAt: at, Triggers: 2}}
+			ResignAt: at, Triggers: 2}, LastFailedRun: "2026-11-30T01:00:00Z"}
 	for _, tc := range []struct {
 		name string
 		v    any
@@ -35,7 +37,9 @@ func TestJSONFieldNames(t *testing.T) {
 				`"acquiredAt":"2026-11-30T02:00:00Z","renewedAt":"2026-11-30T02:00:10Z","draining":false,` +
 				`"control":{"paused":true,"pausedBy":"ops","pausedAt":"2026-11-30T02:00:00Z","resignRequestedFence":7,` +
 				`"resignRequestedBy":"ops","resignRequestedAt":"2026-11-30T02:00:00Z","pendingTriggers":2},` +
-				`"leaseDuration":"30s"}}`},
+				`"lastFailedRun":"2026-11-30T01:00:00Z","leaseDurationSeconds":30}}`},
+		{"a Record of a lease of 1.5s", ddblease.Record{Owner: "task-1", Fence: 1, Duration: 1500 * time.Millisecond},
+			`{"owner":"task-1","fence":1,"draining":false,"control":{"paused":false},"leaseDurationSeconds":1.5}`},
 		{"a released Record", ddblease.Record{Owner: "task-1", Fence: 8,
 			Control: ddblease.Control{ReleasedFence: 7, ReleasedBy: "ops", ReleasedAt: at, ResumedBy: "ops", ResumedAt: at,
 				CatchUpPending: true}},
@@ -68,5 +72,10 @@ func TestJSONFieldNames(t *testing.T) {
 	var back ddblease.Record
 	require.NoError(t, json.Unmarshal(b, &back))
 	assert.Equal(t, rec, back)
-	assert.Error(t, json.Unmarshal([]byte(`{"leaseDuration":"thirty"}`), &back))
+	var half ddblease.Record
+	require.NoError(t, json.Unmarshal([]byte(`{"owner":"a","fence":1,"leaseDurationSeconds":0.25}`), &half))
+	assert.Equal(t, 250*time.Millisecond, half.Duration)
+	for _, bad := range []string{`{"leaseDurationSeconds":"30s"}`, `{"leaseDurationSeconds":-1}`, `{"leaseDurationSeconds":1e300}`} {
+		assert.Error(t, json.Unmarshal([]byte(bad), &back), bad)
+	}
 }

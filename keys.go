@@ -165,6 +165,21 @@ func runSKOf(id string) (string, error) {
 	return runSK(t, trigger), nil
 }
 
+// runIDOfSK is the id of the run whose sort key is sk (runSK): the
+// inverse of runSKOf.
+func runIDOfSK(sk string) (string, error) {
+	rest, ok := strings.CutPrefix(sk, skRunPrefix)
+	slot, trigger, _ := strings.Cut(rest, "#trigger-")
+	t, err := time.Parse("2006-01-02T15:04:05.000000000Z", slot)
+	if !ok || err != nil || (strings.Contains(rest, "#") && !validTriggerID(trigger)) {
+		return "", fmt.Errorf("%q is not the sort key of a run", sk)
+	}
+	if trigger != "" {
+		return triggerRunID(t, trigger), nil
+	}
+	return fmtSlot(t), nil
+}
+
 // checkName validates a job or owner name: non-empty, at most max bytes,
 // valid UTF-8 without control characters.
 func checkName(what, s string, max int) error {

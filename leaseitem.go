@@ -22,7 +22,7 @@ type Record struct {
 	Owner      string        `json:"owner"`
 	Fence      int64         `json:"fence"`
 	ExpiresAt  time.Time     `json:"expiresAt,omitzero"` // recorded expiry, by the writer's clock; zero once resigned
-	Duration   time.Duration `json:"-"`                  // lease duration the writer used ("leaseDuration" in JSON)
+	Duration   time.Duration `json:"-"`                  // lease duration the writer used ("leaseDurationSeconds" in JSON)
 	AcquiredAt time.Time     `json:"acquiredAt,omitzero"`
 	RenewedAt  time.Time     `json:"renewedAt,omitzero"`
 	Draining   bool          `json:"draining"` // the holder announced it is about to resign
@@ -35,27 +35,32 @@ type Record struct {
 	// zero expiry once the session ended. Empty for a lease of its own.
 	Pool    string `json:"pool,omitempty"`
 	Session string `json:"session,omitempty"`
+	// LastFailedRun is the id of the job's latest run recorded failed
+	// (JobRun.Finish with an error, RunSchedule's function returning
+	// one): a slot id, or a triggered run's Trigger.RunID. Admin.Run reads
+	// that run by key, however many runs came after it; a later success
+	// does not clear it. Empty if no run has failed since the replicas
+	// run a version that records it (older ones do not), and while the
+	// write that records it fails (the replica logs it at Warn).
+	LastFailedRun string `json:"lastFailedRun,omitempty"`
 
 	version string
 	listed  bool // attrListed
 }
 
-// recordJSON is Record's JSON form, with Duration as a Go duration text.
+// recordJSON is Record's JSON form, with Duration in seconds.
 type recordJSON struct {
 	plainRecord
-	Duration string `json:"leaseDuration,omitempty"`
+	Duration float64 `json:"leaseDurationSeconds,omitempty"`
 }
 
 type plainRecord Record // Record without its JSON methods
 
 // MarshalJSON encodes the record with the field names of its json tags
-// and Duration as "leaseDuration", a Go duration such as "30s".
+// and Duration as "leaseDurationSeconds", a number of seconds such as 30
+// or 0.5.
 func (r Record) MarshalJSON() ([]byte, error) {
-	v := recordJSON{plainRecord: plainRecord(r)}
-	if r.Duration != 0 {
-		v.Duration = r.Duration.String()
-	}
-	return json.Marshal(v)
+	return json.Marshal(recordJSON{plainRecord: plainRecord(r), Duration: r.Duration.Seconds()})
 }
 
 // UnmarshalJSON decodes what MarshalJSON encodes.
@@ -64,14 +69,11 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &v); err != nil {
 		return err
 	}
-	*r = Record(v.plainRecord)
-	if v.Duration != "" {
-		d, err := time.ParseDuration(v.Duration)
-		if err != nil {
-			return fmt.Errorf("ddblease: record's leaseDuration: %w", err)
-		}
-		r.Duration = d
+	if v.Duration < 0 || v.Duration > math.MaxInt64/float64(time.Second) {
+		return fmt.Errorf("ddblease: record's leaseDurationSeconds %v is out of range", v.Duration)
 	}
+	*r = Record(v.plainRecord)
+	r.Duration = time.Duration(math.Round(v.Duration * float64(time.Second)))
 	return nil
 }
 
@@ -89,6 +91,7 @@ type leaseItem struct {
 	Listed     boolAttr `dynamodbav:"listed"`
 	Pool       sAttr    `dynamodbav:"pool"`
 	Session    sAttr    `dynamodbav:"session"`
+	LastFailed sAttr    `dynamodbav:"lastFailed"`
 	controlItem
 }
 
@@ -159,6 +162,13 @@ func decodeLease(y Layout, item map[string]types.AttributeValue) (Record, error)
 	}
 	if (r.Pool == "") != (r.Session == "") {
 		return fail(fmt.Errorf("attribute %q must name a pool when %q names a session", attrPool, attrSession))
+	}
+	// attrLastFailed is no part of the lease protocol: one that is not a
+	// run's sort key is left out, never a reason to refuse the item.
+	if sk, err := it.LastFailed.opt(attrLastFailed); err == nil && sk != "" {
+		if id, err := runIDOfSK(sk); err == nil {
+			r.LastFailedRun = id
+		}
 	}
 	if r.Control, err = it.controlItem.decode(item); err != nil {
 		return fail(err)

@@ -13,7 +13,7 @@ import (
 
 // This file owns the directory (a job listed by its first acquisition,
 // fence.go; a pool by its start, poolmember.go) and the reads that list:
-// Lease.ListRuns, Admin.Jobs, Admin.Runs, Admin.Pools. Each is a GetItem,
+// Lease.ListRuns, Admin.Jobs, Admin.Runs, Admin.Run, Admin.Pools. Each is a GetItem,
 // a BatchGetItem or a Query on a key, so that its cost grows with what it
 // returns, never with the table's history.
 
@@ -122,6 +122,35 @@ func (a *Admin) Runs(ctx context.Context, job string, r RunRange) ([]RunRecord, 
 		runs = append(runs, rec)
 	}
 	return runs, errors.Join(errs...)
+}
+
+// Run reads one run of job by its id with a strongly consistent read (one
+// GetItem): a slot in RFC 3339, as RunRecord.Slot formats it, or a
+// triggered run's Trigger.RunID ("<slot>#trigger-<id>"), such as
+// Record.LastFailedRun. ok is false when the table holds no such run
+// (never claimed, or deleted by its time to live). An id that is neither
+// is an error wrapping ErrInvalid; an item it cannot decode, one wrapping
+// ErrMalformedItem.
+func (a *Admin) Run(ctx context.Context, job, id string) (rec RunRecord, ok bool, err error) {
+	if err := checkName("job name", job, MaxJobLength); err != nil {
+		return RunRecord{}, false, err
+	}
+	sk, err := runSKOf(id)
+	if _, trigger, isTrigger := strings.Cut(id, "#trigger-"); err != nil || isTrigger && !validTriggerID(trigger) {
+		return RunRecord{}, false, invalid("Run: %q is not a run id (a slot in RFC 3339, or <slot>#trigger-<16 hex digits>)", id)
+	}
+	if err := a.checkSchema(ctx); err != nil {
+		return RunRecord{}, false, err
+	}
+	item, err := getItem(ctx, a.db, a.table, a.o.Layout.runKey(job, sk), a.o.CallTimeout)
+	if err != nil {
+		return RunRecord{}, false, fmt.Errorf("ddblease: read run %q %s: %w", job, id, explainTableError(ctx, a.db, a.table, a.o.Layout, err))
+	}
+	if len(item) == 0 {
+		return RunRecord{}, false, nil
+	}
+	rec, err = decodeRun(a.o.Layout, item)
+	return rec, err == nil, err
 }
 
 // PoolStatus is a pool as an operator sees it (Admin.Pools).
