@@ -325,3 +325,28 @@ func TestUnreachableEndpoint(t *testing.T) {
 		})
 	}
 }
+
+// ui's log, a server's, is slog's text lines or, with --log-format json,
+// one JSON object per line.
+func TestUILogFormat(t *testing.T) {
+	table := newTableFor(t)
+	for _, format := range []string{"text", "json"} {
+		t.Run(format, func(t *testing.T) {
+			p := startUI(t, baseEnv(), srv.URL, table, "--log-format", format)
+			code, _ := p.do(t, "POST", "/api/action", map[string]string{"Origin": "http://evil.example"}, `{"job":"billing","action":"pause"}`)
+			require.Equal(t, http.StatusForbidden, code)
+			waitFor(t, "the refusal logged", func() bool { return strings.Contains(p.stderr.String(), "refused a cross-site request") })
+			line := strings.Split(strings.TrimRight(p.stderr.String(), "\n"), "\n")[0]
+			if format == "text" {
+				assert.Regexp(t, slogText, line)
+				assert.Contains(t, line, `level=WARN msg="refused a cross-site request"`)
+				return
+			}
+			var rec map[string]any
+			require.NoError(t, json.Unmarshal([]byte(line), &rec), line)
+			assert.Equal(t, "WARN", rec["level"])
+			assert.Equal(t, "refused a cross-site request", rec["msg"])
+			assert.Equal(t, "http://evil.example", rec["origin"])
+		})
+	}
+}

@@ -113,8 +113,12 @@ func (e *env) ui(ctx context.Context, args []string, o uiOptions) error {
 	if o.maxRuns <= 0 {
 		return usagef("ui: --max-runs %d must be positive", o.maxRuns)
 	}
-	s := &uiServer{e: e, o: o, src: adminSource{e.admin}, log: slog.New(slog.NewTextHandler(e.errw, nil)),
-		hosts: newHostPolicy(o.hosts)}
+	// Its log, a server's: slog's text lines, or --log-format json.
+	log, err := newLogger(e.errw, e.g.logs, true, slog.LevelInfo)
+	if err != nil {
+		return err
+	}
+	s := &uiServer{e: e, o: o, src: adminSource{e.admin}, log: log, hosts: newHostPolicy(o.hosts)}
 	s.act = func(op string) (uiActions, error) { return e.newAdmin(op) }
 	if o.actions {
 		s.token = os.Getenv(uiTokenEnv)
