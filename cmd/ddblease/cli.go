@@ -37,8 +37,9 @@ func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(f
 const usage = `usage: ddblease [flags] <command> [command flags] [args]
 
 commands:
-  status [JOB...]                    holder, fence, held for, expiry, draining, paused, last run
-                                     and last failure
+  status [JOB... | --pool P]         holder, fence, held for, expiry, draining, paused, last run
+                                     and last failure (--pool: of the jobs of pool P)
+  pools                              each pool's members: renewal age, jobs led, job list hash
   runs JOB [--since D] [--status S]  the job's runs, newest last
   create-table [--print]             create the lease table, or print its CloudFormation and Terraform
   resign JOB                         ask the holder to hand the lease over at its next heartbeat
@@ -46,7 +47,8 @@ commands:
                                      leads after the holder's expiry (--dead: at once)
   pause JOB                          stop RunSchedule on every replica from firing slots
   resume JOB [--catch-up]            fire slots again; --catch-up runs the latest one skipped
-  trigger JOB [--wait]               run the job once now, as an extra run
+  trigger JOB [--wait]               run the job once now, as an extra run; --wait for its outcome,
+                                     at most --wait-timeout (5m; exit 3 then)
   watch JOB                          follow holder and run changes until interrupted
   exec JOB [--every D] -- COMMAND    run COMMAND while leading, or once per slot (see docs/exec.md)
   ui [--addr A] [--allow-actions]    serve a page of the jobs, their runs and pools, and /metrics

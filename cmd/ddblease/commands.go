@@ -28,6 +28,8 @@ func commands() map[string]*command {
 		catchUp  bool
 		wait     bool
 		interval time.Duration
+		pool     string
+		waitMax  time.Duration
 	)
 	create := &command{
 		name: "create-table",
@@ -38,7 +40,14 @@ func commands() map[string]*command {
 	}
 	create.needsAPI = func() bool { return !print }
 	return map[string]*command{
-		"status": {name: "status", args: "[JOB...]", run: (*env).status},
+		"status": {
+			name: "status", args: "[JOB... | --pool P]",
+			flags: func(fs *flag.FlagSet) {
+				fs.StringVar(&pool, "pool", "", "show only the jobs of pool `P` (those its directory entry lists, and any bound to its sessions)")
+			},
+			run: func(e *env, ctx context.Context, args []string) error { return e.status(withPool(ctx, pool), args) },
+		},
+		"pools": {name: "pools", about: poolsAbout, run: (*env).pools},
 		"runs": {
 			name: "runs", args: "JOB [--since D] [--status S]",
 			flags: func(fs *flag.FlagSet) {
@@ -66,11 +75,12 @@ func commands() map[string]*command {
 			run: func(e *env, ctx context.Context, args []string) error { return e.resume(ctx, args, catchUp) },
 		},
 		"trigger": {
-			name: "trigger", args: "JOB [--wait]",
+			name: "trigger", args: "JOB [--wait [--wait-timeout D]]", about: triggerAbout,
 			flags: func(fs *flag.FlagSet) {
 				fs.BoolVar(&wait, "wait", false, "wait for the run to finish and show how it ended (exit 1 if it failed)")
+				fs.DurationVar(&waitMax, "wait-timeout", 5*time.Minute, "with --wait, give up after this long, with exit status 3 (0: wait for ever)")
 			},
-			run:  func(e *env, ctx context.Context, args []string) error { return e.trigger(ctx, args, wait) },
+			run:  func(e *env, ctx context.Context, args []string) error { return e.trigger(ctx, args, wait, waitMax) },
 			long: true,
 		},
 		"exec":    execCommand(),
@@ -102,10 +112,15 @@ type jobView struct {
 	Holder       string     `json:"holder"`
 	Fence        int64      `json:"fence"`
 	AcquiredAt   *time.Time `json:"acquiredAt,omitempty"`
-	HeldFor      string     `json:"heldFor,omitempty"`
-	ExpiresAt    *time.Time `json:"expiresAt,omitempty"`
-	ExpiresIn    string     `json:"expiresIn,omitempty"`
-	MaxClockSkew string     `json:"maxClockSkew"`
+	// HeldForSeconds is how long the holder has led, by this command's
+	// clock; ExpiresInSeconds the recorded expiry minus this command's
+	// clock, good to MaxClockSkewSeconds (the replicas' MaxClockSkew,
+	// --max-clock-skew). Durations in JSON are numbers of seconds, the
+	// unit in the name, as Prometheus and kubectl write them.
+	HeldForSeconds      *float64   `json:"heldForSeconds,omitempty"`
+	ExpiresAt           *time.Time `json:"expiresAt,omitempty"`
+	ExpiresInSeconds    *float64   `json:"expiresInSeconds,omitempty"`
+	MaxClockSkewSeconds float64    `json:"maxClockSkewSeconds"`
 	Draining     bool       `json:"draining"`
 	Paused       bool       `json:"paused"`
 	PausedBy     string     `json:"pausedBy,omitempty"`
@@ -119,7 +134,9 @@ type jobView struct {
 	ReleasedAt   *time.Time `json:"releasedAt,omitempty"`
 	Triggers     int        `json:"pendingTriggers,omitempty"`
 	LastRun      *runView   `json:"lastRun,omitempty"`     // the run of the latest slot, any status
-	LastFailure  *runView   `json:"lastFailure,omitempty"` // the latest failed run among the 20 latest
+	LastFailure  *runView   `json:"lastFailure,omitempty"` // the latest failed run (Record.LastFailedRun)
+
+	heldFor, expiresIn string // as the table shows them
 }
 
 func tp(t time.Time) *time.Time {
@@ -128,6 +145,13 @@ func tp(t time.Time) *time.Time {
 	}
 	t = t.UTC()
 	return &t
+}
+
+// seconds is d as JSON gives a duration: a number of seconds, to the
+// millisecond.
+func seconds(d time.Duration) *float64 {
+	s := d.Round(time.Millisecond).Seconds()
+	return &s
 }
 
 func dur(d time.Duration) string {
@@ -144,7 +168,7 @@ func (e *env) view(s ddblease.JobStatus) jobView {
 	now := e.now()
 	r, c := s.Lease, s.Lease.Control
 	v := jobView{
-		Job: s.Job, Holder: r.Owner, Fence: r.Fence, Draining: r.Draining, MaxClockSkew: e.g.skew.String(),
+		Job: s.Job, Holder: r.Owner, Fence: r.Fence, Draining: r.Draining, MaxClockSkewSeconds: *seconds(e.g.skew),
 		Paused: c.Paused, PausedBy: c.PausedBy, PausedAt: tp(c.PausedAt), ResumedBy: c.ResumedBy, ResumedAt: tp(c.ResumedAt),
 		CatchUp: c.CatchUpPending, Triggers: c.Triggers, ExpiresAt: tp(r.ExpiresAt),
 	}
@@ -160,16 +184,16 @@ func (e *env) view(s ddblease.JobStatus) jobView {
 		// The released holder's expiry has not passed: no standby takes
 		// the lease before it has, plus the replicas' MaxClockSkew.
 		v.State = "released"
-		v.ExpiresIn = dur(r.ExpiresAt.Sub(now))
+		v.expiresIn, v.ExpiresInSeconds = dur(r.ExpiresAt.Sub(now)), seconds(r.ExpiresAt.Sub(now))
 	default:
 		v.State = "held"
 		if r.Draining {
 			v.State = "draining"
 		}
 		if !r.AcquiredAt.IsZero() {
-			v.AcquiredAt, v.HeldFor = tp(r.AcquiredAt), dur(now.Sub(r.AcquiredAt))
+			v.AcquiredAt, v.heldFor, v.HeldForSeconds = tp(r.AcquiredAt), dur(now.Sub(r.AcquiredAt)), seconds(now.Sub(r.AcquiredAt))
 		}
-		v.ExpiresIn = dur(r.ExpiresAt.Sub(now))
+		v.expiresIn, v.ExpiresInSeconds = dur(r.ExpiresAt.Sub(now)), seconds(r.ExpiresAt.Sub(now))
 		if c.ResignFence == r.Fence {
 			v.ResignAsked, v.ResignBy = true, c.ResignBy
 		}
@@ -178,7 +202,7 @@ func (e *env) view(s ddblease.JobStatus) jobView {
 }
 
 func (e *env) status(ctx context.Context, args []string) error {
-	jobs, errs, err := e.jobs(ctx, args)
+	jobs, errs, err := e.statusJobs(ctx, args)
 	if err != nil {
 		return err
 	}
@@ -273,7 +297,7 @@ func (e *env) printStatus(views []jobView, all bool) error {
 			paused = "yes, by " + v.PausedBy + " at " + v.PausedAt.Format(time.RFC3339)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.Job, v.State, v.Holder, v.Fence,
-			dash(v.HeldFor), dash(v.ExpiresIn), yesNo(v.Draining), paused, lastRun(v.LastRun, false),
+			dash(v.heldFor), dash(v.expiresIn), yesNo(v.Draining), paused, lastRun(v.LastRun, false),
 			lastRun(v.LastFailure, true), dash(notes(v)))
 	}
 	if err := tw.Flush(); err != nil {
@@ -578,10 +602,41 @@ func (e *env) resume(ctx context.Context, args []string, catchUp bool) error {
 	return nil
 }
 
-func (e *env) trigger(ctx context.Context, args []string, wait bool) error {
+// triggerAbout is trigger's help: what --wait waits for, and its exit
+// statuses.
+const triggerAbout = `Asks the job's leader to run it once now, as an extra run with an id of
+its own: the leader's RunSchedule takes the request up at its next
+heartbeat (replicas that use Run never do; with no replica running, it
+stays pending until one does). Without --wait, prints the run's id and
+returns at once.
+
+With --wait, reads the run about every 500ms until it has finished and
+prints how it ended: exit status 0 if it succeeded, 1 if it failed or was
+abandoned. It waits at most --wait-timeout (default 5m; 0: for ever; the
+global --timeout bounds only the request itself): then it prints the
+trigger's id and whether the run had started, and exits with status 3.
+The request stays pending, or the run goes on: follow it with
+ddblease runs JOB or ddblease watch JOB.`
+
+// waitExitCode is trigger --wait's exit status when it gives up.
+const waitExitCode = 3
+
+// errGaveUp is the cause of trigger --wait's end at --wait-timeout.
+var errGaveUp = errors.New("--wait-timeout passed")
+
+// gaveUpError is trigger --wait giving up: exit status waitExitCode.
+type gaveUpError struct{ msg string }
+
+func (e *gaveUpError) Error() string { return e.msg }
+func (e *gaveUpError) ExitCode() int { return waitExitCode }
+
+func (e *env) trigger(ctx context.Context, args []string, wait bool, waitMax time.Duration) error {
 	job, err := oneJob("trigger", args)
 	if err != nil {
 		return err
+	}
+	if waitMax < 0 {
+		return usagef("trigger: --wait-timeout %v is negative", waitMax)
 	}
 	tctx := ctx
 	if e.g.timeout > 0 {
@@ -600,7 +655,16 @@ func (e *env) trigger(ctx context.Context, args []string, wait bool) error {
 		fmt.Fprintf(e.out, "triggered %s: run %s (the leader's RunSchedule runs it after its next heartbeat; see: ddblease runs %s)\n", job, tr.RunID(), job)
 		return nil
 	}
-	rec, err := e.admin.WaitRun(ctx, tr, 500*time.Millisecond)
+	wctx := ctx
+	if waitMax > 0 {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeoutCause(ctx, waitMax, errGaveUp)
+		defer cancel()
+	}
+	rec, err := e.admin.WaitRun(wctx, tr, 500*time.Millisecond)
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(wctx), errGaveUp) {
+		rec, err = e.gaveUp(ctx, job, tr, waitMax)
+	}
 	if err != nil {
 		return err
 	}
@@ -616,6 +680,41 @@ func (e *env) trigger(ctx context.Context, args []string, wait bool) error {
 		return fmt.Errorf("run %s of %s %s: %s", tr.RunID(), job, rec.Status, dash(rec.Error))
 	}
 	return nil
+}
+
+// gaveUp reports trigger --wait's end at --wait-timeout: it reads the
+// run once more (within --timeout), returns it if it has finished
+// meanwhile, and otherwise prints what it knows (with --json) and returns
+// an error of exit status waitExitCode saying where to look next.
+func (e *env) gaveUp(ctx context.Context, job string, tr ddblease.Trigger, waited time.Duration) (ddblease.RunRecord, error) {
+	rctx := ctx
+	if e.g.timeout > 0 {
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithTimeout(ctx, e.g.timeout)
+		defer cancel()
+	}
+	rec, started, err := e.admin.TriggerRun(rctx, tr)
+	if err == nil && started && rec.Status != ddblease.RunRunning {
+		return rec, nil // finished meanwhile
+	}
+	state, what := "pending", "has not started: no leader running RunSchedule has taken the request up (it stays pending, and runs when one does)"
+	switch {
+	case err != nil:
+		state, what = "unknown", "could not be read: "+oneLine(err.Error())
+	case started:
+		state, what = "running", fmt.Sprintf("has started on %q (fence %d) and not finished", rec.Owner, rec.Fence)
+	}
+	if e.g.json {
+		v := map[string]any{"job": job, "trigger": tr.ID, "run": tr.RunID(), "state": state, "waitedSeconds": waited.Seconds()}
+		if started {
+			v["record"] = viewRun(rec)
+		}
+		if err := writeJSON(e.out, v); err != nil {
+			return ddblease.RunRecord{}, err
+		}
+	}
+	return ddblease.RunRecord{}, &gaveUpError{fmt.Sprintf("trigger %s: gave up waiting after %v (--wait-timeout): run %s (trigger %s) %s; see: ddblease runs %s",
+		job, waited, tr.RunID(), tr.ID, what, job)}
 }
 
 // watch prints a line whenever the holder, fence, state or controls of the

@@ -8,8 +8,9 @@
 //
 // Commands:
 //
-//	status [JOB...]                 holder, fence, held for, expiry, draining, paused,
-//	                                last run and last failure
+//	status [JOB... | --pool P]      holder, fence, held for, expiry, draining, paused,
+//	                                last run and last failure (--pool: of pool P's jobs)
+//	pools                           each pool's members: renewal age, jobs led, job list hash
 //	runs JOB [--since D] [--status S]
 //	create-table [--print]          create the table, or print CloudFormation and Terraform
 //	resign JOB                      ask the holder to hand the lease over
@@ -18,7 +19,8 @@
 //	                                a standby leads after the holder's expiry (--dead: at once)
 //	pause JOB                       stop RunSchedule from firing slots
 //	resume JOB [--catch-up]         fire slots again (and run the latest one skipped)
-//	trigger JOB [--wait]            run the job once now, outside its schedule
+//	trigger JOB [--wait]            run the job once now, outside its schedule; --wait for
+//	                                its outcome, at most --wait-timeout (5m; exit 3 then)
 //	watch JOB                       follow holder and run changes until interrupted
 //	exec JOB [--every D] -- COMMAND run COMMAND while leading, or once per slot
 //	ui [--addr A] [--allow-actions] serve a page of the jobs, their runs and pools, and /metrics
@@ -37,10 +39,11 @@
 // endpoint.
 //
 // Errors are one plain line on stderr, and the exit status is 1 (2 for bad
-// usage, an invalid job name among it; exec has its own rule, in
-// docs/exec.md). With --log-format json, everything on stderr is one JSON
-// object per line, errors included; exec's stderr is a log in slog's text
-// format by default, and its error the one plain line after it (logs.go).
+// usage, an invalid job name among it; 3 when trigger --wait gives up at
+// its --wait-timeout; exec has its own rule, in docs/exec.md). With
+// --log-format json, everything on stderr is one JSON object per line,
+// errors included; exec's stderr is a log in slog's text format by
+// default, and its error the one plain line after it (logs.go).
 package main
 
 import (
