@@ -473,7 +473,7 @@ func explain(err error) error {
 }
 
 // validJobName says what a job name the library accepts is.
-var validJobName = fmt.Sprintf("a job name is 1 to %d bytes of UTF-8 without control characters", ddblease.MaxJobLength)
+var validJobName = fmt.Sprintf("a job name is 1 to %d bytes of UTF-8 without spaces or control characters", ddblease.MaxJobLength)
 
 // unreachable returns the error in plain words when err says the endpoint
 // could not be reached (refused, no such host, dial timeout, TLS to a
