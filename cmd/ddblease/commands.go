@@ -31,6 +31,8 @@ func commands() map[string]*command {
 		pool     string
 		waitMax  time.Duration
 	)
+	var last int                // runs --last
+	var runsFlags *flag.FlagSet // runs' flags, to tell which were given
 	create := &command{
 		name: "create-table",
 		flags: func(fs *flag.FlagSet) {
@@ -49,12 +51,17 @@ func commands() map[string]*command {
 		},
 		"pools": {name: "pools", about: poolsAbout, run: (*env).pools},
 		"runs": {
-			name: "runs", args: "JOB [--since D] [--status S]",
+			name: "runs", args: "JOB [--since D] [--last N] [--status S]", about: runsAbout,
 			flags: func(fs *flag.FlagSet) {
-				fs.DurationVar(&since, "since", 24*time.Hour, "show runs whose slot is at most this old (0: all)")
+				fs.DurationVar(&since, "since", 24*time.Hour, "show runs whose slot is at most this old (0: all; with --last, all unless given)")
+				fs.IntVar(&last, "last", 0, "show the `N` latest runs (of --status, within --since if given)")
 				fs.StringVar(&status, "status", "", "show only runs with this status (running, succeeded, failed, abandoned, skipped-by-pause)")
+				runsFlags = fs
 			},
-			run: func(e *env, ctx context.Context, args []string) error { return e.runs(ctx, args, since, status) },
+			run: func(e *env, ctx context.Context, args []string) error {
+				set := givenFlags(runsFlags)
+				return e.runs(ctx, args, runsQuery{since: since, sinceSet: set["since"], last: last, lastSet: set["last"], status: status})
+			},
 		},
 		"create-table": create,
 		"resign":       {name: "resign", args: "JOB", run: (*env).resign},
@@ -107,11 +114,11 @@ func oneJob(cmd string, args []string) (string, error) {
 
 // jobView is a job's state as status prints it.
 type jobView struct {
-	Job          string     `json:"job"`
-	State        string     `json:"state"` // held, draining, released, free, expired
-	Holder       string     `json:"holder"`
-	Fence        int64      `json:"fence"`
-	AcquiredAt   *time.Time `json:"acquiredAt,omitempty"`
+	Job        string     `json:"job"`
+	State      string     `json:"state"` // held, draining, released, free, expired
+	Holder     string     `json:"holder"`
+	Fence      int64      `json:"fence"`
+	AcquiredAt *time.Time `json:"acquiredAt,omitempty"`
 	// HeldForSeconds is how long the holder has led, by this command's
 	// clock; ExpiresInSeconds the recorded expiry minus this command's
 	// clock, good to MaxClockSkewSeconds (the replicas' MaxClockSkew,
@@ -121,20 +128,20 @@ type jobView struct {
 	ExpiresAt           *time.Time `json:"expiresAt,omitempty"`
 	ExpiresInSeconds    *float64   `json:"expiresInSeconds,omitempty"`
 	MaxClockSkewSeconds float64    `json:"maxClockSkewSeconds"`
-	Draining     bool       `json:"draining"`
-	Paused       bool       `json:"paused"`
-	PausedBy     string     `json:"pausedBy,omitempty"`
-	PausedAt     *time.Time `json:"pausedAt,omitempty"`
-	ResumedBy    string     `json:"resumedBy,omitempty"`
-	ResumedAt    *time.Time `json:"resumedAt,omitempty"`
-	CatchUp      bool       `json:"catchUpPending,omitempty"`
-	ResignAsked  bool       `json:"resignRequested,omitempty"`
-	ResignBy     string     `json:"resignRequestedBy,omitempty"`
-	ReleasedBy   string     `json:"releasedBy,omitempty"`
-	ReleasedAt   *time.Time `json:"releasedAt,omitempty"`
-	Triggers     int        `json:"pendingTriggers,omitempty"`
-	LastRun      *runView   `json:"lastRun,omitempty"`     // the run of the latest slot, any status
-	LastFailure  *runView   `json:"lastFailure,omitempty"` // the latest failed run (Record.LastFailedRun)
+	Draining            bool       `json:"draining"`
+	Paused              bool       `json:"paused"`
+	PausedBy            string     `json:"pausedBy,omitempty"`
+	PausedAt            *time.Time `json:"pausedAt,omitempty"`
+	ResumedBy           string     `json:"resumedBy,omitempty"`
+	ResumedAt           *time.Time `json:"resumedAt,omitempty"`
+	CatchUp             bool       `json:"catchUpPending,omitempty"`
+	ResignAsked         bool       `json:"resignRequested,omitempty"`
+	ResignBy            string     `json:"resignRequestedBy,omitempty"`
+	ReleasedBy          string     `json:"releasedBy,omitempty"`
+	ReleasedAt          *time.Time `json:"releasedAt,omitempty"`
+	Triggers            int        `json:"pendingTriggers,omitempty"`
+	LastRun             *runView   `json:"lastRun,omitempty"`     // the run of the latest slot, any status
+	LastFailure         *runView   `json:"lastFailure,omitempty"` // the latest failed run (Record.LastFailedRun)
 
 	heldFor, expiresIn string // as the table shows them
 }
@@ -209,7 +216,7 @@ func (e *env) status(ctx context.Context, args []string) error {
 	views := make([]jobView, 0, len(jobs))
 	for _, s := range jobs {
 		v := e.view(s)
-		last, failed, err := lastRuns(ctx, e.admin, s.Job)
+		last, failed, err := lastRuns(ctx, e.admin, s)
 		switch {
 		case errors.Is(err, ddblease.ErrMalformedItem):
 			errs = append(errs, err)
@@ -260,27 +267,33 @@ func (e *env) jobs(ctx context.Context, names []string) (jobs []ddblease.JobStat
 	return jobs, errs, nil
 }
 
-// statusRuns is how many of a job's latest runs status reads: its last
-// failure is the latest among them.
-const statusRuns = 20
-
-// lastRuns returns job's run of the latest slot and its latest failed run
-// among its statusRuns latest (nil when there is none), read with one
-// Query whatever the job's history. It is the one place where status
-// reads runs. Runs it could not decode are left out and reported in an
-// error wrapping ErrMalformedItem.
-func lastRuns(ctx context.Context, admin *ddblease.Admin, job string) (last, failed *ddblease.RunRecord, err error) {
-	runs, err := admin.Runs(ctx, job, ddblease.RunRange{Newest: true, Limit: statusRuns})
-	for i := range runs { // latest first
-		if last == nil {
-			last = &runs[i]
-		}
-		if runs[i].Status == ddblease.RunFailed {
-			failed = &runs[i]
-			break
+// lastRuns returns the run of the job's latest slot and its latest failed
+// run (nil when there is none), whatever the job's history: one Query of
+// one item (Newest, Limit 1), and, unless that run is the failure, one
+// GetItem of the run the lease item names as the last failure
+// (Record.LastFailedRun), however many runs came after it. It is the one
+// place where status reads runs. A failure recorded by replicas of a
+// version that did not name it in the lease item is shown only while it is
+// the latest run (ddblease runs JOB --status failed lists them all); one
+// re-run since, or deleted by its time to live, is not shown. Runs it
+// could not decode are left out and reported in an error wrapping
+// ErrMalformedItem.
+func lastRuns(ctx context.Context, admin *ddblease.Admin, s ddblease.JobStatus) (last, failed *ddblease.RunRecord, err error) {
+	runs, err := admin.Runs(ctx, s.Job, ddblease.RunRange{Newest: true, Limit: 1})
+	if len(runs) > 0 {
+		last = &runs[0]
+		if last.Status == ddblease.RunFailed {
+			return last, last, err
 		}
 	}
-	return last, failed, err
+	if err != nil && !errors.Is(err, ddblease.ErrMalformedItem) || s.Lease.LastFailedRun == "" {
+		return last, nil, err
+	}
+	rec, ok, ferr := admin.Run(ctx, s.Job, s.Lease.LastFailedRun)
+	if ok && rec.Status == ddblease.RunFailed {
+		failed = &rec
+	}
+	return last, failed, errors.Join(err, ferr)
 }
 
 // printStatus prints the views; all says that they are every job of the
@@ -373,51 +386,104 @@ type runView struct {
 	Owner      string     `json:"owner"`
 	StartedAt  time.Time  `json:"startedAt"`
 	FinishedAt *time.Time `json:"finishedAt,omitempty"`
-	Took       string     `json:"took,omitempty"`
-	Claims     int        `json:"claims"`
-	Missed     int        `json:"missed,omitempty"`
-	Error      string     `json:"error,omitempty"`
+	// DurationSeconds is how long the run took, from its claim to its
+	// outcome, in seconds (set once it finished).
+	DurationSeconds *float64 `json:"durationSeconds,omitempty"`
+	Claims          int      `json:"claims"`
+	// Missed counts the slots without a run before this one, found by the
+	// catch-up that fired it (RunRecord.Missed); MissedUnknown says the
+	// catch-up could not count them. MissedSlots names them when the runs
+	// shown tell the schedule's period (runs).
+	Missed        int         `json:"missed,omitempty"`
+	MissedUnknown bool        `json:"missedUnknown,omitempty"`
+	MissedSlots   []time.Time `json:"missedSlots,omitempty"`
+	Error         string      `json:"error,omitempty"`
+
+	took string // as the table shows it
 }
 
 func viewRun(r ddblease.RunRecord) runView {
 	v := runView{Slot: r.Slot.UTC(), Trigger: r.Trigger, Status: string(r.Status), Fence: r.Fence, Owner: r.Owner,
-		StartedAt: r.StartedAt.UTC(), FinishedAt: tp(r.FinishedAt), Claims: r.Claims, Missed: r.Missed, Error: r.Error}
+		StartedAt: r.StartedAt.UTC(), FinishedAt: tp(r.FinishedAt), Claims: r.Claims, Missed: r.Missed,
+		MissedUnknown: r.MissedUnknown, Error: r.Error}
 	if !r.FinishedAt.IsZero() && r.Status != ddblease.RunSkippedByPause {
-		v.Took = dur(r.FinishedAt.Sub(r.StartedAt))
+		v.took, v.DurationSeconds = dur(r.FinishedAt.Sub(r.StartedAt)), seconds(r.FinishedAt.Sub(r.StartedAt))
 	}
 	return v
+}
+
+// runsAbout is runs' help: what it shows, missed slots, --last.
+const runsAbout = `Lists the job's runs, oldest first: schedule slots, triggered runs and
+slots skipped by a pause, with --since (default 24h; 0: all) those whose
+slot is at most that old, with --last N the N latest (within --since only
+if it is given), with --status S only those of that status.
+
+A "missed" line before a run stands for the slots that had no run before
+it, as the catch-up that fired the run counted them (RunRecord.Missed;
+only slots within the replicas' CatchUpWindow are counted): one line per
+slot, at its time, when the runs shown give the schedule's period and the
+count fills the gap from the run before; otherwise one line giving the
+count. In JSON they are the run's missed, missedUnknown and missedSlots.`
+
+// runsQuery is what runs was asked for.
+type runsQuery struct {
+	since    time.Duration
+	sinceSet bool // --since was given
+	last     int
+	lastSet  bool // --last was given
+	status   string
+}
+
+// givenFlags returns the names of the flags set on fs's command line.
+func givenFlags(fs *flag.FlagSet) map[string]bool {
+	set := map[string]bool{}
+	if fs != nil {
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	}
+	return set
 }
 
 var statuses = []ddblease.RunStatus{ddblease.RunRunning, ddblease.RunSucceeded, ddblease.RunFailed,
 	ddblease.RunAbandoned, ddblease.RunSkippedByPause}
 
-func (e *env) runs(ctx context.Context, args []string, since time.Duration, status string) error {
+func (e *env) runs(ctx context.Context, args []string, q runsQuery) error {
 	job, err := oneJob("runs", args)
 	if err != nil {
 		return err
 	}
-	if since < 0 {
-		return usagef("runs: --since %v is negative", since)
+	if q.since < 0 {
+		return usagef("runs: --since %v is negative", q.since)
 	}
-	if status != "" && !slices.Contains(statuses, ddblease.RunStatus(status)) {
-		return usagef("runs: unknown --status %q (one of running, succeeded, failed, abandoned, skipped-by-pause)", status)
+	if q.lastSet && q.last < 1 {
+		return usagef("runs: --last %d: want at least 1 (the number of latest runs to show)", q.last)
+	}
+	if q.status != "" && !slices.Contains(statuses, ddblease.RunStatus(q.status)) {
+		return usagef("runs: unknown --status %q (one of running, succeeded, failed, abandoned, skipped-by-pause)", q.status)
 	}
 	if _, err := e.admin.Job(ctx, job); err != nil {
 		return err
 	}
 	var from time.Time
-	if since > 0 {
-		from = e.now().Add(-since)
+	if q.since > 0 && (q.sinceSet || !q.lastSet) { // --last alone: whatever their age
+		from = e.now().Add(-q.since)
 	}
-	runs, listErr := e.admin.Runs(ctx, job, ddblease.RunRange{From: from})
+	runs, listErr := e.readRuns(ctx, job, from, q)
 	if listErr != nil && !errors.Is(listErr, ddblease.ErrMalformedItem) {
 		return listErr
 	}
+	all := make([]runView, len(runs))
+	for i, r := range runs {
+		all[i] = viewRun(r)
+	}
+	missedSlots(all)
 	views := []runView{}
-	for _, r := range runs {
-		if status == "" || string(r.Status) == status {
-			views = append(views, viewRun(r))
+	for _, v := range all {
+		if q.status == "" || v.Status == q.status {
+			views = append(views, v)
 		}
+	}
+	if q.lastSet && len(views) > q.last {
+		views = views[len(views)-q.last:]
 	}
 	if e.g.json {
 		if err := writeJSON(e.out, views); err != nil {
@@ -428,12 +494,15 @@ func (e *env) runs(ctx context.Context, args []string, since time.Duration, stat
 	tw := tabwriter.NewWriter(e.out, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SLOT\tSTATUS\tFENCE\tOWNER\tSTARTED\tTOOK\tERROR")
 	for _, v := range views {
+		for _, line := range missedLines(v) {
+			fmt.Fprintf(tw, "%s\tmissed\t-\t-\t-\t-\t%s\n", line[0], line[1])
+		}
 		slot := v.Slot.Format(time.RFC3339Nano)
 		if v.Trigger != "" {
 			slot += " (trigger " + v.Trigger + ")"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", slot, v.Status, v.Fence, v.Owner,
-			v.StartedAt.Format(time.RFC3339), dash(v.Took), dash(oneLine(v.Error)))
+			v.StartedAt.Format(time.RFC3339), dash(v.took), dash(oneLine(v.Error)))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -442,6 +511,104 @@ func (e *env) runs(ctx context.Context, args []string, since time.Duration, stat
 		e.log.Info(fmt.Sprintf("no runs of %q match", job))
 	}
 	return listErr
+}
+
+// readRuns reads the runs of job from from on, oldest first: all of them,
+// or with --last the q.last latest (of q.status): one Query of q.last
+// items, and with --status again with twice the limit until enough match
+// or the range is read.
+func (e *env) readRuns(ctx context.Context, job string, from time.Time, q runsQuery) ([]ddblease.RunRecord, error) {
+	if !q.lastSet {
+		return e.admin.Runs(ctx, job, ddblease.RunRange{From: from})
+	}
+	for limit := q.last; ; limit *= 2 {
+		runs, err := e.admin.Runs(ctx, job, ddblease.RunRange{From: from, Newest: true, Limit: limit})
+		if err != nil && !errors.Is(err, ddblease.ErrMalformedItem) {
+			return nil, err
+		}
+		n := 0
+		for _, r := range runs {
+			if q.status == "" || string(r.Status) == q.status {
+				n++
+			}
+		}
+		// The items it could not decode were returned by the Query too.
+		read := len(runs) + malformed(err)
+		if n >= q.last || read < limit || limit >= maxRunsPage {
+			slices.Reverse(runs)
+			return runs, err
+		}
+	}
+}
+
+// maxRunsPage bounds the Query of runs --last --status.
+const maxRunsPage = 1 << 16
+
+// malformed counts the items an error of Admin.Runs left out.
+func malformed(err error) int {
+	if err == nil {
+		return 0
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return len(j.Unwrap())
+	}
+	return 1
+}
+
+// missedSlots names the slots each schedule run of views (oldest first)
+// counts as missed before it (MissedSlots), where the runs show the
+// schedule's period p (the shortest gap between two schedule runs shown)
+// and the gap from the schedule run before it is exactly Missed+1 periods:
+// the slots are then those of an even schedule. Otherwise only the count
+// is known.
+func missedSlots(views []runView) {
+	var p time.Duration
+	prev := -1
+	for i, v := range views {
+		if v.Trigger != "" {
+			continue
+		}
+		if prev >= 0 {
+			if g := v.Slot.Sub(views[prev].Slot); g > 0 && (p == 0 || g < p) {
+				p = g
+			}
+		}
+		prev = i
+	}
+	prev = -1
+	for i := range views {
+		v := &views[i]
+		if v.Trigger != "" {
+			continue
+		}
+		if prev >= 0 && p > 0 && v.Missed > 0 && v.Slot.Sub(views[prev].Slot) == time.Duration(v.Missed+1)*p {
+			for k := 1; k <= v.Missed; k++ {
+				v.MissedSlots = append(v.MissedSlots, views[prev].Slot.Add(time.Duration(k)*p))
+			}
+		}
+		prev = i
+	}
+}
+
+// missedLines are the "missed" lines runs prints before v: slot column
+// and error column.
+func missedLines(v runView) [][2]string {
+	before := v.Slot.Format(time.RFC3339Nano)
+	switch {
+	case len(v.MissedSlots) > 0:
+		lines := make([][2]string, len(v.MissedSlots))
+		for i, s := range v.MissedSlots {
+			lines[i] = [2]string{s.Format(time.RFC3339Nano), "no run (counted by the catch-up before " + before + ")"}
+		}
+		return lines
+	case v.Missed == 1:
+		return [][2]string{{"1 slot before " + before, "no run (counted by the catch-up before it)"}}
+	case v.Missed > 1:
+		return [][2]string{{fmt.Sprintf("%d slots before %s", v.Missed, before), "no run (counted by the catch-up before it)"}}
+	case v.MissedUnknown:
+		return [][2]string{{"slots before " + before, "not counted: the catch-up before it could not read them"}}
+	}
+	return nil
 }
 
 func (e *env) createTable(ctx context.Context, args []string, print bool) error {

@@ -234,8 +234,9 @@ func TestCommands(t *testing.T) {
 	assert.Equal(t, "held", v[0].State)
 	assert.Equal(t, "replica-a", v[0].Holder)
 	assert.Equal(t, fenceA, v[0].Fence)
-	assert.NotEmpty(t, v[0].ExpiresIn)
-	assert.Equal(t, "1s", v[0].MaxClockSkew)
+	require.NotNil(t, v[0].ExpiresInSeconds)
+	assert.Greater(t, *v[0].ExpiresInSeconds, 0.0)
+	assert.Equal(t, 1.0, v[0].MaxClockSkewSeconds)
 	fails(t, cli(t, env, "--table", table, "status", "billing", "nosuchjob"), 1, `unknown job: "nosuchjob"`)
 
 	// trigger --wait, then trigger without waiting.

@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddblease/ddblease"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -126,7 +129,74 @@ func TestReadsGrowWithWhatIsAsked(t *testing.T) {
 	short, long := measure(t, 20), measure(t, 300)
 	t.Logf("items examined, 20 runs: %+v; 300 runs: %+v", short, long)
 	assert.Equal(t, short.status, long.status, "status reads the jobs, not their runs")
-	assert.LessOrEqual(t, long.status, 2*(2+statusRuns)+1, "status: the directory, and the lease item and latest runs of 2 jobs")
+	assert.LessOrEqual(t, long.status, 2*4, "status: per job its directory entry, lease item, latest run and last failure")
 	assert.LessOrEqual(t, long.runs, 2, "runs --since reads the runs it shows, and the lease item (and one at the edge)")
 	assert.LessOrEqual(t, long.watch, short.watch+1)
+}
+
+// failingHistory writes n runs of job, a minute apart from start, all
+// succeeded but the one at index failAt, under a lease it then resigns.
+func failingHistory(t *testing.T, table, job string, start time.Time, n, failAt int) {
+	t.Helper()
+	ctx := context.Background()
+	l, err := ddblease.New(srv.Client(nil), table, job, func(o *ddblease.Options) { o.Owner = "history"; o.Logger = quiet })
+	require.NoError(t, err)
+	_, err = l.Acquire(ctx)
+	require.NoError(t, err)
+	for i := range n {
+		run, err := l.Claim(ctx, start.Add(time.Duration(i)*time.Minute))
+		require.NoError(t, err)
+		var runErr error
+		if i == failAt {
+			runErr = fmt.Errorf("run %d failed: disk full", i)
+		}
+		require.NoError(t, run.Finish(ctx, runErr))
+	}
+	require.NoError(t, l.Resign(ctx))
+}
+
+// status reads at most 4 items per job (its directory entry, its lease
+// item, its latest run, its last failure by key), whatever the job's
+// history: a job of 30 runs whose failure is older than its 20 latest
+// costs what a job of 3 does, and status still shows that failure.
+func TestStatusReadsFourItemsPerJob(t *testing.T) {
+	table := srv.NewTable(t)
+	start := time.Now().UTC().Truncate(time.Minute).Add(-40 * time.Minute)
+	failingHistory(t, table, "billing", start, 30, 5) // 24 successes after the failure
+	failingHistory(t, table, "report", start, 3, -1)  // no failure
+	failingHistory(t, table, "sweeper", start, 0, -1) // no run
+	r := newItemRelay(t)
+	env := baseEnv()
+
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"every job", nil},
+		{"named jobs", []string{"billing", "report", "sweeper"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r.take()
+			out := ok(t, cli(t, env, append([]string{"--endpoint", r.url, "--table", table, "status"}, c.args...)...))
+			reqs, items := r.take()
+			t.Logf("status of 3 jobs: %d items, requests %v", items, reqs)
+			assert.Zero(t, reqs["Scan"])
+			assert.LessOrEqual(t, items, 3*4, "at most 4 items per job")
+			assert.LessOrEqual(t, reqs["Query"], 1+3, "the directory, and one Query of the latest run per job")
+			row := lineWith(t, out, "billing")
+			assert.Contains(t, row, "succeeded "+start.Add(29*time.Minute).Format(time.RFC3339))
+			assert.Contains(t, row, "failed "+start.Add(5*time.Minute).Format(time.RFC3339)+": run 5 failed: disk full")
+			assert.Regexp(t, `report .*succeeded \S+\s+-\s`, lineWith(t, out, "report"), "no failure")
+		})
+	}
+
+	r.take()
+	v := lastRunsJSON(t, env, table, "billing")
+	_, items := r.take()
+	assert.LessOrEqual(t, items, 3, "one named job: its lease item, latest run and last failure")
+	require.NotNil(t, v[0].LastFailure)
+	assert.Equal(t, start.Add(5*time.Minute), v[0].LastFailure.Slot, "the failure 24 runs back")
+	assert.Equal(t, "run 5 failed: disk full", v[0].LastFailure.Error)
+	require.NotNil(t, v[0].LastRun)
+	assert.Equal(t, start.Add(29*time.Minute), v[0].LastRun.Slot)
 }
