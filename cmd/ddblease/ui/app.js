@@ -228,7 +228,7 @@ function showRun(job, r) {
   d.replaceChildren(el('h3', {}, job + ': run of slot ' + utc(r.slot)),
     el('table', {}, row('status', badge(r.status, 's-' + r.status)), r.trigger ? row('trigger', r.trigger) : null,
       row('fence', String(r.fence)), row('claimant', r.owner), row('started', both(r.startedAt)),
-      row('finished', both(r.finishedAt)), row('took', r.took || '—'), row('claims', String(r.claims)),
+      row('finished', both(r.finishedAt)), row('took', r.durationSeconds != null ? span(r.durationSeconds * 1000) : '—'), row('claims', String(r.claims)),
       r.missed ? row('slots missed before it', String(r.missed)) : null),
     r.error ? el('pre', {class: 'error'}, r.error) : el('p', {}, 'no error recorded'),
     el('button', {type: 'button', onclick: () => { selected = null; d.hidden = true; keepView(); renderTimelines(); }}, 'close'));
