@@ -139,7 +139,7 @@ func defaultOperator() string {
 // lost answer is an error.
 func (a *Admin) update(ctx context.Context, job, update, cond string, names map[string]string,
 	values map[string]types.AttributeValue) (rec Record, failed bool, err error) {
-	if err := checkJob("job name", job); err != nil {
+	if err := checkName("job name", job, MaxJobLength); err != nil {
 		return Record{}, false, err
 	}
 	if err := a.checkSchema(ctx); err != nil {
@@ -467,7 +467,7 @@ func (s JobStatus) Released() bool {
 // Job reads one job's lease item with a strongly consistent read. A job
 // whose lease was never acquired is an error wrapping ErrUnknownJob.
 func (a *Admin) Job(ctx context.Context, job string) (JobStatus, error) {
-	if err := checkJob("job name", job); err != nil {
+	if err := checkName("job name", job, MaxJobLength); err != nil {
 		return JobStatus{}, err
 	}
 	if err := a.checkSchema(ctx); err != nil {
@@ -549,7 +549,7 @@ func (a *Admin) Trigger(ctx context.Context, job string) (Trigger, error) {
 // TriggerRun reads the run of a trigger with a strongly consistent read.
 // ok is false while the leader has not claimed it.
 func (a *Admin) TriggerRun(ctx context.Context, t Trigger) (rec RunRecord, ok bool, err error) {
-	if err := checkJob("job name", t.Job); err != nil {
+	if err := checkName("job name", t.Job, MaxJobLength); err != nil {
 		return RunRecord{}, false, err
 	}
 	if !validTriggerID(t.ID) {

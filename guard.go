@@ -138,7 +138,7 @@ func NewGuard(db DynamoDBAPI, table, job string, optFns ...func(*GuardOptions)) 
 	if err := checkTable(table); err != nil {
 		return nil, err
 	}
-	if err := checkJob("job name", job); err != nil {
+	if err := checkName("job name", job, MaxJobLength); err != nil {
 		return nil, err
 	}
 	var o GuardOptions

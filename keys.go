@@ -180,19 +180,6 @@ func runIDOfSK(sk string) (string, error) {
 	return fmtSlot(t), nil
 }
 
-// checkJob validates a job or pool name: a name (checkName) of at most
-// MaxJobLength bytes without white space, so that it reads the same in a
-// command line, a log line and a metric label.
-func checkJob(what, s string) error {
-	if err := checkName(what, s, MaxJobLength); err != nil {
-		return err
-	}
-	if i := strings.IndexFunc(s, unicode.IsSpace); i >= 0 {
-		return invalid("%s %q contains white space at byte %d", what, s, i)
-	}
-	return nil
-}
-
 // checkName validates a job or owner name: non-empty, at most max bytes,
 // valid UTF-8 without control characters.
 func checkName(what, s string, max int) error {

@@ -140,7 +140,7 @@ func checkNew(db DynamoDBAPI, table, what, name string, contends []string, optFn
 	if err := checkTable(table); err != nil {
 		return o, err
 	}
-	if err := checkJob(what, name); err != nil {
+	if err := checkName(what, name, MaxJobLength); err != nil {
 		return o, err
 	}
 	for _, fn := range optFns {

@@ -89,7 +89,7 @@ type RunRange struct {
 // Lease.ListRuns it needs no schedule. Items it cannot decode are left
 // out and reported in an error wrapping ErrMalformedItem.
 func (a *Admin) Runs(ctx context.Context, job string, r RunRange) ([]RunRecord, error) {
-	if err := checkJob("job name", job); err != nil {
+	if err := checkName("job name", job, MaxJobLength); err != nil {
 		return nil, err
 	}
 	if !r.From.IsZero() && !r.To.IsZero() && r.To.Before(r.From) {
@@ -132,7 +132,7 @@ func (a *Admin) Runs(ctx context.Context, job string, r RunRange) ([]RunRecord, 
 // is an error wrapping ErrInvalid; an item it cannot decode, one wrapping
 // ErrMalformedItem.
 func (a *Admin) Run(ctx context.Context, job, id string) (rec RunRecord, ok bool, err error) {
-	if err := checkJob("job name", job); err != nil {
+	if err := checkName("job name", job, MaxJobLength); err != nil {
 		return RunRecord{}, false, err
 	}
 	sk, err := runSKOf(id)

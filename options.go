@@ -18,8 +18,7 @@ const (
 // MaxLeaseDuration is the longest LeaseDuration New accepts.
 const MaxLeaseDuration = 24 * time.Hour
 
-// MaxJobLength is the longest job name New accepts, in bytes. A job or
-// pool name is valid UTF-8 without white space or control characters.
+// MaxJobLength is the longest job name New accepts, in bytes.
 const MaxJobLength = 200
 
 // Options configures a Lease. A zero field takes its default; a negative

@@ -34,8 +34,6 @@ func TestNewRejectsBadInput(t *testing.T) {
 		{"long job", db, "leases", strings.Repeat("j", ddblease.MaxJobLength+1), nil, "over the limit"},
 		{"control character in job", db, "leases", "a\nb", nil, "control character"},
 		{"bad UTF-8 job", db, "leases", "a\xffb", nil, "UTF-8"},
-		{"space in job", db, "leases", "a b", nil, `job name "a b" contains white space at byte 1`},
-		{"trailing space in job", db, "leases", "nightly ", nil, "white space at byte 7"},
 		{"short table", db, "t", "job", nil, "3 to 255"},
 		{"bad table", db, "lea ses", "job", nil, "letters, digits"},
 		{"negative lease", db, "leases", "job", set(func(o *ddblease.Options) { o.LeaseDuration = -time.Second }), "LeaseDuration is negative"},

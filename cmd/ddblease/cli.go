@@ -40,7 +40,8 @@ commands:
   status [JOB... | --pool P]         holder, fence, held for, expiry, draining, paused, last run
                                      and last failure (--pool: of the jobs of pool P)
   pools                              each pool's members: renewal age, jobs led, job list hash
-  runs JOB [--since D] [--status S]  the job's runs, newest last
+  runs JOB [--since D] [--last N] [--status S]
+                                     the job's runs, newest last, and the slots missed between them
   create-table [--print]             create the lease table, or print its CloudFormation and Terraform
   resign JOB                         ask the holder to hand the lease over at its next heartbeat
   force-release JOB --yes [--dead]   take the lease from its holder: the fence goes up, a standby

@@ -11,7 +11,8 @@
 //	status [JOB... | --pool P]      holder, fence, held for, expiry, draining, paused,
 //	                                last run and last failure (--pool: of pool P's jobs)
 //	pools                           each pool's members: renewal age, jobs led, job list hash
-//	runs JOB [--since D] [--status S]
+//	runs JOB [--since D] [--last N] [--status S]
+//	                                the job's runs, and the slots missed between them
 //	create-table [--print]          create the table, or print CloudFormation and Terraform
 //	resign JOB                      ask the holder to hand the lease over
 //	force-release JOB --yes [--dead]
