@@ -13,9 +13,11 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
@@ -456,6 +458,9 @@ func explain(err error) error {
 		msg = strings.ReplaceAll(msg, "ddblease: invalid argument: job name ", "job name ")
 		return usagef("%s (%s)", msg, validJobName)
 	}
+	if errors.Is(err, ddblease.ErrUnknownJob) && unknownNameHasSpace(err.Error()) {
+		return fmt.Errorf("%w (the name holds white space: is it two job names quoted as one?)", err)
+	}
 	if e := unreachable(err); e != nil {
 		return e
 	}
@@ -473,8 +478,23 @@ func explain(err error) error {
 	return err
 }
 
+// unknownNameHasSpace reports whether the job an unknown-job message
+// names ("unknown job: \"a b\" ...") holds white space.
+func unknownNameHasSpace(msg string) bool {
+	_, rest, ok := strings.Cut(msg, "unknown job: ")
+	if !ok {
+		return false
+	}
+	q, err := strconv.QuotedPrefix(rest)
+	if err != nil {
+		return false
+	}
+	name, err := strconv.Unquote(q)
+	return err == nil && strings.ContainsFunc(name, unicode.IsSpace)
+}
+
 // validJobName says what a job name the library accepts is.
-var validJobName = fmt.Sprintf("a job name is 1 to %d bytes of UTF-8 without spaces or control characters", ddblease.MaxJobLength)
+var validJobName = fmt.Sprintf("a job name is 1 to %d bytes of UTF-8 without control characters", ddblease.MaxJobLength)
 
 // unreachable returns the error in plain words when err says the endpoint
 // could not be reached (refused, no such host, dial timeout, TLS to a

@@ -292,6 +292,10 @@ func TestInvalidJobName(t *testing.T) {
 			})
 		}
 	}
+	// A name with white space is valid but rarely meant: unknown, with a hint.
+	r := cli(t, env, "--table", table, "status", "a b")
+	fails(t, r, 1, `unknown job: "a b"`)
+	assert.Contains(t, r.stderr, "(the name holds white space: is it two job names quoted as one?)")
 	// Valid, with no lease: unknown.
 	for _, job := range []string{"a b", strings.Repeat("x", 200), "ünïcode/job#1"} {
 		fails(t, cli(t, env, "--table", table, "status", job), 1, fmt.Sprintf("unknown job: %q", job))
