@@ -13,9 +13,10 @@ import (
 
 // This file owns the directory (a job listed by its first acquisition,
 // fence.go; a pool by its start, poolmember.go) and the reads that list:
-// Lease.ListRuns, Admin.Jobs, Admin.Runs, Admin.Run, Admin.Pools. Each is a GetItem,
-// a BatchGetItem or a Query on a key, so that its cost grows with what it
-// returns, never with the table's history.
+// Lease.ListRuns, Admin.Jobs, Admin.Runs, Admin.Run, Admin.Pools,
+// Admin.Pool. Each is a GetItem, a BatchGetItem or a Query on a key, so
+// that its cost grows with what it returns, never with the table's
+// history.
 
 // Jobs returns every job of the table, by name: the jobs its directory
 // lists (each job is listed by its first acquisition), read with one
@@ -159,6 +160,9 @@ type PoolStatus struct {
 	// Jobs are the pool's jobs as the replica that started last listed
 	// them.
 	Jobs []string
+	// JobListHash names Jobs as a member item names its replica's job
+	// list (PoolMember.JobListHash).
+	JobListHash string
 	// Members are the replicas whose member items the pool's partition
 	// holds, by owner: live ones, and ones gone that no replica has
 	// removed yet (see PoolMember.ExpiresAt).
@@ -174,12 +178,28 @@ type PoolMember struct {
 	Declined []string
 	// ExpiresAt is the expiry the replica wrote at its last renewal, by
 	// its clock: it is live while ExpiresAt is not older than
-	// MaxClockSkew.
+	// MaxClockSkew. Zero for a member item that could not be decoded
+	// (Pools reports it in its error).
 	ExpiresAt time.Time
+	// RenewedAt is when the replica sent its last renewal, by its clock;
+	// zero if the item does not record it.
+	RenewedAt time.Time
+	// JobListHash names the replica's job list: one that differs from
+	// the pool's (PoolStatus.JobListHash) runs another list, as during a
+	// deploy that adds or removes jobs.
+	JobListHash string
+	// Leaving says the replica is stopping: draining and resigning its
+	// jobs before it deletes its item.
+	Leaving bool
+	// EndedBy names the replica that ended this member's lapsed session;
+	// empty while the session is not ended.
+	EndedBy string
 }
 
 // Pools returns every pool of the table, by name, with its members: one
-// Query of the directory, and one of each pool's partition.
+// Query of the directory, and one of each pool's partition. A member item
+// it cannot decode is listed by its owner with a zero ExpiresAt and
+// reported in an error wrapping ErrMalformedItem, returned with the pools.
 func (a *Admin) Pools(ctx context.Context) ([]PoolStatus, error) {
 	if err := a.checkSchema(ctx); err != nil {
 		return nil, err
@@ -191,36 +211,81 @@ func (a *Admin) Pools(ctx context.Context) ([]PoolStatus, error) {
 		return nil, err
 	}
 	pools := make([]PoolStatus, 0, len(entries))
+	var bad []error
 	for _, e := range entries {
 		sk, _ := str(e, y.SortKey)
-		p := PoolStatus{Name: strings.TrimPrefix(sk, skPoolPrefix)}
-		if jobs, ok := e[attrPoolJobs].(*types.AttributeValueMemberSS); ok {
-			p.Jobs = slices.Sorted(slices.Values(jobs.Value))
-		}
-		if p.Members, err = a.members(ctx, p.Name); err != nil {
+		p, merrs, err := a.pool(ctx, strings.TrimPrefix(sk, skPoolPrefix), e)
+		if err != nil {
 			return nil, err
 		}
+		bad = append(bad, merrs...)
 		pools = append(pools, p)
 	}
-	return pools, nil
+	return pools, errors.Join(bad...)
 }
 
-// members reads the member items of pool.
-func (a *Admin) members(ctx context.Context, pool string) ([]PoolMember, error) {
+// Pool returns one pool by name, as Pools does: one GetItem of its
+// directory entry and one Query of its partition. ok is false when the
+// table has no such pool (no replica of it ever started).
+func (a *Admin) Pool(ctx context.Context, name string) (p PoolStatus, ok bool, err error) {
+	if err := checkName("pool name", name, MaxJobLength); err != nil {
+		return PoolStatus{}, false, err
+	}
+	if err := a.checkSchema(ctx); err != nil {
+		return PoolStatus{}, false, err
+	}
+	entry, err := getItem(ctx, a.db, a.table, a.o.Layout.directoryKey(skPoolPrefix, name), a.o.CallTimeout)
+	if err != nil {
+		return PoolStatus{}, false, fmt.Errorf("ddblease: read the entry of pool %q: %w", name, explainTableError(ctx, a.db, a.table, a.o.Layout, err))
+	}
+	if len(entry) == 0 {
+		return PoolStatus{}, false, nil
+	}
+	p, bad, err := a.pool(ctx, name, entry)
+	if err != nil {
+		return PoolStatus{}, false, err
+	}
+	return p, true, errors.Join(bad...)
+}
+
+// pool makes the status of pool name from its directory entry, reading
+// its members.
+func (a *Admin) pool(ctx context.Context, name string, entry map[string]types.AttributeValue) (PoolStatus, []error, error) {
+	p := PoolStatus{Name: name}
+	if jobs, ok := entry[attrPoolJobs].(*types.AttributeValueMemberSS); ok {
+		p.Jobs = slices.Sorted(slices.Values(jobs.Value))
+	}
+	p.JobListHash = listHash(p.Jobs)
+	var bad []error
+	var err error
+	p.Members, bad, err = a.members(ctx, name)
+	return p, bad, err
+}
+
+// members reads the member items of pool, by owner; those it cannot
+// decode are listed by owner alone and reported in bad.
+func (a *Admin) members(ctx context.Context, pool string) (out []PoolMember, bad []error, err error) {
 	y := a.o.Layout
 	lo, hi := prefixRange(skMember)
 	items, err := query(ctx, a.db, a.table, y, y.poolPartition(pool), lo, hi, 0, false, a.o.CallTimeout,
 		fmt.Sprintf("list the members of pool %q", pool))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var out []PoolMember
 	for _, item := range items {
-		if m, err := decodeMember(y, item); err == nil {
-			out = append(out, PoolMember{Owner: m.owner, ExpiresAt: time.UnixMilli(m.exp), Declined: m.declined})
+		m, err := decodeMember(y, item)
+		if err != nil {
+			out, bad = append(out, PoolMember{Owner: m.owner}), append(bad, err)
+			continue
 		}
+		pm := PoolMember{Owner: m.owner, ExpiresAt: time.UnixMilli(m.exp), Declined: m.declined,
+			JobListHash: m.jobs, Leaving: m.leaving, EndedBy: m.ended}
+		if m.renewed != 0 {
+			pm.RenewedAt = time.UnixMilli(m.renewed)
+		}
+		out = append(out, pm)
 	}
-	return out, nil
+	return out, bad, nil
 }
 
 // ListRuns returns the runs recorded for the slots of sched from from to to,

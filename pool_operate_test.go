@@ -117,6 +117,22 @@ func TestPoolResignRequestMovesTheJob(t *testing.T) {
 		declined[m.Owner] = m.Declined
 	}
 	assert.Equal(t, map[string][]string{"a": {job}, "b": nil}, declined, "what an operator sees of the decline")
+	for _, m := range pools[0].Members {
+		assert.Equal(t, pools[0].JobListHash, m.JobListHash, "%s runs the pool's job list", m.Owner)
+		assert.False(t, m.RenewedAt.IsZero(), "%s's last renewal", m.Owner)
+		assert.False(t, m.Leaving)
+		assert.Empty(t, m.EndedBy)
+	}
+	one, ok, err := newAdmin(t, db, table).Pool(ctx, pools[0].Name)
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, pools[0].Name, one.Name)
+	assert.Equal(t, pools[0].Jobs, one.Jobs)
+	assert.Equal(t, pools[0].JobListHash, one.JobListHash)
+	assert.Len(t, one.Members, 2)
+	_, ok, err = newAdmin(t, db, table).Pool(ctx, "no-such-pool")
+	require.NoError(t, err)
+	assert.False(t, ok, "an unknown pool")
 }
 
 // A pool whose membership cannot be renewed for a reason retrying cannot

@@ -2,19 +2,14 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
+	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/ddblease/ddblease"
 )
 
@@ -99,19 +94,16 @@ func (e *env) pools(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	entries, err := e.poolEntries(ctx)
-	if err != nil {
+	pools, err := e.admin.Pools(ctx)
+	if errors.Is(err, ddblease.ErrMalformedItem) {
+		errs = append(errs, err) // shown as malformed, reported
+	} else if err != nil {
 		return err
 	}
 	now := e.now()
-	views := make([]poolListing, 0, len(entries))
-	for _, p := range entries {
-		members, merrs, err := e.poolMembers(ctx, p.name)
-		if err != nil {
-			return err
-		}
-		errs = append(errs, merrs...)
-		views = append(views, e.viewPool(p, members, jobs, now))
+	views := make([]poolListing, 0, len(pools))
+	for _, p := range pools {
+		views = append(views, e.viewPool(p, jobs, now))
 	}
 	if e.g.json {
 		if err := writeJSON(e.out, views); err != nil {
@@ -145,47 +137,39 @@ func (e *env) pools(ctx context.Context, args []string) error {
 
 // viewPool is pool p as pools prints it: its members, and the jobs each
 // leads among jobs (every job of the table).
-func (e *env) viewPool(p poolEntry, members []poolMemberItem, jobs []ddblease.JobStatus, now time.Time) poolListing {
-	v := poolListing{Pool: p.name, Jobs: p.jobs, JobListHash: jobListHash(p.jobs), Members: []memberListing{}, Unled: []string{}}
+func (e *env) viewPool(p ddblease.PoolStatus, jobs []ddblease.JobStatus, now time.Time) poolListing {
+	v := poolListing{Pool: p.Name, Jobs: orEmpty(p.Jobs), JobListHash: p.JobListHash, Members: []memberListing{}, Unled: []string{}}
 	inPool := map[string]bool{}
-	for _, j := range p.jobs {
+	for _, j := range p.Jobs {
 		inPool[j] = true
 	}
 	holder := map[string]string{}
 	for _, j := range jobs {
-		if (inPool[j.Job] || j.Lease.Pool == p.name) && !j.Free(now, e.g.skew) {
+		if (inPool[j.Job] || j.Lease.Pool == p.Name) && !j.Free(now, e.g.skew) {
 			holder[j.Job] = j.Lease.Owner
 		}
 	}
-	for _, m := range members {
-		mv := memberListing{Owner: m.owner, State: m.state(now, e.g.skew), Declined: m.declined, Leads: []string{},
-			JobListHash: m.list, SameJobList: m.list == v.JobListHash}
-		if mv.Declined == nil {
-			mv.Declined = []string{}
+	led := map[string]bool{}
+	for _, m := range p.Members {
+		mv := memberListing{Owner: m.Owner, State: memberState(m, now, e.g.skew), Declined: orEmpty(m.Declined), Leads: []string{},
+			JobListHash: m.JobListHash, SameJobList: m.JobListHash == p.JobListHash}
+		if !m.RenewedAt.IsZero() {
+			age := now.Sub(m.RenewedAt).Seconds()
+			mv.RenewedAt, mv.RenewalAgeSeconds = tp(m.RenewedAt), &age
 		}
-		if !m.renewed.IsZero() {
-			age := now.Sub(m.renewed).Seconds()
-			mv.RenewedAt, mv.RenewalAgeSeconds = tp(m.renewed), &age
+		if !m.ExpiresAt.IsZero() {
+			in := m.ExpiresAt.Sub(now).Seconds()
+			mv.ExpiresAt, mv.ExpiresInSeconds = tp(m.ExpiresAt), &in
 		}
-		if !m.expires.IsZero() {
-			in := m.expires.Sub(now).Seconds()
-			mv.ExpiresAt, mv.ExpiresInSeconds = tp(m.expires), &in
-		}
-		for _, j := range sortedKeys(holder) {
-			if holder[j] == m.owner {
-				mv.Leads = append(mv.Leads, j)
+		for _, j := range slices.Sorted(maps.Keys(holder)) {
+			if holder[j] == m.Owner {
+				mv.Leads, led[j] = append(mv.Leads, j), true
 			}
 		}
 		mv.LeadsCount = len(mv.Leads)
 		v.Members = append(v.Members, mv)
 	}
-	led := map[string]bool{}
-	for _, m := range v.Members {
-		for _, j := range m.Leads {
-			led[j] = true
-		}
-	}
-	for _, j := range p.jobs {
+	for _, j := range p.Jobs {
 		if !led[j] {
 			v.Unled = append(v.Unled, j)
 		}
@@ -193,13 +177,27 @@ func (e *env) viewPool(p poolEntry, members []poolMemberItem, jobs []ddblease.Jo
 	return v
 }
 
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
+// orEmpty is s, or an empty list for none (JSON [] rather than null).
+func orEmpty(s []string) []string {
+	if s == nil {
+		return []string{}
 	}
-	slices.Sort(keys)
-	return keys
+	return s
+}
+
+// memberState is a member's state as pools shows it.
+func memberState(m ddblease.PoolMember, now time.Time, skew time.Duration) string {
+	switch {
+	case m.ExpiresAt.IsZero():
+		return "malformed"
+	case m.EndedBy != "":
+		return "ended by " + m.EndedBy
+	case m.Leaving:
+		return "leaving"
+	case m.ExpiresAt.Before(now.Add(-skew)):
+		return "expired"
+	}
+	return "live"
 }
 
 // ago is a renewal age as the RENEWED column shows it.
@@ -218,187 +216,6 @@ func secs(s *float64) string {
 	return dur(time.Duration(*s * float64(time.Second)))
 }
 
-// jobListHash is the hash a member item names its replica's job list by
-// (the attribute list, docs/pool.md): FNV-1a of the sorted names, each
-// ended by a zero byte, in base 36.
-func jobListHash(jobs []string) string {
-	sorted := slices.Sorted(slices.Values(jobs))
-	h := fnv.New64a()
-	for _, j := range sorted {
-		_, _ = h.Write([]byte(j))
-		_, _ = h.Write([]byte{0})
-	}
-	return strconv.FormatUint(h.Sum64(), 36)
-}
-
-// poolEntry is a pool's entry in the directory.
-type poolEntry struct {
-	name string
-	jobs []string // sorted
-}
-
-// poolMemberItem is what pools shows of a member item.
-type poolMemberItem struct {
-	owner            string
-	expires, renewed time.Time
-	list             string
-	declined         []string
-	leaving          bool
-	ended            string
-	malformed        bool
-}
-
-func (m poolMemberItem) state(now time.Time, skew time.Duration) string {
-	switch {
-	case m.malformed:
-		return "malformed"
-	case m.ended != "" && m.ended != "-":
-		return "ended by " + m.ended
-	case m.leaving:
-		return "leaving"
-	case m.expires.Before(now.Add(-skew)):
-		return "expired"
-	}
-	return "live"
-}
-
-// The keys and attributes of the items pools reads (docs/deploy.md, "The
-// items"; docs/pool.md).
-const (
-	pkDirectory  = "directory"
-	skPoolPrefix = "pool#"
-	skMember     = "member#"
-)
-
-// keys returns the table's key attributes as the replicas' Layout names
-// them.
-func (e *env) keys() (pk, sk string, err error) {
-	spec, err := e.g.layout.TableSpec()
-	if err != nil {
-		return "", "", usagef("%v", err)
-	}
-	return spec.PartitionKey, spec.SortKey, nil
-}
-
-// queryPrefix returns the items of partition pk whose sort key starts
-// with prefix: one strongly consistent Query (and one per further page).
-func (e *env) queryPrefix(ctx context.Context, pk, prefix string) ([]map[string]types.AttributeValue, error) {
-	pkName, skName, err := e.keys()
-	if err != nil {
-		return nil, err
-	}
-	pages := dynamodb.NewQueryPaginator(e.db, &dynamodb.QueryInput{
-		TableName:                 aws.String(e.g.table),
-		ConsistentRead:            aws.Bool(true),
-		KeyConditionExpression:    aws.String("#pk = :pk AND begins_with(#sk, :sk)"),
-		ExpressionAttributeNames:  map[string]string{"#pk": pkName, "#sk": skName},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: pk}, ":sk": &types.AttributeValueMemberS{Value: prefix}},
-	})
-	var items []map[string]types.AttributeValue
-	for pages.HasMorePages() {
-		page, err := pages.NextPage(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("read %s in table %q: %w", pk, e.g.table, err)
-		}
-		items = append(items, page.Items...)
-	}
-	return items, nil
-}
-
-// poolEntries reads the pools' entries in the directory, by name.
-func (e *env) poolEntries(ctx context.Context) ([]poolEntry, error) {
-	_, skName, err := e.keys()
-	if err != nil {
-		return nil, err
-	}
-	items, err := e.queryPrefix(ctx, e.g.layout.Prefix+pkDirectory, skPoolPrefix)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]poolEntry, 0, len(items))
-	for _, item := range items {
-		sk, ok := item[skName].(*types.AttributeValueMemberS)
-		if !ok {
-			continue
-		}
-		p := poolEntry{name: strings.TrimPrefix(sk.Value, skPoolPrefix), jobs: []string{}}
-		if jobs, ok := item["jobs"].(*types.AttributeValueMemberSS); ok {
-			p.jobs = slices.Sorted(slices.Values(jobs.Value))
-		}
-		out = append(out, p)
-	}
-	slices.SortFunc(out, func(a, b poolEntry) int { return strings.Compare(a.name, b.name) })
-	return out, nil
-}
-
-// poolMembers reads the member items of pool, by owner. Items it cannot
-// read are shown as malformed and reported in errs.
-func (e *env) poolMembers(ctx context.Context, pool string) ([]poolMemberItem, []error, error) {
-	_, skName, err := e.keys()
-	if err != nil {
-		return nil, nil, err
-	}
-	items, err := e.queryPrefix(ctx, e.g.layout.Prefix+skPoolPrefix+pool, skMember)
-	if err != nil {
-		return nil, nil, err
-	}
-	var out []poolMemberItem
-	var errs []error
-	for _, item := range items {
-		sk, ok := item[skName].(*types.AttributeValueMemberS)
-		if !ok {
-			continue
-		}
-		m := poolMemberItem{owner: strings.TrimPrefix(sk.Value, skMember)}
-		var bad []string
-		if ms, ok := number(item, "exp"); ok {
-			m.expires = time.UnixMilli(ms)
-		} else {
-			bad = append(bad, "exp")
-		}
-		if _, found := item["renewedAt"]; found {
-			if ms, ok := number(item, "renewedAt"); ok {
-				m.renewed = time.UnixMilli(ms)
-			} else {
-				bad = append(bad, "renewedAt")
-			}
-		}
-		if s, ok := item["list"].(*types.AttributeValueMemberS); ok {
-			m.list = s.Value
-		}
-		if s, ok := item["declined"].(*types.AttributeValueMemberS); ok {
-			if err := json.Unmarshal([]byte(s.Value), &m.declined); err != nil {
-				bad = append(bad, "declined")
-			}
-			slices.Sort(m.declined)
-		}
-		if b, ok := item["leaving"].(*types.AttributeValueMemberBOOL); ok {
-			m.leaving = b.Value
-		}
-		if s, ok := item["ended"].(*types.AttributeValueMemberS); ok {
-			m.ended = s.Value
-		}
-		if len(bad) > 0 {
-			m.malformed = true
-			errs = append(errs, fmt.Errorf("%w: member item %s/%s: attribute %s unreadable", ddblease.ErrMalformedItem,
-				e.g.layout.Prefix+skPoolPrefix+pool, sk.Value, strings.Join(bad, ", ")))
-		}
-		out = append(out, m)
-	}
-	slices.SortFunc(out, func(a, b poolMemberItem) int { return strings.Compare(a.owner, b.owner) })
-	return out, errs, nil
-}
-
-// number reads a number attribute as an int64.
-func number(item map[string]types.AttributeValue, name string) (int64, bool) {
-	n, ok := item[name].(*types.AttributeValueMemberN)
-	if !ok {
-		return 0, false
-	}
-	v, err := strconv.ParseInt(n.Value, 10, 64)
-	return v, err == nil
-}
-
 // poolKey is the context key of status's --pool.
 type poolKey struct{}
 
@@ -410,8 +227,7 @@ func withPool(ctx context.Context, pool string) context.Context {
 // statusJobs reads the jobs status shows: those e.jobs reads for names,
 // or, with --pool P (in ctx, withPool), every job of pool P: the jobs its
 // directory entry lists and those bound to one of its sessions, read by
-// one GetItem of the pool's entry and Admin.Jobs. An unknown pool is an
-// error naming it.
+// Admin.Pool and Admin.Jobs. An unknown pool is an error naming it.
 func (e *env) statusJobs(ctx context.Context, names []string) (jobs []ddblease.JobStatus, errs []error, err error) {
 	pool, _ := ctx.Value(poolKey{}).(string)
 	if pool == "" {
@@ -420,33 +236,20 @@ func (e *env) statusJobs(ctx context.Context, names []string) (jobs []ddblease.J
 	if len(names) > 0 {
 		return nil, nil, usagef("status: give JOBs or --pool, not both")
 	}
-	pkName, skName, err := e.keys()
-	if err != nil {
+	p, ok, err := e.admin.Pool(ctx, pool)
+	if err != nil && !errors.Is(err, ddblease.ErrMalformedItem) { // its members are not shown here
 		return nil, nil, err
 	}
-	// The Admin checks the table's key schema first, with its clear error.
+	if !ok {
+		return nil, nil, fmt.Errorf("unknown pool %q in table %q (ddblease pools lists the pools)", pool, e.g.table)
+	}
 	all, errs, err := e.jobs(ctx, nil)
 	if err != nil {
 		return nil, nil, err
 	}
-	out, err := e.db.GetItem(ctx, &dynamodb.GetItemInput{
-		TableName: aws.String(e.g.table), ConsistentRead: aws.Bool(true),
-		Key: map[string]types.AttributeValue{
-			pkName: &types.AttributeValueMemberS{Value: e.g.layout.Prefix + pkDirectory},
-			skName: &types.AttributeValueMemberS{Value: skPoolPrefix + pool},
-		},
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("read the entry of pool %q: %w", pool, err)
-	}
-	if len(out.Item) == 0 {
-		return nil, nil, fmt.Errorf("unknown pool %q in table %q (ddblease pools lists the pools)", pool, e.g.table)
-	}
 	inPool := map[string]bool{}
-	if ss, ok := out.Item["jobs"].(*types.AttributeValueMemberSS); ok {
-		for _, j := range ss.Value {
-			inPool[j] = true
-		}
+	for _, j := range p.Jobs {
+		inPool[j] = true
 	}
 	for _, j := range all {
 		if inPool[j.Job] || j.Lease.Pool == pool {
