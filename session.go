@@ -246,12 +246,16 @@ func (s *session) renew(ctx context.Context, f memberFields) (notes []string, er
 // a strongly consistent Query of the pool's partition, bounded to the one
 // item (the pool's replicas are granted Query there, not GetItem:
 // docs/deploy.md); a read that fails is logged too, at most one line every
-// warnEvery, since the warning it would have given cannot be.
+// warnEvery, since the warning it would have given cannot be, unless ctx
+// ended (the replica stops).
 func (p *Pool) warnIfReplaced(ctx context.Context, key map[string]types.AttributeValue, sid string) {
 	y := p.opts.Layout
 	sk := skMember + p.opts.Owner
 	items, err := query(ctx, p.db, p.table, y, y.poolPartition(p.name), sk, sk, 1, false, p.opts.CallTimeout,
 		fmt.Sprintf("pool %q: read the member item whose renewal was refused", p.name))
+	if err != nil && ctx.Err() != nil {
+		return // the replica is stopping: nothing to tell
+	}
 	if err != nil {
 		if ok, suppressed := p.warn.allow("same owner read", time.Now()); ok {
 			p.log.Warn("ddblease: could not read the member item whose renewal was refused, to tell whether another process "+
