@@ -35,7 +35,9 @@ type update struct {
 	table string
 	key   map[string]json.RawMessage
 	paths [][]pathStep               // the REMOVE clause's, in the order they are removed
-	rest  string                     // the update expression without the REMOVE clause
+	dels  []setDelete                // the DELETE clause's
+	named map[string]bool            // the attributes the update's paths begin with
+	rest  string                     // the update expression without the REMOVE and DELETE clauses
 	old   map[string]json.RawMessage // the item before the update; nil if none
 }
 
@@ -122,7 +124,7 @@ func updateItem(h http.Handler, req map[string]json.RawMessage, u *update) (int,
 	if err != nil {
 		return 0, nil, errors.Join(err, u.rollBack(h))
 	}
-	if len(u.paths) == 0 {
+	if len(u.paths) == 0 && len(u.dels) == 0 {
 		return status, resp, nil
 	}
 	var rv string
@@ -133,6 +135,11 @@ func updateItem(h http.Handler, req map[string]json.RawMessage, u *update) (int,
 	}
 	var attrs map[string]json.RawMessage
 	_ = json.Unmarshal(out["Attributes"], &attrs)
+	for n := range attrs { // minidyn also returns attributes the update did not name (number sets)
+		if (rv == "UPDATED_NEW" || rv == "UPDATED_OLD") && !u.named[n] {
+			delete(attrs, n)
+		}
+	}
 	switch rv {
 	case "ALL_NEW":
 		attrs = item
@@ -141,8 +148,18 @@ func updateItem(h http.Handler, req map[string]json.RawMessage, u *update) (int,
 		for _, p := range u.paths {
 			_ = removePath(attrs, p) // a path not returned is not there to remove
 		}
+		for _, d := range u.dels { // the set as the DELETE left it, if it is still there
+			if v, ok := item[d.path[0].name]; ok {
+				if attrs == nil {
+					attrs = map[string]json.RawMessage{}
+				}
+				attrs[d.path[0].name] = v
+			} else {
+				delete(attrs, d.path[0].name)
+			}
+		}
 	case "UPDATED_OLD":
-		for _, p := range u.paths { // DynamoDB returns the whole attribute
+		for _, p := range append(slices.Clone(u.paths), u.delPaths()...) { // DynamoDB returns the whole attribute
 			if !present(u.old, p) {
 				continue
 			}
@@ -213,7 +230,7 @@ func transactWrite(h http.Handler, req map[string]json.RawMessage) (int, []byte,
 // becomes the rest, or a SET of the scratch attribute when nothing is
 // left, and the names that only the clause used are dropped.
 func (u *update) strip(upd map[string]json.RawMessage) {
-	if len(u.paths) == 0 {
+	if len(u.paths) == 0 && len(u.dels) == 0 {
 		return
 	}
 	rest := u.rest
@@ -246,6 +263,24 @@ func (u *update) strip(upd map[string]json.RawMessage) {
 	} else {
 		delete(upd, "ExpressionAttributeNames")
 	}
+	var values map[string]json.RawMessage // drop the values only the DELETE clause used
+	_ = json.Unmarshal(upd["ExpressionAttributeValues"], &values)
+	for v := range values {
+		if !usesValue(rest, v) && !usesValue(cond, v) {
+			delete(values, v)
+		}
+	}
+	if len(values) > 0 {
+		upd["ExpressionAttributeValues"] = mustJSON(values)
+	} else {
+		delete(upd, "ExpressionAttributeValues")
+	}
+}
+
+var valueRE = regexp.MustCompile(`:[A-Za-z0-9_]+`)
+
+func usesValue(expr, value string) bool {
+	return slices.Contains(valueRE.FindAllString(expr, -1), value)
 }
 
 var placeholderRE = regexp.MustCompile(`#[A-Za-z0-9_]+`)
@@ -265,6 +300,11 @@ func (u *update) load(h http.Handler) error {
 	for _, p := range u.paths {
 		if err := removePath(clone(u.old), p); err != nil {
 			return errValidation("The document path provided in the update expression is invalid for update")
+		}
+	}
+	for _, d := range u.dels {
+		if err := d.check(u.old); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -287,10 +327,15 @@ func (u *update) apply(h http.Handler) (map[string]json.RawMessage, error) {
 			return nil, err
 		}
 	}
+	for _, d := range u.dels {
+		if err := d.apply(item); err != nil {
+			return nil, err
+		}
+	}
 	if emptyValue(mustJSON(item)) {
 		return nil, errEmptyValue
 	}
-	if len(u.paths) == 0 {
+	if len(u.paths) == 0 && len(u.dels) == 0 {
 		return item, nil
 	}
 	status, resp := call(h, "PutItem", mustJSON(map[string]any{"TableName": u.table, "Item": item}))
@@ -423,52 +468,86 @@ func parseUpdate(h http.Handler, upd map[string]json.RawMessage) (*update, error
 		return nil, nil // the server refuses it
 	}
 	_ = json.Unmarshal(upd["ExpressionAttributeNames"], &names)
+	var values map[string]json.RawMessage
+	_ = json.Unmarshal(upd["ExpressionAttributeValues"], &values)
 	type clause struct{ kind, body string }
 	var clauses []clause
 	loc := clauseRE.FindAllStringSubmatchIndex(expr, -1)
-	rest, removes := expr, 0
+	var kept []string
+	if len(loc) > 0 {
+		kept = append(kept, strings.TrimSpace(expr[:loc[0][2]]))
+	}
+	count := map[string]int{}
 	for i, l := range loc {
 		end := len(expr)
 		if i+1 < len(loc) {
 			end = loc[i+1][2]
 		}
 		c := clause{strings.ToUpper(expr[l[2]:l[3]]), expr[l[3]:end]}
-		if c.kind == "REMOVE" {
-			removes++
-			rest = strings.TrimSpace(expr[:l[2]] + expr[end:])
+		if count[c.kind]++; count[c.kind] > 1 {
+			return nil, errValidation(`Invalid UpdateExpression: The "` + c.kind + `" section can only be used once in an update expression;`)
+		}
+		if c.kind != "REMOVE" && c.kind != "DELETE" {
+			kept = append(kept, strings.TrimSpace(expr[l[2]:end]))
 		}
 		clauses = append(clauses, c)
 	}
-	switch removes {
-	case 0:
+	if count["REMOVE"] == 0 && count["DELETE"] == 0 {
+		for _, c := range clauses {
+			for _, part := range splitTop(c.body) {
+				if f := strings.Fields(part); c.kind == "ADD" && len(f) == 2 {
+					if err := checkAddOperand(f[1], values); err != nil {
+						return nil, err
+					}
+				}
+			}
+		}
 		if emptyValue(upd["ExpressionAttributeValues"]) {
 			return u, nil
 		}
 		return nil, nil
-	case 1:
-		u.rest = rest
-	default:
-		return nil, errValidation(`Invalid UpdateExpression: The "REMOVE" section can only be used once in an update expression;`)
 	}
+	u.rest = strings.TrimSpace(strings.Join(kept, " "))
 	var others [][]pathStep
 	for _, c := range clauses {
 		for _, part := range splitTop(c.body) {
+			var operand string
 			switch c.kind {
 			case "SET":
 				part, _, _ = strings.Cut(part, "=")
 			case "ADD", "DELETE":
-				part = strings.Fields(part + " ")[0]
+				f := strings.Fields(part + " ")
+				if len(f) != 2 {
+					return nil, errValidation(fmt.Sprintf("Invalid UpdateExpression: Syntax error; %s takes a path and a value: %q", c.kind, strings.TrimSpace(part)))
+				}
+				part, operand = f[0], f[1]
 			}
 			p, err := parsePath(part, names)
 			if err != nil {
 				return nil, err
 			}
-			if c.kind == "REMOVE" {
+			switch c.kind {
+			case "REMOVE":
 				u.paths = append(u.paths, p)
-			} else {
+			case "DELETE":
+				d, err := newSetDelete(p, operand, values)
+				if err != nil {
+					return nil, err
+				}
+				u.dels = append(u.dels, d)
+			case "ADD":
+				if err := checkAddOperand(operand, values); err != nil {
+					return nil, err
+				}
+				others = append(others, p)
+			default:
 				others = append(others, p)
 			}
 		}
+	}
+	u.named = map[string]bool{}
+	for _, p := range append(append(slices.Clone(u.paths), u.delPaths()...), others...) {
+		u.named[p[0].name] = true
 	}
 	if known, err := u.checkKey(h); !known || err != nil {
 		return nil, err // an unknown table: the server refuses the update
@@ -492,7 +571,7 @@ func (u *update) checkKey(h http.Handler) (bool, error) {
 		return true, err
 	}
 	for _, k := range out.Table.KeySchema {
-		for _, p := range u.paths {
+		for _, p := range append(slices.Clone(u.paths), u.delPaths()...) {
 			if p[0].name == k.AttributeName {
 				return true, errValidation("One or more parameter values were invalid: Cannot update attribute " +
 					k.AttributeName + ". This attribute is part of the key")
@@ -506,8 +585,9 @@ func (u *update) checkKey(h http.Handler) (bool, error) {
 // update, and orders the removals so that removing one list element does
 // not move another still to be removed.
 func (u *update) checkPaths(others [][]pathStep) error {
-	for i, p := range u.paths {
-		for j, q := range append(slices.Clone(u.paths), others...) {
+	mine := append(slices.Clone(u.paths), u.delPaths()...)
+	for i, p := range mine {
+		for j, q := range append(slices.Clone(mine), others...) {
 			if j != i && overlap(p, q) {
 				return errValidation(fmt.Sprintf("Invalid UpdateExpression: Two document paths overlap with each other; "+
 					"must remove or rewrite one of these paths; path one: %s, path two: %s", pathString(p), pathString(q)))

@@ -23,7 +23,12 @@
 // Where minidyn v0.8.2 alone would differ from DynamoDB in ways a test
 // could pass on and a service fail on, the in-process server applies
 // DynamoDB's rule or refuses the request: it applies the REMOVE clause of
-// an update as DynamoDB does (minidyn ignores a top-level one), and
+// an update as DynamoDB does (minidyn ignores a top-level one), and the
+// DELETE clause (minidyn keeps a set DELETE empties and returns it as
+// another attribute's value, and stores the operand of a DELETE on a
+// missing attribute); it refuses an ADD or DELETE whose operand DynamoDB
+// refuses (ADD of a string, DELETE of a non-set, DELETE on a value that is
+// not a set of the operand's type); and it
 // answers a write that would store an empty map or list, which minidyn
 // returns as a value the SDK misreads, with a ValidationException that
 // says so. Its other gaps (numbers in
