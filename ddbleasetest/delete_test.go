@@ -2,6 +2,7 @@ package ddbleasetest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -12,6 +13,21 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
+
+// txnModes are the ways to send an update the server takes: alone, and
+// in a transaction where it has them (dynalite has none).
+func txnModes(t *testing.T, db *dynamodb.Client, table string) []bool {
+	t.Helper()
+	_, err := db.TransactWriteItems(context.Background(), &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+		{Put: &types.Put{TableName: aws.String(table), Item: pkKey("transactions-probe")}},
+	}})
+	var unknown interface{ ErrorCode() string }
+	if errors.As(err, &unknown) && unknown.ErrorCode() == "UnknownOperationException" {
+		return []bool{false}
+	}
+	require.NoError(t, err, "a transaction's Put")
+	return []bool{false, true}
+}
 
 // setItem puts an item with key pk, a string set notes and the given
 // string attributes.
@@ -85,9 +101,10 @@ func TestDeleteLastElementBesideSet(t *testing.T) {
 	db := srv.Client()
 	table := srv.NewKeyTable(t, "pk")
 	ctx := context.Background()
+	modes := txnModes(t, db, table)
 	for _, n := range []int{1, 2, 5, 12} {
 		for round := 0; round < 8; round++ {
-			for _, txn := range []bool{false, true} {
+			for _, txn := range modes {
 				pk := fmt.Sprintf("n%d-r%d-txn%v", n, round, txn)
 				old := map[string]string{"keep": "K", "other": "O"}
 				setItem(t, db, table, pk, []string{"x"}, old)
@@ -115,6 +132,7 @@ func TestDeleteRawCase(t *testing.T) {
 	db := srv.Client()
 	table := srv.NewKeyTable(t, "pk")
 	ctx := context.Background()
+	modes := txnModes(t, db, table)
 	names := map[string]string{"#a": "a", "#b": "b", "#n": "notes"}
 	values := map[string]types.AttributeValue{
 		":a": &types.AttributeValueMemberS{Value: "A"}, ":b": &types.AttributeValueMemberS{Value: "B"},
@@ -122,7 +140,7 @@ func TestDeleteRawCase(t *testing.T) {
 	}
 	expr := "SET #a = :a, #b = :b DELETE #n :s"
 	for i := 0; i < 20; i++ {
-		for _, txn := range []bool{false, true} {
+		for _, txn := range modes {
 			pk := fmt.Sprintf("raw-%d-%v", i, txn)
 			setItem(t, db, table, pk, []string{"note1"}, nil)
 			var err error
