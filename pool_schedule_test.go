@@ -302,3 +302,58 @@ func TestPoolBoundsResignationsInFlight(t *testing.T) {
 		assert.True(t, h.ExpiresAt.IsZero(), "job %s not resigned: %+v", job, h)
 	}
 }
+
+// slots returns how many slots of job have run.
+func (s *poolSlotLog) slots(job string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.runs[job])
+}
+
+// An operator's pause and resume of a pool job are handled by the session
+// (its renewal takes the handled note out of a set, emptying it): the
+// replica's RunSchedule goes on through three pauses, the paused job runs
+// no slot while its neighbours run theirs, and the table answers reads
+// after, through the same server a user's tests run on.
+func TestPoolPauseAndResumeKeepTheReplicaRunning(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(3)
+	log := newPoolSlots(t)
+	p := newPool(t, db, table, jobs, fast("a"))
+	done := make(chan error, 1)
+	go func() {
+		done <- p.RunSchedule(ctx, ddblease.AllJobs(ddblease.Every(100*time.Millisecond)), log.fn("a"))
+	}()
+	admin := newAdmin(t, db, table)
+	for round := range 3 {
+		eventually(t, "the job runs its slots", func() bool { return log.slots(jobs[0]) >= 2 })
+		_, err := admin.Pause(ctx, jobs[0])
+		require.NoError(t, err, "round %d", round)
+		time.Sleep(300 * time.Millisecond) // a renewal reads the note; the tenure obeys it
+		paused, other := log.slots(jobs[0]), log.slots(jobs[1])
+		time.Sleep(600 * time.Millisecond) // two heartbeats: renewals that take the note out
+		assert.Equal(t, paused, log.slots(jobs[0]), "round %d: a paused job ran a slot", round)
+		assert.Greater(t, log.slots(jobs[1]), other, "round %d: the job beside it stopped too", round)
+		select {
+		case err := <-done:
+			t.Fatalf("round %d: RunSchedule returned while the job was paused: %v", round, err)
+		default:
+		}
+		pools, err := admin.Pools(ctx)
+		require.NoError(t, err, "round %d: the table answers a Query", round)
+		require.Len(t, pools, 1)
+		_, err = admin.Resume(ctx, jobs[0], false)
+		require.NoError(t, err, "round %d", round)
+		before := log.slots(jobs[0])
+		eventually(t, "the resumed job runs its slots", func() bool { return log.slots(jobs[0]) >= before+2 })
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("RunSchedule returned: %v", err)
+	default:
+	}
+	_, twice := log.by()
+	assert.Empty(t, twice, "slots run twice")
+}
