@@ -438,8 +438,10 @@ func slotsBetween(s ddblease.Schedule, from, to time.Time) []time.Time {
 // leader mid-run, and checks that every slot ran once (except those due
 // while no one led), with growing fences that the guard accepted.
 func TestClusterWithinBound(t *testing.T) {
+	t.Parallel()
 	for _, m := range []mode{withElector, withLocker} {
 		t.Run([]string{"Elector", "Locker"}[m], func(t *testing.T) {
+			t.Parallel()
 			c := newCluster(t, m, 400*time.Millisecond)
 			c.add("r0", 0)
 			time.Sleep(1300 * time.Millisecond)
@@ -540,8 +542,10 @@ func (c *cluster) checkRuns(slots []time.Time, killed time.Time) {
 // the Locker (whose claims are transactions checking the lease's fence)
 // each slot still runs at most once.
 func TestClusterBeyondBound(t *testing.T) {
+	t.Parallel()
 	for _, m := range []mode{withElector, withLocker} {
 		t.Run([]string{"Elector", "Locker"}[m], func(t *testing.T) {
+			t.Parallel()
 			c := newCluster(t, m, 300*time.Millisecond)
 			c.work = 300 * time.Millisecond
 			c.add("r0", 0)

@@ -164,6 +164,7 @@ func (d *deploy) ran() int {
 // after it, and the other replica carries on: every slot in the window has
 // its effect exactly once, and its run item says succeeded.
 func TestRollingDeployLosesNoEffect(t *testing.T) {
+	t.Parallel()
 	d := newDeploy(t)
 	r0 := d.add("r0")
 	waitUntil(t, func() bool { return r0.lk.Elector(jobName).Lease().IsLeader() })

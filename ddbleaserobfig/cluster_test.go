@@ -253,6 +253,7 @@ func (c *cluster) waitFor(what string, limit time.Duration, cond func() bool) {
 // due while no one led, with growing fences the guard accepted; the run
 // items agree.
 func TestClusterWithinBound(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, spec string
 		slots      ddblease.Schedule
@@ -263,6 +264,7 @@ func TestClusterWithinBound(t *testing.T) {
 		{"every", "@every 1s", ddblease.Every(time.Second)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			c := newCluster(t, tc.spec, tc.slots, 400*time.Millisecond)
 			c.add("r0", 0)
 			time.Sleep(1300 * time.Millisecond)
@@ -412,6 +414,7 @@ func (s shifted) Next(t time.Time) time.Time {
 // (claims are transactions that check the lease's fence), and the guarded
 // sink never accepts a stale fence.
 func TestClusterBeyondBound(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, "* * * * * *", mustParse(t, "* * * * * *"), 300*time.Millisecond)
 	c.work, c.deaf = 300*time.Millisecond, true
 	c.add("r0", 0)

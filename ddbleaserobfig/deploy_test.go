@@ -28,6 +28,7 @@ const deploySpec = "*/2 * * * * *" // every other second
 // and the other replica carries on: every slot in the window has its
 // effect exactly once, and its run item says succeeded.
 func TestRollingDeployLosesNoEffect(t *testing.T) {
+	t.Parallel()
 	table, sink := srv.NewTable(t), srv.NewKeyTable(t, "pk")
 	sched, err := secondsParser.Parse(deploySpec)
 	require.NoError(t, err)

@@ -21,6 +21,7 @@ import (
 // Each command's -h shows its own flags, as the docs write them (--name),
 // apart from the global ones.
 func TestCommandHelp(t *testing.T) {
+	t.Parallel()
 	env := baseEnv()
 	for cmd, flags := range map[string][]string{
 		"runs":          {"--since", "--status"},
@@ -51,6 +52,7 @@ func TestCommandHelp(t *testing.T) {
 // version prints the module's version and the commit it was built from,
 // as the binary's build information records them.
 func TestVersion(t *testing.T) {
+	t.Parallel()
 	info, err := exec.Command("go", "version", "-m", bin).Output()
 	require.NoError(t, err)
 	setting := func(key string) string {
@@ -81,6 +83,7 @@ var slogText = regexp.MustCompile(`^time=\S+ level=(DEBUG|INFO|WARN|ERROR) msg=`
 // exec's log is one format, slog's text or, with --log-format json, one
 // JSON object per line; the other commands take --log-format json too.
 func TestLogFormat(t *testing.T) {
+	t.Parallel()
 	env := baseEnv()
 	table := newTableFor(t)
 	for _, format := range []string{"text", "json"} {
@@ -140,6 +143,7 @@ func newTableFor(t *testing.T) string {
 // local serves the in-process test server on a fixed address until
 // interrupted: the other commands and the library work against it.
 func TestLocal(t *testing.T) {
+	t.Parallel()
 	addr := freeAddr(t)
 	var out, errb lockedBuffer
 	c := exec.Command(bin, "local", "--addr", addr)
@@ -180,6 +184,7 @@ func emptyEnv(t *testing.T, extra ...string) []string {
 // dummy keys), and one line on stderr says so; for any other endpoint they
 // are errors, as they were.
 func TestLoopbackDefaults(t *testing.T) {
+	t.Parallel()
 	// Not isLoopback: the test would skip when it is wrong.
 	if !strings.HasPrefix(srv.URL, "http://127.0.0.1:") && !strings.HasPrefix(srv.URL, "http://localhost:") {
 		t.Skipf("the test server %s is not on a loopback address", srv.URL)
@@ -256,6 +261,7 @@ func TestLoopbackDefaults(t *testing.T) {
 }
 
 func TestIsLoopback(t *testing.T) {
+	t.Parallel()
 	for endpoint, want := range map[string]bool{
 		"http://localhost:8000": true, "http://LOCALHOST": true, "https://127.0.0.1:8000": true,
 		"http://127.1.2.3:8000": true, "http://[::1]:8000": true, "http://localhost.:8000": true,
@@ -270,6 +276,7 @@ func TestIsLoopback(t *testing.T) {
 // and what a valid one is, from every command that takes one; a valid one
 // without a lease is an unknown job.
 func TestInvalidJobName(t *testing.T) {
+	t.Parallel()
 	env := baseEnv()
 	table := newTableFor(t)
 	valid := "a job name is 1 to 200 bytes of UTF-8 without control characters"
@@ -305,6 +312,7 @@ func TestInvalidJobName(t *testing.T) {
 // An endpoint that cannot be reached, or that is not DynamoDB, is said in
 // plain words with what to check, not as the SDK's text.
 func TestUnreachableEndpoint(t *testing.T) {
+	t.Parallel()
 	env := baseEnv()
 	page := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html")
@@ -334,6 +342,7 @@ func TestUnreachableEndpoint(t *testing.T) {
 // ui's log, a server's, is slog's text lines or, with --log-format json,
 // one JSON object per line.
 func TestUILogFormat(t *testing.T) {
+	t.Parallel()
 	table := newTableFor(t)
 	for _, format := range []string{"text", "json"} {
 		t.Run(format, func(t *testing.T) {

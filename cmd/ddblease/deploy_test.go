@@ -61,6 +61,7 @@ func codeBlocks(doc, lang string) []string {
 
 // The definitions in docs/deploy.md are the command's own output.
 func TestTableDefinitionsInDocs(t *testing.T) {
+	t.Parallel()
 	defs, err := tableDefinitions("leases", ddblease.Layout{})
 	require.NoError(t, err)
 	cfn, tf, found := strings.Cut(defs, "\n# Terraform")
@@ -75,6 +76,7 @@ func TestTableDefinitionsInDocs(t *testing.T) {
 // The CloudFormation and Terraform definitions agree with the table that
 // CreateTable makes: attribute names and types, key schema, billing.
 func TestTableDefinitionsAgreeWithCreateTable(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// What CreateTable asks for, from its request as sent, and what the
@@ -330,6 +332,7 @@ func accessesOf(op string, b []byte) ([]access, error) {
 // the operator is allowed every request of the command, the listings
 // included, by key.
 func TestIAMPolicies(t *testing.T) {
+	t.Parallel()
 	blocks := codeBlocks(deployDoc(t), "json")
 	var pols []policy
 	for _, b := range blocks {
@@ -509,6 +512,7 @@ func (r *recorder) body(op string) []byte {
 
 // The command summary in docs/deploy.md is the command's own usage text.
 func TestUsageInDocs(t *testing.T) {
+	t.Parallel()
 	blocks := codeBlocks(deployDoc(t), "")
 	i := slices.IndexFunc(blocks, func(b string) bool { return strings.HasPrefix(b, "ddblease [flags] <command>") })
 	require.GreaterOrEqual(t, i, 0, "the usage block")
@@ -521,6 +525,7 @@ func TestUsageInDocs(t *testing.T) {
 // go.mod must not replace anything: `go install …@version` refuses a module
 // whose go.mod does (the workspace in go.work links the library instead).
 func TestGoModHasNoReplace(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("go.mod")
 	require.NoError(t, err)
 	for _, line := range strings.Split(string(b), "\n") {

@@ -19,6 +19,7 @@ import (
 // ECS) reads it: 0 for a stop that went as asked; without a schedule,
 // COMMAND's own status when it did not simply obey the signal.
 func TestExecExitStatusAfterSIGTERM(t *testing.T) {
+	t.Parallel()
 	table := newTable(t)
 	dir := t.TempDir()
 	for _, c := range []struct {
@@ -59,6 +60,7 @@ func TestExecExitStatusAfterSIGTERM(t *testing.T) {
 // A standby stopped by SIGTERM exits 0, also when every attempt it made
 // to read the lease failed; the failure is logged.
 func TestExecStandbyStoppedAfterFailedAttempt(t *testing.T) {
+	t.Parallel()
 	table := newTable(t)
 	faults := ddbleasetest.NewFaults()
 	faults.Set(func(string) ddbleasetest.Action { return ddbleasetest.ServerError })
@@ -78,6 +80,7 @@ func TestExecStandbyStoppedAfterFailedAttempt(t *testing.T) {
 // it wrote), and, by the watched-version rule, without waiting for that
 // expiry plus MaxClockSkew: here MaxClockSkew is 1.5 s, the lease 2 s.
 func TestExecStandbyLeadsAfterDeadline(t *testing.T) {
+	t.Parallel()
 	table := newTable(t)
 	script := `trap 'exit 0' TERM; while :; do sleep 0.05; done`
 	args := []string{"worker", "--lease-duration", "2s", "--retry-interval", "200ms", "--max-clock-skew", "1500ms", "--", "sh", "-c", script}

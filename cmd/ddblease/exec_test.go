@@ -117,6 +117,7 @@ func withFast(args ...string) []string {
 // replica's COMMAND is gone before its tenure's deadline; `ddblease runs`
 // shows each slot's exit status.
 func TestExecSchedule(t *testing.T) {
+	t.Parallel()
 	table := newTable(t)
 	dir := t.TempDir()
 	out, done := filepath.Join(dir, "slots"), filepath.Join(dir, "done")
@@ -264,6 +265,7 @@ func faultProxy(t *testing.T, faults *ddbleasetest.Faults) string {
 // before the standby's COMMAND starts. The standby's COMMAND looks for
 // them when it starts.
 func TestExecLongRunningStopsChildBeforeStandby(t *testing.T) {
+	t.Parallel()
 	table := newTable(t)
 	dir := t.TempDir()
 	out, pids := filepath.Join(dir, "out"), filepath.Join(dir, "pids")
@@ -330,6 +332,7 @@ wait`
 // A COMMAND that exits on its own makes ddblease exec resign and exit
 // with its status; --restart starts it again instead.
 func TestExecLongRunningHandOver(t *testing.T) {
+	t.Parallel()
 	table := newTable(t)
 	dir := t.TempDir()
 	out := filepath.Join(dir, "out")
@@ -388,6 +391,7 @@ func failsLogged(t *testing.T, r result, code int, want string) {
 
 // Bad input: one line on stderr, exit status 2, and nothing run.
 func TestExecBadInput(t *testing.T) {
+	t.Parallel()
 	table := newTable(t)
 	env := baseEnv()
 	for _, c := range []struct {
@@ -419,6 +423,7 @@ func TestExecBadInput(t *testing.T) {
 // A signal goes to COMMAND's whole process group: here a shell that
 // waits for its child, which drains on SIGTERM.
 func TestExecSignalsTheGroup(t *testing.T) {
+	t.Parallel()
 	table := newTable(t)
 	out := filepath.Join(t.TempDir(), "out")
 	script := `trap ":" TERM

@@ -121,6 +121,7 @@ func waitGone(t *testing.T, pids []int) time.Duration {
 // those that left its process group (setsid, start_new_session, a
 // detached spawn) included, orphaned or not.
 func TestExecKilledStopsEscapedDescendants(t *testing.T) {
+	t.Parallel()
 	table := newTable(t)
 	dir := t.TempDir()
 	out, pids := filepath.Join(dir, "out"), filepath.Join(dir, "pids")
@@ -139,6 +140,7 @@ func TestExecKilledStopsEscapedDescendants(t *testing.T) {
 // too; whatever COMMAND leaves behind when it exits is killed, and so is
 // everything when COMMAND outlasts the drain timeout.
 func TestExecStopsEscapedDescendants(t *testing.T) {
+	t.Parallel()
 	table := newTable(t)
 	dir := t.TempDir()
 	for _, c := range []struct {

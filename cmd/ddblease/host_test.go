@@ -69,6 +69,7 @@ func checkHosts(t *testing.T, client *http.Client, method, url, body string, wan
 // ddblease ui answers only to loopback names, also when it listens on
 // every address: a rebinding site's name is refused, reads too.
 func TestHostUIOnAllAddresses(t *testing.T) {
+	t.Parallel()
 	table := srv.NewTable(t)
 	history(t, table, "billing", time.Now().Add(-time.Hour), 1)
 	p := startUI(t, baseEnv(), srv.URL, table, "--addr", "0.0.0.0:0")
@@ -90,6 +91,7 @@ func TestHostUIOnAllAddresses(t *testing.T) {
 // --allowed-host admits more names, repeated or comma-separated, in any
 // case and with any port; the others are still refused.
 func TestHostUIAllowedHost(t *testing.T) {
+	t.Parallel()
 	table := srv.NewTable(t)
 	history(t, table, "billing", time.Now().Add(-time.Hour), 1)
 	p := startUI(t, baseEnv(), srv.URL, table, "--allowed-host", "ui.example.com, Other.Example", "--allowed-host", "10.1.2.3",
@@ -176,6 +178,7 @@ read:
 // ddblease local answers only to loopback names too: a rebinding site can
 // neither read nor write the development server.
 func TestLocalHostPolicy(t *testing.T) {
+	t.Parallel()
 	client := &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second}
 	defer client.CloseIdleConnections()
 	for _, addr := range []string{"127.0.0.1:0", "0.0.0.0:0"} {

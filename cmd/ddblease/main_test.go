@@ -200,6 +200,7 @@ func statusJSON(t *testing.T, env []string, table string, jobs ...string) []jobV
 
 // Every subcommand, end to end, against the test server.
 func TestCommands(t *testing.T) {
+	t.Parallel()
 	env := baseEnv()
 	table := "ddblease-cli-" + ddbleasetest.RandomID()
 	out := ok(t, cli(t, env, "create-table", "--table", table))
@@ -367,6 +368,7 @@ func (l *lockedBuffer) String() string {
 
 // Bad input: each a clear one-line error and a non-zero exit status.
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	env := baseEnv()
 	table := "ddblease-cli-" + ddbleasetest.RandomID()
 	ok(t, cli(t, env, "create-table", "--table", table))
@@ -405,6 +407,7 @@ func TestBadInput(t *testing.T) {
 // Every command that reads or writes the table says, on a missing table,
 // one short line naming the table and "not found", with exit status 1.
 func TestMissingTable(t *testing.T) {
+	t.Parallel()
 	env := baseEnv()
 	table := "ddblease-missing-" + ddbleasetest.RandomID()
 	for _, args := range [][]string{

@@ -30,6 +30,7 @@ func leadCounts(pools []*ddblease.Pool, jobs []string) []int {
 // numbers of seconds; the reads are Queries on keys and BatchGetItems,
 // never a Scan.
 func TestPools(t *testing.T) {
+	t.Parallel()
 	table := srv.NewTable(t)
 	env := baseEnv()
 	jobs := []string{"tenant-1", "tenant-2", "tenant-3", "tenant-4"}
@@ -146,6 +147,7 @@ func TestPools(t *testing.T) {
 // status --pool P shows the jobs of pool P only; an unknown pool is an
 // error naming it; JOBs and --pool together are bad usage.
 func TestStatusPool(t *testing.T) {
+	t.Parallel()
 	table := srv.NewTable(t)
 	env := baseEnv()
 	tenants := startPool(t, table, "tenants", []string{"tenant-1", "tenant-2"}, "replica-a")

@@ -89,6 +89,7 @@ func (r *itemRelay) take() (requests map[string]int, items int) {
 // examine are the same on a job with 20 runs as on one with 300, and no
 // request is a Scan.
 func TestReadsGrowWithWhatIsAsked(t *testing.T) {
+	t.Parallel()
 	type reads struct{ status, runs, watch int }
 	measure := func(t *testing.T, history_ int) reads {
 		table := srv.NewTable(t)
@@ -160,6 +161,7 @@ func failingHistory(t *testing.T, table, job string, start time.Time, n, failAt 
 // history: a job of 30 runs whose failure is older than its 20 latest
 // costs what a job of 3 does, and status still shows that failure.
 func TestStatusReadsFourItemsPerJob(t *testing.T) {
+	t.Parallel()
 	table := srv.NewTable(t)
 	start := time.Now().UTC().Truncate(time.Minute).Add(-40 * time.Minute)
 	failingHistory(t, table, "billing", start, 30, 5) // 24 successes after the failure

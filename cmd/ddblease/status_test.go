@@ -20,6 +20,7 @@ import (
 // status shows each job's last run and its last failed run: a job that
 // fails every slot does not look healthy.
 func TestStatusShowsLastRuns(t *testing.T) {
+	t.Parallel()
 	env := baseEnv()
 	table := "ddblease-cli-" + ddbleasetest.RandomID()
 	ok(t, cli(t, env, "create-table", "--table", table))
@@ -90,6 +91,7 @@ func lineWith(t *testing.T, out, s string) string {
 
 // status A B with B unknown shows A and exits 1 naming B.
 func TestStatusUnknownAmongKnown(t *testing.T) {
+	t.Parallel()
 	env := baseEnv()
 	table := "ddblease-cli-" + ddbleasetest.RandomID()
 	ok(t, cli(t, env, "create-table", "--table", table))
@@ -107,6 +109,7 @@ func TestStatusUnknownAmongKnown(t *testing.T) {
 // After a force-release, status says "released" and names who released
 // it until a new holder leads; then it no longer does.
 func TestStatusAfterForceRelease(t *testing.T) {
+	t.Parallel()
 	env := baseEnv()
 	table := "ddblease-cli-" + ddbleasetest.RandomID()
 	ok(t, cli(t, env, "create-table", "--table", table))
@@ -128,6 +131,7 @@ func TestStatusAfterForceRelease(t *testing.T) {
 // durationSeconds), in status, runs, trigger --wait and watch; no Go
 // duration text is left.
 func TestJSONDurationsInSeconds(t *testing.T) {
+	t.Parallel()
 	env := baseEnv()
 	table := "ddblease-cli-" + ddbleasetest.RandomID()
 	ok(t, cli(t, env, "create-table", "--table", table))
@@ -204,6 +208,7 @@ func TestJSONDurationsInSeconds(t *testing.T) {
 // the N latest runs, the missed slots before the first of them as a
 // count; --last below 1 is refused.
 func TestRunsShowsMissedSlots(t *testing.T) {
+	t.Parallel()
 	env := baseEnv()
 	table := "ddblease-cli-" + ddbleasetest.RandomID()
 	ok(t, cli(t, env, "create-table", "--table", table))

@@ -17,6 +17,7 @@ import (
 // exit status 3, naming the trigger and where to look; the request stays
 // pending, and a replica that starts later runs it.
 func TestTriggerWaitGivesUp(t *testing.T) {
+	t.Parallel()
 	table := srv.NewTable(t)
 	env := baseEnv()
 	a := startReplica(t, table, "billing", "replica-a", func(context.Context, *ddblease.JobRun) error { return nil })
@@ -64,6 +65,7 @@ func TestTriggerWaitGivesUp(t *testing.T) {
 // With a replica running, trigger --wait returns the run's outcome; a run
 // still going at --wait-timeout is reported as started, with exit 3.
 func TestTriggerWaitRunning(t *testing.T) {
+	t.Parallel()
 	table := srv.NewTable(t)
 	env := baseEnv()
 	release := make(chan struct{})

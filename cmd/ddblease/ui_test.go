@@ -149,6 +149,7 @@ func newAdmin(t *testing.T, table string) *ddblease.Admin {
 // history: a few to list the jobs and the pools, and one per job for its
 // runs.
 func TestUIReadsPerRefresh(t *testing.T) {
+	t.Parallel()
 	table := srv.NewTable(t)
 	now := time.Now().UTC().Truncate(time.Minute)
 	history(t, table, "billing", now.Add(-20*time.Minute), 10)
@@ -183,6 +184,7 @@ func TestUIReadsPerRefresh(t *testing.T) {
 // Read-only by default: the page offers no action and the server refuses
 // one, however it is asked.
 func TestUIReadOnlyByDefault(t *testing.T) {
+	t.Parallel()
 	table := srv.NewTable(t)
 	history(t, table, "billing", time.Now().Add(-time.Hour), 1)
 	env := append(baseEnv(), uiTokenEnv+"=secret-token")
@@ -208,6 +210,7 @@ func TestUIReadOnlyByDefault(t *testing.T) {
 // With --allow-actions, an action needs the token and a request from the
 // page's own origin; the server answers only to loopback names.
 func TestUIActionsNeedTokenAndSameOrigin(t *testing.T) {
+	t.Parallel()
 	table := srv.NewTable(t)
 	history(t, table, "billing", time.Now().Add(-time.Hour), 1)
 	env := append(baseEnv(), uiTokenEnv+"=secret-token")
@@ -264,6 +267,7 @@ func TestUIActionsNeedTokenAndSameOrigin(t *testing.T) {
 
 // /metrics serves the table's state in the Prometheus text format.
 func TestUIMetrics(t *testing.T) {
+	t.Parallel()
 	table := srv.NewTable(t)
 	ctx := context.Background()
 	start := time.Now().UTC().Truncate(time.Minute).Add(-10 * time.Minute)
@@ -319,6 +323,7 @@ func TestUIMetrics(t *testing.T) {
 
 // A pool's balance: each live member should hold its share.
 func TestUIPoolBalance(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	live, dead := now.Add(time.Minute), now.Add(-time.Minute)
 	for _, c := range []struct {
@@ -345,6 +350,7 @@ func TestUIPoolBalance(t *testing.T) {
 
 // Bad flags and queries are refused with a clear message.
 func TestUIBadInput(t *testing.T) {
+	t.Parallel()
 	table := srv.NewTable(t)
 	fails(t, cli(t, baseEnv(), "--table", table, "ui", "--refresh", "0s"), 2, "--refresh 0s must be positive")
 	fails(t, cli(t, baseEnv(), "--table", table, "ui", "--max-runs", "0"), 2, "--max-runs 0 must be positive")
@@ -361,6 +367,7 @@ func TestUIBadInput(t *testing.T) {
 
 // Pools in /metrics: live members, and the jobs each member holds.
 func TestUIMetricsPools(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	pool := uiPool{Name: "tenants", Members: []uiMember{
 		{"a", now.Add(time.Minute), []string{"t1", "t2", "t3"}, nil}, {"b", now.Add(time.Minute), nil, nil}, {"c", now.Add(-time.Minute), nil, nil}}}
@@ -391,6 +398,7 @@ func TestUIMetricsPools(t *testing.T) {
 // docs/observability.md lists the metrics /metrics serves, and its alert
 // rules use only those.
 func TestUIMetricsInDocs(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("../../docs/observability.md")
 	require.NoError(t, err)
 	doc := string(b)
@@ -423,6 +431,7 @@ func TestUIMetricsInDocs(t *testing.T) {
 // A real pool of four jobs over two replicas: /api/state lists its
 // members and the jobs each holds, balanced, and /metrics says so.
 func TestUIPoolOfTwoReplicas(t *testing.T) {
+	t.Parallel()
 	table := srv.NewTable(t)
 	jobs := []string{"tenant-1", "tenant-2", "tenant-3", "tenant-4"}
 	var pools []*ddblease.Pool
@@ -519,6 +528,7 @@ func (p *uiProc) act(t *testing.T, token, action, job string, fence int64) (int,
 // nightly, never the default layout's nightly in the same table, also
 // when both tenures have the same fence.
 func TestUILayoutActionsKeyPrefix(t *testing.T) {
+	t.Parallel()
 	table := srv.NewTable(t)
 	teamB := ddblease.Layout{Prefix: "teamb#"}
 	a := startReplicaIn(t, table, ddblease.Layout{}, "nightly", "team-a")
@@ -573,6 +583,7 @@ func TestUILayoutActionsKeyPrefix(t *testing.T) {
 
 // The actions work on a table whose keys are not pk and sk.
 func TestUILayoutActionsCustomKeys(t *testing.T) {
+	t.Parallel()
 	layout := ddblease.Layout{PartitionKey: "id", SortKey: "rk"}
 	table := srv.NewTable(t, func(l *ddblease.Layout) { *l = layout })
 	r := startReplicaIn(t, table, layout, "nightly", "replica-a")
@@ -593,6 +604,7 @@ func TestUILayoutActionsCustomKeys(t *testing.T) {
 // The first response holds the state: a plain GET of / names every job
 // and holder, escaped, and every pool, without script.
 func TestUIFirstPaint(t *testing.T) {
+	t.Parallel()
 	table := srv.NewTable(t)
 	history(t, table, "billing", time.Now().Add(-30*time.Minute), 3)
 	const odd = `<img src=x onerror=alert(1)>&"`
@@ -632,6 +644,7 @@ func TestUIFirstPaint(t *testing.T) {
 // The range comes from the address, an hour by default; a wrong one is a
 // clear 400, on the page and in the API.
 func TestUIRangeInAddress(t *testing.T) {
+	t.Parallel()
 	table := srv.NewTable(t)
 	history(t, table, "billing", time.Now().Add(-50*time.Minute), 1)
 	p := startUI(t, baseEnv(), srv.URL, table)

@@ -10,6 +10,7 @@ import (
 // The commit comes from the toolchain's VCS stamp, or else from a
 // pseudo-version; a release's tag has none.
 func TestBuildVersion(t *testing.T) {
+	t.Parallel()
 	const mod = "github.com/ddblease/ddblease/cmd/ddblease"
 	lib := &debug.Module{Path: "github.com/ddblease/ddblease", Version: "v0.1.0", Replace: &debug.Module{Path: "../.."}}
 	for _, c := range []struct {
