@@ -103,6 +103,11 @@ func (l *Lease) attempt(ctx context.Context) (t *term, again bool, err error) {
 	defer done()
 	if l.mayTry() {
 		t, err = l.tryAcquire(ctx)
+		if errors.Is(err, ErrHeld) && l.judgeBound(ctx) {
+			// Refused as bound to another's session, which the session
+			// rules free now (a dead replica's): take it at once.
+			return nil, true, nil
+		}
 		return t, false, err
 	}
 	rec, present, err := l.read(ctx, false)
@@ -326,14 +331,11 @@ func (l *Lease) takeoverRule() takeover {
 	return r
 }
 
-// expiredAt is when the observed lease becomes takeable by its recorded
-// expiry, on this handle's clock.
-func (r takeover) expiredAt() time.Time { return r.obs.rec.ExpiresAt.Add(r.skew) }
-
-// watchedAt is when the observed renewal version will have been watched
-// unchanged for a whole lease, by the runtime's clock.
-func (r takeover) watchedAt() time.Time {
-	return r.obs.since.Add(max(r.lease, r.obs.rec.Duration))
+// lapse returns the observed renewal's lapse rule: its recorded expiry,
+// watched since the first read that showed its version, for the longer of
+// this handle's LeaseDuration and the one the item records.
+func (r takeover) lapse() lapse {
+	return lapse{expires: r.obs.rec.ExpiresAt, since: r.obs.since, lease: max(r.lease, r.obs.rec.Duration), skew: r.skew}
 }
 
 // watched returns the renewal version watched unchanged for a whole lease.
@@ -341,7 +343,7 @@ func (r takeover) watched(now sent) (string, bool) {
 	if !r.obs.present {
 		return "", false
 	}
-	return r.obs.rec.version, !now.real.Before(r.watchedAt())
+	return r.obs.rec.version, r.lapse().watched(now)
 }
 
 // mayTry reports whether an acquisition attempt may succeed now: nothing
@@ -359,8 +361,7 @@ func (r takeover) mayTry(now sent) bool {
 	if r.obs.rec.Owner == r.owner && r.ours {
 		return true
 	}
-	_, watched := r.watched(now)
-	return watched || expiredBy(r.obs.rec.ExpiresAt, now.at, r.skew)
+	return r.lapse().passed(now)
 }
 
 // wait returns how long until the observed lease becomes takeable by time
@@ -369,7 +370,43 @@ func (r takeover) wait(now sent) time.Duration {
 	if !r.obs.present || r.obs.rec.Session != "" {
 		return 0
 	}
-	return max(min(r.expiredAt().Sub(now.at), r.watchedAt().Sub(now.real))+time.Millisecond, 0)
+	return r.lapse().wait(now)
+}
+
+// lapse is the one rule by which a renewal that another process wrote
+// (a lease item's, a pool member's session) has lapsed, so that what it
+// held may be taken: its recorded expiry is older than MaxClockSkew on
+// the reader's clock (the writer's clock may be that much behind), or the
+// reader has watched its version unchanged for a whole lease on the
+// runtime's monotonic clock, since the first read that showed it (no
+// clocks compared, and no step of a wall clock moves it). The writer's
+// deadline, the send time of its renewal plus its LeaseDuration less a
+// margin, is before both. A lease's takeover, a pool's judgement of its
+// members (Pool.liveIn), the end of a lapsed session (Pool.sessionFree)
+// and the wake at a member's lapse (Pool.untilLapse) all apply it.
+type lapse struct {
+	expires time.Time     // the recorded expiry, by the writer's clock
+	since   time.Time     // the first read of the version, by the runtime's clock; zero: not watched
+	lease   time.Duration // the longer of the reader's LeaseDuration and the writer's
+	skew    time.Duration // MaxClockSkew
+}
+
+// watched reports whether the version has been watched for a whole lease.
+func (x lapse) watched(now sent) bool {
+	return !x.since.IsZero() && !now.real.Before(x.since.Add(x.lease))
+}
+
+// passed reports whether the renewal has lapsed at now.
+func (x lapse) passed(now sent) bool { return x.watched(now) || expiredBy(x.expires, now.at, x.skew) }
+
+// wait returns how long until the renewal lapses by time alone, 0 if it
+// has.
+func (x lapse) wait(now sent) time.Duration {
+	d := x.expires.Add(x.skew).Sub(now.at)
+	if !x.since.IsZero() {
+		d = min(d, x.since.Add(x.lease).Sub(now.real))
+	}
+	return max(d+time.Millisecond, 0)
 }
 
 // condition returns the DynamoDB condition under which an acquisition

@@ -30,13 +30,17 @@ import (
 // partition of the same table (Layout), each renewing its own every
 // HeartbeatInterval (one UpdateItem, then one Query that reads the
 // others'): its expiry, and the view it acts on (which replicas it sees
-// live). A
+// live). Between renewals each reads the others' again every
+// RetryInterval (the same Query), as a lease's standby polls its lease,
+// and renews and acts at once when the members it counts live changed. A
 // replica that stops renewing counts as gone once its expiry, a
 // LeaseDuration after its last renewal, is MaxClockSkew old, or once the
-// others have read its entry unchanged for a LeaseDuration by their
-// runtime clocks (its wall clock may have been ahead); one that stops
-// running the pool removes itself first, so that the others take its jobs
-// within a HeartbeatInterval of its shutdown. From the live replicas each
+// others have read its entry unchanged for a lease (the longer of their
+// LeaseDuration and its own) by their runtime clocks (its wall clock may
+// have been ahead), so that its jobs are led again when single leases in
+// their place would be; one that stops running the pool removes itself
+// first, so that the others take its jobs within a RetryInterval of its
+// shutdown. From the live replicas each
 // computes the same assignment: the jobs, in the order of a hash, each go
 // to the live replica ranked highest for it (rendezvous hashing) that has
 // fewer than its share, so that a change of replicas moves few jobs besides
@@ -44,9 +48,8 @@ import (
 // and hands a job it leads over only to a replica whose entry says it acts
 // on the same view, and so campaigns for that job (a replica whose view
 // changes writes its entry again at once). A job waits for a replica that
-// joined, left or died to be seen (up to a HeartbeatInterval, or the dead
-// replica's expiry; a join, up to two), then for its lease as any standby
-// does.
+// joined, left or died to be seen (up to a RetryInterval, or the dead
+// replica's lapse), then for its lease as any standby does.
 type Pool struct {
 	db       DynamoDBAPI
 	table    string
@@ -262,11 +265,13 @@ type poolRun struct {
 	p        *Pool
 	startJob func(r *poolRun, job string, jctx context.Context, run *jobRun)
 	runs     map[string]*jobRun
-	finished chan string     // a job's Run returned
-	runCtx   context.Context // the jobs' Runs' parent: ends when Run returns
-	unsentAt time.Time       // the first renewal never sent, while none has reached the table
-	reached  bool            // a renewal reached the table
-	failing  bool            // the last renewal failed: the next comes after a RetryInterval
+	finished chan string       // a job's Run returned
+	runCtx   context.Context   // the jobs' Runs' parent: ends when Run returns
+	unsentAt time.Time         // the first renewal never sent, while none has reached the table
+	reached  bool              // a renewal reached the table
+	failing  bool              // the last renewal failed: the next comes after a RetryInterval
+	looked   map[string]member // the members the last look read, since the last renewal; nil: none
+	blind    bool              // the last look failed: the next waits a RetryInterval
 }
 
 // jobRun is the Run of one job of a pool.
@@ -277,8 +282,9 @@ type jobRun struct {
 	err       error
 }
 
-// loop renews the membership and acts on it every HeartbeatInterval, or
-// at once after a decline, until ctx ends or the pool must stop.
+// loop renews the membership and acts on it every HeartbeatInterval, at
+// once after a decline, and at once when a look between renewals (look)
+// finds the live members changed, until ctx ends or the pool must stop.
 func (r *poolRun) loop(ctx context.Context) error {
 	p := r.p
 	for {
@@ -292,13 +298,59 @@ func (r *poolRun) loop(ctx context.Context) error {
 			// still has time left.
 			next = min(p.opts.RetryInterval, next)
 		}
-		wait := time.NewTimer(jitter(next))
-		err, again := r.wait(ctx, wait.C)
-		wait.Stop()
-		if !again {
-			return r.stop(err)
+		due := time.Now().Add(jitter(next))
+		for {
+			wake := time.NewTimer(r.untilLook(due))
+			woke, err := r.wait(ctx, wake.C)
+			wake.Stop()
+			if woke == wokeStop {
+				return r.stop(err)
+			}
+			if woke == wokeDecline || !time.Now().Before(due) || r.look(ctx) {
+				break
+			}
 		}
 	}
+}
+
+// untilLook returns how long the loop waits before it looks at the
+// members, or renews at due: a jittered RetryInterval, as a lease's
+// standby polls, or less when a member lapses sooner (untilLapse). A
+// replica whose last renewal failed looks nothing up: it renews at due.
+func (r *poolRun) untilLook(due time.Time) time.Duration {
+	d := time.Until(due)
+	if r.failing {
+		return max(d, 0)
+	}
+	d = min(d, jitter(r.p.opts.RetryInterval))
+	if r.blind {
+		return max(d, 0)
+	}
+	if l, ok := r.p.untilLapse(r.looked); ok {
+		d = min(d, l)
+	}
+	return max(d, 0)
+}
+
+// look reads the pool's member items between two renewals, as a lease's
+// standby polls the lease item, so that this replica sees each member's
+// renewal within a RetryInterval of it (the watch a lapse is judged by:
+// Pool.watch) and learns of a lapse, a leave or a join when it happens. It
+// reports whether the members live by that read differ from the ones
+// this replica acts on: it then renews at once, and acts. A failed read
+// changes nothing but puts the next look a RetryInterval off; the next
+// renewal reports its failure.
+func (r *poolRun) look(ctx context.Context) bool {
+	p := r.p
+	members, sent, err := p.readMembers(ctx)
+	r.blind = err != nil
+	if err != nil {
+		return false
+	}
+	r.looked = members
+	p.watch(members, sent)
+	seen, _ := p.view()
+	return !slices.Equal(p.liveIn(members, p.opts.sendNow()), seen.live)
 }
 
 // renew renews this replica's membership and records the members read. It
@@ -309,7 +361,7 @@ func (r *poolRun) renew(ctx context.Context) error {
 	now := p.opts.Now()
 	switch {
 	case err == nil:
-		r.reached, r.failing = true, false
+		r.reached, r.failing, r.looked = true, false, nil
 		p.health.ok()
 		p.mu.Lock()
 		p.seen = seen
@@ -429,15 +481,21 @@ func (r *poolRun) runJob(job string, jctx context.Context, run *jobRun, fn func(
 	}()
 }
 
-// wait waits for the next renewal: the timer, or a decline. It returns
-// again false, with the error that stops the pool if any, when ctx ended
-// or a job's fn failed.
-func (r *poolRun) wait(ctx context.Context, timer <-chan time.Time) (err error, again bool) {
+// What ended a wait of the membership loop.
+const (
+	wokeTimer   = iota // its timer fired
+	wokeDecline        // this replica declined a job: renew at once
+	wokeStop           // ctx ended, or a job's fn failed: the pool stops
+)
+
+// wait waits for timer or a decline. It returns wokeStop, with the error
+// that stops the pool if any, when ctx ended or a job's fn failed.
+func (r *poolRun) wait(ctx context.Context, timer <-chan time.Time) (woke int, err error) {
 	p := r.p
 	for {
 		select {
 		case <-ctx.Done():
-			return nil, false
+			return wokeStop, nil
 		case job := <-r.finished:
 			run := r.runs[job]
 			delete(r.runs, job)
@@ -447,7 +505,7 @@ func (r *poolRun) wait(ctx context.Context, timer <-chan time.Time) (err error, 
 				p.log.Warn("ddblease: a job handed over did not end cleanly", "job", job, "err", run.err)
 			default:
 				// fn failed while it led: the pool stops, as Run does.
-				return fmt.Errorf("ddblease: pool %q: job %q: %w", p.name, job, run.err), false
+				return wokeStop, fmt.Errorf("ddblease: pool %q: job %q: %w", p.name, job, run.err)
 			}
 		case <-p.declines:
 			_, declined := p.view()
@@ -457,9 +515,9 @@ func (r *poolRun) wait(ctx context.Context, timer <-chan time.Time) (err error, 
 					run.cancel()
 				}
 			}
-			return nil, true
+			return wokeDecline, nil
 		case <-timer:
-			return nil, true
+			return wokeTimer, nil
 		}
 	}
 }

@@ -37,9 +37,9 @@ func (p *Pool) renew(ctx context.Context) (poolView, error) {
 		if err != nil {
 			return poolView{}, err
 		}
-		now := p.opts.Now()
+		now := p.opts.sendNow()
 		p.watch(members, sent)
-		p.forgetDead(ctx, members, now)
+		p.forgetDead(ctx, members, now.at)
 		seen = poolView{live: p.liveIn(members, now), members: map[string]member{}}
 		for _, r := range seen.live {
 			seen.members[r] = members[r]
@@ -57,7 +57,6 @@ func (p *Pool) renew(ctx context.Context) (poolView, error) {
 // then reads the pool's member items, and returns the members they list
 // and when that read was sent, by the runtime clock.
 func (p *Pool) write(ctx context.Context, view string, declined []string) (map[string]member, time.Time, error) {
-	y := p.opts.Layout
 	list, err := json.Marshal(declined)
 	if err != nil {
 		return nil, time.Time{}, err
@@ -77,6 +76,14 @@ func (p *Pool) write(ctx context.Context, view string, declined []string) (map[s
 		return nil, time.Time{}, err
 	}
 	p.handleNotes(ctx, s, notes)
+	return p.readMembers(ctx)
+}
+
+// readMembers reads the pool's member items (a strongly consistent Query
+// of its partition) and returns the members they list and when the read
+// was sent, by the runtime clock.
+func (p *Pool) readMembers(ctx context.Context) (map[string]member, time.Time, error) {
+	y := p.opts.Layout
 	lo, hi := prefixRange(skMember)
 	sent := time.Now()
 	items, err := query(ctx, p.db, p.table, y, y.poolPartition(p.name), lo, hi, 0, false, p.opts.CallTimeout,
@@ -165,21 +172,55 @@ func (p *Pool) unchanged(owner string) time.Duration {
 }
 
 // liveIn returns the members that take jobs at now, sorted: not leaving,
-// and with a session not ended nor lapsed. A session lapses, as a lease
-// may be taken (fence.go), once its expiry is MaxClockSkew old, or
-// once its version has been read unchanged for a LeaseDuration by the
-// runtime clock: a replica whose wall clock was ahead when it last
-// renewed wrote an expiry too far out, and no clocks are compared then.
-func (p *Pool) liveIn(members map[string]member, now time.Time) []string {
+// and with a session not ended nor lapsed (lapseOf: its expiry
+// MaxClockSkew old, or its version read unchanged for a LeaseDuration by
+// the runtime clock, which holds when a replica whose wall clock was
+// ahead wrote an expiry too far out). This replica's own item is judged
+// by its expiry alone.
+func (p *Pool) liveIn(members map[string]member, now sent) []string {
+	p.mu.Lock()
+	watched := maps.Clone(p.watched)
+	p.mu.Unlock()
 	live := []string{}
 	for owner, m := range members {
-		if m.exp >= 0 && !m.leaving && m.ended == "" && !expiredBy(time.UnixMilli(m.exp), now, p.opts.MaxClockSkew) &&
-			(owner == p.opts.Owner || p.unchanged(owner) < p.opts.LeaseDuration) {
+		w := watched[owner]
+		if owner == p.opts.Owner {
+			w = watchedEntry{}
+		}
+		if m.exp >= 0 && !m.leaving && m.ended == "" && !p.lapseOf(m, w).passed(now) {
 			live = append(live, owner)
 		}
 	}
 	slices.Sort(live)
 	return live
+}
+
+// untilLapse returns how long until the first member this replica counts
+// live, other than itself, lapses by time alone (lapseOf), and false when
+// there is none: the membership loop looks at the members then, so that a
+// dead member's jobs are taken as soon as its lapse allows, as a lease's
+// standby takes a lease. Each member is judged by its entry in looked,
+// the members a read since the last renewal listed, if it is there, and
+// by the renewal's read if not.
+func (p *Pool) untilLapse(looked map[string]member) (time.Duration, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.opts.sendNow()
+	d, any := time.Duration(0), false
+	for _, owner := range p.seen.live {
+		m, ok := looked[owner]
+		if !ok {
+			m, ok = p.seen.members[owner]
+		}
+		if owner == p.opts.Owner || !ok {
+			continue
+		}
+		w := p.lapseOf(m, p.watched[owner]).wait(now)
+		if !any || w < d {
+			d, any = w, true
+		}
+	}
+	return d, any
 }
 
 // maxForget bounds the members one renewal removes from the pool's item.

@@ -293,9 +293,10 @@ func (s *session) noteHandled(jobs []string) {
 // a LeaseDuration) and this replica ended it, with a write conditional on
 // the version it watched; or a member read sent after the first ask for
 // it ended without it (its item deleted, or holding another session) a
-// LeaseDuration ago by the runtime's clock, which outlasts any deadline
-// of its holder (goneEntry).
-func (p *Pool) sessionFree(ctx context.Context, owner, sid string) bool {
+// lease ago by the runtime's clock, which outlasts any deadline of its
+// holder (goneEntry): the longer of this replica's LeaseDuration and
+// held, the one the job's lease item records (its holder's; 0 if none).
+func (p *Pool) sessionFree(ctx context.Context, owner, sid string, held time.Duration) bool {
 	if owner == p.opts.Owner {
 		p.mu.Lock()
 		past, live := p.pastSessions[sid], p.sess != nil && p.sess.sid == sid
@@ -319,7 +320,7 @@ func (p *Pool) sessionFree(ctx context.Context, owner, sid string) bool {
 			p.gone[k] = goneEntry{asked: time.Now()}
 		}
 		p.mu.Unlock()
-		return !g.missing.IsZero() && time.Since(g.missing) >= p.opts.LeaseDuration
+		return !g.missing.IsZero() && time.Since(g.missing) >= max(p.opts.LeaseDuration, held)
 	}
 	switch {
 	case m.ended != "":
@@ -348,13 +349,25 @@ func (p *Pool) sessionFree(ctx context.Context, owner, sid string) bool {
 	return true
 }
 
-// lapsed reports whether a member's session lapsed, by the rules a
-// standby applies to a lease (takeover): its expiry is MaxClockSkew
-// old, or its version has been read unchanged for a LeaseDuration.
-func (p *Pool) lapsed(m member, w watchedEntry) bool {
-	now := p.opts.Now()
-	return expiredBy(time.UnixMilli(m.exp), now, p.opts.MaxClockSkew) ||
-		w.sid == m.sid && w.sv == m.sv && time.Since(w.since) >= p.opts.LeaseDuration
+// lapsed reports whether a member's session lapsed (lapseOf).
+func (p *Pool) lapsed(m member, w watchedEntry) bool { return p.lapseOf(m, w).passed(p.opts.sendNow()) }
+
+// lapseOf returns the lapse rule of a member's session as this replica
+// watched it (w: its version as last read, and since when): its expiry,
+// and its version watched for the longer of this replica's LeaseDuration
+// and the member's own (its expiry less its renewal's send time, both by
+// its clock), as a lease's takeover uses the longer of the reader's and
+// the one its item records. A replica whose LeaseDuration is longer
+// (a deploy that lengthens it) keeps its jobs until its own deadline.
+func (p *Pool) lapseOf(m member, w watchedEntry) lapse {
+	x := lapse{expires: time.UnixMilli(m.exp), lease: p.opts.LeaseDuration, skew: p.opts.MaxClockSkew}
+	if m.renewed > 0 && m.exp > m.renewed {
+		x.lease = max(x.lease, time.Duration(m.exp-m.renewed)*time.Millisecond)
+	}
+	if w.sid == m.sid && w.sv == m.sv {
+		x.since = w.since
+	}
+	return x
 }
 
 // endSession ends a lapsed session with a write conditional on the
@@ -377,25 +390,28 @@ func (p *Pool) endSession(ctx context.Context, m member) error {
 
 // judgeBound applies the session rules (sessionFree) to the lease item a
 // pool's lease last observed, when it is bound to a session other than
-// this replica's live one, and records whether they free it.
-func (l *Lease) judgeBound(ctx context.Context) {
+// this replica's live one, and records whether they free it. It reports
+// whether they freed it now.
+func (l *Lease) judgeBound(ctx context.Context) bool {
 	if l.pool == nil {
-		return
+		return false
 	}
 	l.mu.Lock()
 	obs := l.obs
 	l.mu.Unlock()
 	if !obs.present || obs.rec.Session == "" || obs.boundFree || obs.rec.Pool != l.pool.name {
-		return
+		return false
 	}
-	if !l.pool.sessionFree(ctx, obs.rec.Owner, obs.rec.Session) {
-		return
+	if !l.pool.sessionFree(ctx, obs.rec.Owner, obs.rec.Session, obs.rec.Duration) {
+		return false
 	}
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if o := l.obs.rec; l.obs.present && o.version == obs.rec.version && o.Fence == obs.rec.Fence && o.Session == obs.rec.Session {
 		l.obs.boundFree = true
+		return true
 	}
-	l.mu.Unlock()
+	return false
 }
 
 // noticeNote handles a note in the member item of session s: an operator
