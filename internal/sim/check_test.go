@@ -463,6 +463,9 @@ func (c *checker) handover(ctxs []ctxRec, shutdown map[int]time.Duration) {
 		if at, ok := c.crashAt[a.rep]; ok && a.end >= at {
 			continue
 		}
+		if superseded(a, ctxs) {
+			continue
+		}
 		next := end
 		for _, b := range ctxs {
 			switch {
@@ -477,6 +480,20 @@ func (c *checker) handover(ctxs []ctxRec, shutdown map[int]time.Duration) {
 				a.rep, a.fence, a.end, a.cause, next-a.end, p.FaultEnd, bound)
 		}
 	}
+}
+
+// superseded reports whether a newer fence led a's job before a ended: a
+// replica paused past its deadline sees its tenure end when it resumes,
+// after another has taken the lease from it (seed 921956). That end hands
+// nothing over; the job's leaderless time, if any, began when the newer
+// tenure ended, and liveness judges it.
+func superseded(a ctxRec, ctxs []ctxRec) bool {
+	for _, b := range ctxs {
+		if b.fence > a.fence && b.start < a.end {
+			return true
+		}
+	}
+	return false
 }
 
 // liveness: once the faults end, a leader within LiveBound and no gap

@@ -173,7 +173,14 @@
 //     without another leader context following within GapBound (plus a
 //     slot interval under RunSchedule), counted from when a replica that
 //     crashed can no longer hold the lease, if that is later (a lease
-//     write it had in flight may land after the crash);
+//     write it had in flight may land after the crash). A tenure that a
+//     newer fence took over before it ended (its replica was paused past
+//     its deadline and sees the end when it resumes) hands nothing over
+//     and is not judged here: the job's leaderless time began when the
+//     newer tenure ended, and no-leader judges it (seed 921956: a pool
+//     job's tenure seen ended at the faults' end, 0.8 s after the job's
+//     next tenure had been ended by a replica with a clock an hour ahead,
+//     was judged against the gap bound instead of the live bound);
 //   - slot-missed: every slot due from then on fired (succeeded or failed);
 //   - run-running: no run is left running when a later tenure fired within
 //     the catch-up window of its slot;
