@@ -288,6 +288,10 @@ type jobRun struct {
 func (r *poolRun) loop(ctx context.Context) error {
 	p := r.p
 	for {
+		// The next renewal is due a heartbeat after this one is sent, not
+		// after its answer and the actions on it: the session's expiry
+		// counts from the send.
+		sent := time.Now()
 		if err := r.renew(ctx); err != nil {
 			return r.stop(err)
 		}
@@ -298,7 +302,7 @@ func (r *poolRun) loop(ctx context.Context) error {
 			// still has time left.
 			next = min(p.opts.RetryInterval, next)
 		}
-		due := time.Now().Add(jitter(next))
+		due := sent.Add(jitter(next))
 		for {
 			wake := time.NewTimer(r.untilLook(due))
 			woke, err := r.wait(ctx, wake.C)
