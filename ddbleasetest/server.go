@@ -31,8 +31,11 @@
 // not a set of the operand's type); and it
 // answers a write that would store an empty map or list, which minidyn
 // returns as a value the SDK misreads, with a ValidationException that
-// says so. Its other gaps (numbers in
-// float64, no TTL calls) are listed in the repository's docs/testing.md.
+// says so. It keeps a table's time-to-live setting (UpdateTimeToLive,
+// DescribeTimeToLive), which minidyn has no call for, but deletes no
+// expired item (DynamoDB does so only eventually), and answers any other
+// operation minidyn lacks with UnknownOperationException. Its other gaps
+// (numbers in float64) are listed in the repository's docs/testing.md.
 //
 // The client this package builds has a fixed region and static dummy
 // credentials, so the SDK never looks for real credentials (no instance
@@ -134,17 +137,21 @@ func (s *Server) Close() {
 // but not its table map, which CreateTable writes. It applies the REMOVE
 // clauses of updates itself, which minidyn ignores or mishandles, and
 // refuses writes that would store empty maps and lists, which minidyn
-// returns wrong (remove.go). It also adds the X-Amz-Crc32 header that DynamoDB sends and
+// returns wrong (remove.go); it keeps each table's time-to-live setting
+// (ttl.go), and answers an operation minidyn lacks as DynamoDB answers
+// one it does not know, where minidyn answers with text the SDK cannot
+// read. It also adds the X-Amz-Crc32 header that DynamoDB sends and
 // minidyn does not: without it, an SDK client that logs
 // (config.LoadDefaultConfig's) warns on every response that the checksum
 // did not match.
 func serialized(h http.Handler) http.Handler {
 	var mu sync.Mutex
+	ttl := ttls{}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var body []byte
 		op := Op(r)
 		switch op {
-		case "UpdateItem", "TransactWriteItems", "PutItem", "BatchWriteItem":
+		case "UpdateItem", "TransactWriteItems", "PutItem", "BatchWriteItem", "DescribeTimeToLive", "UpdateTimeToLive":
 			var err error
 			if body, err = io.ReadAll(r.Body); err != nil {
 				http.Error(w, err.Error(), http.StatusBadRequest)
@@ -154,7 +161,11 @@ func serialized(h http.Handler) http.Handler {
 		}
 		mu.Lock()
 		rec := &recorder{header: http.Header{}, status: http.StatusOK}
-		if body == nil || !serveWrite(h, rec, op, body) {
+		switch {
+		case body != nil && (ttl.serve(h, rec, op, body) || serveWrite(h, rec, op, body)):
+		case !minidynOps[op]:
+			unknownOp(rec, op)
+		default:
 			h.ServeHTTP(rec, r)
 		}
 		mu.Unlock()
