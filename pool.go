@@ -85,7 +85,7 @@ type Pool struct {
 	members map[string]member
 	watched map[string]watchedEntry
 	gone    map[string]goneEntry
-	ending  map[string]bool // sessions this replica is ending (sessionFree), by id
+	ending  map[string]chan struct{} // sessions this replica is ending (sessionFree), by id: closed when the end's outcome is known
 }
 
 // poolView is the pool as one renewal read it: the live members.
@@ -288,21 +288,22 @@ type jobRun struct {
 func (r *poolRun) loop(ctx context.Context) error {
 	p := r.p
 	for {
-		// The next renewal is due a heartbeat after this one is sent, not
-		// after its answer and the actions on it: the session's expiry
-		// counts from the send.
+		// The next renewal is due a HeartbeatInterval after this one was
+		// sent, as a lease's heartbeat is (not after its answer and the
+		// actions on it): the session's expiry counts from the send, and
+		// its renewal's age is a lease's, so that its jobs fail over as
+		// leases do.
 		sent := time.Now()
 		if err := r.renew(ctx); err != nil {
 			return r.stop(err)
 		}
 		r.act(ctx)
-		next := p.opts.HeartbeatInterval
+		due := sent.Add(p.opts.HeartbeatInterval)
 		if r.failing {
 			// As a lease's heartbeat: try again soon, while the session
 			// still has time left.
-			next = min(p.opts.RetryInterval, next)
+			due = time.Now().Add(jitter(min(p.opts.RetryInterval, p.opts.HeartbeatInterval)))
 		}
-		due := sent.Add(jitter(next))
 		for {
 			wake := time.NewTimer(r.untilLook(due))
 			woke, err := r.wait(ctx, wake.C)
@@ -582,7 +583,7 @@ func (p *Pool) begin() {
 	p.mu.Lock()
 	p.seen, p.declined = poolView{}, nil
 	p.sess, p.pastSessions = newSession(p), map[string]bool{}
-	p.members, p.watched, p.gone, p.ending = nil, map[string]watchedEntry{}, map[string]goneEntry{}, map[string]bool{}
+	p.members, p.watched, p.gone, p.ending = nil, map[string]watchedEntry{}, map[string]goneEntry{}, map[string]chan struct{}{}
 	p.mu.Unlock()
 	select {
 	case <-p.declines:

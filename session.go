@@ -322,22 +322,36 @@ func (p *Pool) sessionFree(ctx context.Context, owner, sid string, held time.Dur
 		p.mu.Unlock()
 		return !g.missing.IsZero() && time.Since(g.missing) >= max(p.opts.LeaseDuration, held)
 	}
-	switch {
-	case m.ended != "":
+	if m.ended != "" {
 		p.mu.Unlock()
 		return true
-	case !p.lapsed(m, w) || p.ending[m.sid]:
-		// Not lapsed; or another of its jobs is ending it (one end per
-		// session, however many of its jobs ask): look again later.
+	}
+	if !p.lapsed(m, w) {
 		p.mu.Unlock()
 		return false
 	}
-	p.ending[m.sid] = true
+	if done, ok := p.ending[m.sid]; ok {
+		// Another of its jobs is ending it (one end per session, however
+		// many of its jobs ask): its outcome is this one's.
+		p.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return false
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		cur, ok := p.members[owner]
+		return ok && cur.sid == m.sid && cur.ended != ""
+	}
+	done := make(chan struct{})
+	p.ending[m.sid] = done
 	p.mu.Unlock()
 	err := p.endSession(ctx, m)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.ending, m.sid)
+	defer close(done)
 	if err != nil {
 		p.log.Debug("ddblease: could not end a lapsed pool session", "member", owner, "err", err)
 		return false

@@ -199,8 +199,9 @@
 // Under a pool, no-leader and gap use the pool's bounds, which add the
 // membership's own delays. A view lag (HeartbeatInterval + CallTimeout +
 // 2*MaxClockSkew) bounds how long after a change of the pool's item every
-// live replica's view shows it: its next renewal (a jittered heartbeat,
-// after a renewal that may have waited its CallTimeout in the faults),
+// live replica's view shows it: its next renewal (a heartbeat after the
+// last was sent, or once that one, which may have waited its CallTimeout
+// in the faults, was answered),
 // and an expiry judged on clocks up to 2*MaxClockSkew apart.
 //
 //   - no-leader: each job is led within PoolLiveBound of the faults' end,

@@ -717,10 +717,11 @@ func (p *Plan) gapBound() time.Duration {
 // viewLag bounds, once the faults are over, how long after a change of the
 // pool's item (a renewal that lands, a membership whose expiry passes)
 // every live replica's view of the members shows it: its next renewal,
-// sent within a jittered HeartbeatInterval (at most 0.95 of it) of the last
-// one, which may have been sent into the faults and waited its
-// CallTimeout; and an expiry is judged on each reader's clock, up to
-// 2*MaxClockSkew apart from the writer's and from each other's.
+// sent a HeartbeatInterval after the last one was sent (as a lease's
+// heartbeat), or once that one's answer came, which may have been sent
+// into the faults and waited its CallTimeout; and an expiry is judged on
+// each reader's clock, up to 2*MaxClockSkew apart from the writer's and
+// from each other's.
 func (p *Plan) viewLag() time.Duration {
 	return p.Heartbeat + p.CallTimeout + 2*p.Skew
 }
