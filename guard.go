@@ -303,48 +303,90 @@ func (g *Guard) TransactWrite(ctx context.Context, fence int64, items []types.Tr
 	if err != nil {
 		return err
 	}
-	all := guarded(g.table, g.key, fence, marked)
-	_, err = transactRetrying(ctx, g.db, all, g.retry())
-	if err == nil {
+	f := fencedTxn{db: g.db, table: g.table, leaseKey: g.key, layout: g.opts.Layout, job: g.job, fence: fence,
+		mark: g.mark, items: items, marked: marked, landedTok: tok,
+		keys: &g.keys, watch: -1, retry: g.retry(), timeout: g.opts.CallTimeout}
+	out := f.send(ctx)
+	switch {
+	case out.err == nil:
 		return nil
+	case out.stale != nil:
+		return errors.Join(g.stale("TransactWrite", out.stale), out.rerr)
 	}
-	w := condWrite{db: g.db, actions: all, keys: &g.keys, watch: -1, timeout: g.opts.CallTimeout}.resolve(ctx, nil, err)
-	if stale, rerr := staleByCheck(w, g.opts.Layout, g.job, fence, err); stale != nil {
-		return errors.Join(g.stale("TransactWrite", stale), rerr)
-	}
-	applied, mark, merr := g.mark.markRefusal(&w, 1, items, fence, tok)
+	applied, mark, merr := f.markRefusal(&out)
 	switch {
 	case applied:
 		return nil
 	case mark > 0:
-		return g.stale("TransactWrite", &StaleFenceError{Job: g.job, Fence: fence, Current: mark, err: err})
+		return g.stale("TransactWrite", &StaleFenceError{Job: g.job, Fence: fence, Current: mark, err: out.err})
 	case merr != nil:
-		return fmt.Errorf("ddblease: guarded transaction %q refused: %w", g.job, errors.Join(err, merr))
+		return fmt.Errorf("ddblease: guarded transaction %q refused: %w", g.job, errors.Join(out.err, merr))
 	}
-	return fmt.Errorf("ddblease: guarded transaction %q: %w", g.job, err)
+	return fmt.Errorf("ddblease: guarded transaction %q: %w", g.job, out.err)
 }
 
-// guarded is the guarded transaction, the one rule behind
+// fencedTxn is the guarded transaction, the one sequence behind
 // Guard.TransactWrite and JobRun.Commit: a check that the job's lease item
-// (leaseKey) still carries fence, first, then the actions, in one
-// TransactWriteItems.
-func guarded(table string, leaseKey map[string]types.AttributeValue, fence int64, actions []types.TransactWriteItem) []types.TransactWriteItem {
-	all := make([]types.TransactWriteItem, 0, len(actions)+1)
-	all = append(all, types.TransactWriteItem{ConditionCheck: fenceCheck(table, leaseKey, fence)})
-	return append(all, actions...)
+// (leaseKey) still carries fence, first, then the library's own actions
+// (own: a run's final update), then the caller's items marked with the
+// fence (marked), in one TransactWriteItems; and, when it failed, what the
+// table says of it.
+type fencedTxn struct {
+	db       DynamoDBAPI
+	table    string
+	leaseKey map[string]types.AttributeValue
+	layout   Layout
+	job      string
+	fence    int64
+
+	own           []types.TransactWriteItem
+	mark          marker
+	items, marked []types.TransactWriteItem // the caller's, and the same marked (marker.transactItems)
+	// landedTok is the token whose presence in a refused item says the
+	// transaction landed after all (an SDK retry of one that was applied);
+	// "" where an own action's item says so instead (mine).
+	landedTok string
+
+	keys    *sync.Map                                       // condWrite.keys
+	watch   int                                             // condWrite.watch
+	mine    func(item map[string]types.AttributeValue) bool // condWrite.mine
+	retry   retrier
+	timeout time.Duration
 }
 
-// staleByCheck returns the *StaleFenceError that a guarded transaction's
-// failed fence check means (w: the transaction resolved; err: its error),
-// with the error of reading the lease item back, if any; a nil
-// *StaleFenceError when the check did not fail.
-func staleByCheck(w written, y Layout, job string, fence int64, err error) (*StaleFenceError, error) {
-	if _, ok := w.fails[0]; !ok {
-		return nil, nil
+// fenced is what became of a fencedTxn.
+type fenced struct {
+	err   error            // the transaction's; nil when it was applied at once
+	w     written          // the failure resolved (condWrite.resolve); zero when err is nil or ErrTransactionsUnsupported
+	stale *StaleFenceError // the fence check failed: the fence the lease item carries
+	rerr  error            // reading the lease item back, for stale, failed
+}
+
+// send sends the transaction, and resolves a failure.
+func (f fencedTxn) send(ctx context.Context) fenced {
+	all := make([]types.TransactWriteItem, 0, 1+len(f.own)+len(f.marked))
+	all = append(all, types.TransactWriteItem{ConditionCheck: fenceCheck(f.table, f.leaseKey, f.fence)})
+	all = append(append(all, f.own...), f.marked...)
+	_, err := transactRetrying(ctx, f.db, all, f.retry)
+	out := fenced{err: err}
+	if err == nil || errors.Is(err, ErrTransactionsUnsupported) {
+		return out
 	}
-	item, rerr := w.stored(0)
-	cur, cerr := fenceOf(y, item)
-	return &StaleFenceError{Job: job, Fence: fence, Current: cur, err: err}, errors.Join(rerr, cerr)
+	out.w = condWrite{db: f.db, actions: all, keys: f.keys, watch: f.watch, timeout: f.timeout, mine: f.mine}.resolve(ctx, nil, err)
+	if _, failed := out.w.fails[0]; failed {
+		item, rerr := out.w.stored(0)
+		cur, cerr := fenceOf(f.layout, item)
+		out.stale = &StaleFenceError{Job: f.job, Fence: f.fence, Current: cur, err: err}
+		out.rerr = errors.Join(rerr, cerr)
+	}
+	return out
+}
+
+// markRefusal explains a refusal of the caller's items by the fence marks
+// they carry (marker.markRefusal): applied, when one carries landedTok;
+// mark, a fence above this one's that one carries.
+func (f fencedTxn) markRefusal(out *fenced) (applied bool, mark int64, err error) {
+	return f.mark.markRefusal(&out.w, 1+len(f.own), f.items, f.fence, f.landedTok)
 }
 
 // refusal explains a failed guarded write from the stored item: a fence

@@ -235,53 +235,55 @@ func (r *JobRun) finish(ctx context.Context, st RunStatus, runErr error, c *comm
 
 // write applies the run's final update upd: alone (Finish), or in one
 // transaction with a check on the lease item's fence and the commit's
-// items (Commit).
+// items (Commit, fencedTxn). Whatever failed, the run item tells whether
+// the write landed (an SDK retry of a write that was applied).
 func (r *JobRun) write(ctx context.Context, upd *types.Update, st RunStatus, c *commit) error {
 	l := r.l
-	all, watch := []types.TransactWriteItem{{Update: upd}}, 0
-	var err error
+	mine := func(item map[string]types.AttributeValue) bool {
+		rec, err := decodeRun(l.opts.Layout, item)
+		return len(item) > 0 && err == nil && rec.claim == r.claim && rec.Status == st
+	}
 	if c == nil {
 		cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
-		_, err = l.db.UpdateItem(cctx, updateItemInput(upd))
+		_, err := l.db.UpdateItem(cctx, updateItemInput(upd))
 		cancel()
-	} else {
-		all, watch = guarded(l.table, l.opts.Layout.leaseKey(l.job), r.fence, append(all, c.marked...)), 1
-		_, err = transactRetrying(ctx, l.db, all, retrier{now: l.opts.Now, deadline: l.opts.Now().Add(l.opts.CallTimeout), timeout: l.opts.CallTimeout})
-		if errors.Is(err, ErrTransactionsUnsupported) {
-			return err
+		w := condWrite{db: l.db, actions: []types.TransactWriteItem{{Update: upd}}, watch: 0, timeout: l.opts.CallTimeout,
+			mine: mine}.resolve(ctx, nil, err)
+		_, runFailed := w.fails[0]
+		switch {
+		case w.outcome == applied:
+			return nil
+		case runFailed && w.rerr == nil:
+			return r.refused(w.item, err)
+		case runFailed:
+			return w.rerr
 		}
-	}
-	// Whatever failed, the run item tells whether the write landed (an SDK
-	// retry of a write that was applied).
-	w := condWrite{db: l.db, actions: all, watch: watch, timeout: l.opts.CallTimeout,
-		mine: func(item map[string]types.AttributeValue) bool {
-			rec, err := decodeRun(r.l.opts.Layout, item)
-			return len(item) > 0 && err == nil && rec.claim == r.claim && rec.Status == st
-		},
-	}.resolve(ctx, nil, err)
-	_, leaseFailed := w.fails[0]
-	_, runFailed := w.fails[watch]
-	switch {
-	case w.outcome == applied:
-		return nil
-	case c != nil && leaseFailed:
-		stale, rerr := staleByCheck(w, l.opts.Layout, l.job, r.fence, err)
-		return errors.Join(stale, rerr)
-	case runFailed && w.rerr == nil:
-		return r.refused(w.item, err)
-	case c == nil && runFailed:
-		return w.rerr
-	case c == nil:
 		return err
+	}
+	f := fencedTxn{db: l.db, table: l.table, leaseKey: l.opts.Layout.leaseKey(l.job), layout: l.opts.Layout, job: l.job,
+		fence: r.fence, own: []types.TransactWriteItem{{Update: upd}}, mark: c.mark, items: c.items, marked: c.marked,
+		watch: 1, mine: mine, timeout: l.opts.CallTimeout,
+		retry: retrier{now: l.opts.Now, deadline: l.opts.Now().Add(l.opts.CallTimeout), timeout: l.opts.CallTimeout}}
+	out := f.send(ctx)
+	_, runFailed := out.w.fails[1]
+	switch {
+	case out.err == nil, out.w.outcome == applied:
+		return nil
+	case errors.Is(out.err, ErrTransactionsUnsupported):
+		return out.err
+	case out.stale != nil:
+		return errors.Join(out.stale, out.rerr)
+	case runFailed && out.w.rerr == nil:
+		return r.refused(out.w.item, out.err)
 	}
 	// Otherwise an item's condition may have refused the commit: its mark,
 	// or the caller's own. Whether it landed is the run item's to say, not
-	// the items' tokens.
-	_, mark, merr := c.mark.markRefusal(&w, 2, c.items, r.fence, "")
+	// the items' tokens (landedTok "").
+	_, mark, merr := f.markRefusal(&out)
 	if mark > 0 {
-		return &StaleFenceError{Job: l.job, Fence: r.fence, Current: mark, err: err}
+		return &StaleFenceError{Job: l.job, Fence: r.fence, Current: mark, err: out.err}
 	}
-	return errors.Join(err, w.rerr, merr)
+	return errors.Join(out.err, out.w.rerr, merr)
 }
 
 // noteFailure records the run, just recorded failed, as the job's latest
