@@ -185,6 +185,19 @@ func (p *replicaProc) waitFor(re string) []string {
 	}
 }
 
+// waitForRuns reads the replica's lines until it has printed a run of
+// each of jobs.
+func (p *replicaProc) waitForRuns(jobs []string) {
+	p.t.Helper()
+	for {
+		runs := p.runs()
+		if !slices.ContainsFunc(jobs, func(job string) bool { return len(runs[job]) == 0 }) {
+			return
+		}
+		p.waitFor(`^  \S+: slot \S+, fence \d+$`)
+	}
+}
+
 // stop sends SIGTERM, reads the rest of the output and requires a clean
 // exit (the program's own checks passed).
 func (p *replicaProc) stop() {
@@ -239,6 +252,7 @@ func TestTwoReplicasShareAndHandOver(t *testing.T) {
 	a.stop()
 	b.waitFor(`^members: replica-b$`)
 	b.waitFor(`^leading 4 of 4: `)
+	b.waitForRuns(all) // a job taken between two slots runs at the next
 	b.stop()
 
 	aRuns, bRuns := a.runs(), b.runs()
