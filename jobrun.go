@@ -267,10 +267,12 @@ func (r *JobRun) write(ctx context.Context, upd *types.Update, st RunStatus, c *
 	out := f.send(ctx)
 	_, runFailed := out.w.fails[1]
 	switch {
-	case out.err == nil, out.w.outcome == applied:
+	case out.err == nil:
 		return nil
 	case errors.Is(out.err, ErrTransactionsUnsupported):
-		return out.err
+		return out.err // before out.w, which was not resolved
+	case out.w.outcome == applied:
+		return nil
 	case out.stale != nil:
 		return errors.Join(out.stale, out.rerr)
 	case runFailed && out.w.rerr == nil:
