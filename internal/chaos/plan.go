@@ -13,10 +13,14 @@ type Timing struct {
 	Slot, Work                                 time.Duration
 }
 
-// DefaultTiming keeps a run short: a one-second lease.
+// DefaultTiming keeps a run short: a one-second lease. Drain is longer
+// than a run takes with no fault: Work and four requests (claim, effect,
+// finish, a retry), each answered within Call. On a loaded machine (two
+// cores, race-built replicas, two plans at once) a 500 ms drain was
+// overrun by a run whose every request was answered in time.
 var DefaultTiming = Timing{
 	Lease: time.Second, Heartbeat: 250 * time.Millisecond, Retry: 100 * time.Millisecond,
-	Skew: 400 * time.Millisecond, Drain: 500 * time.Millisecond, Call: 200 * time.Millisecond,
+	Skew: 400 * time.Millisecond, Drain: time.Second, Call: 200 * time.Millisecond,
 	Slot: 300 * time.Millisecond, Work: 150 * time.Millisecond,
 }
 
