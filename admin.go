@@ -298,7 +298,7 @@ func (a *Admin) ForceRelease(ctx context.Context, job string, fence int64, optFn
 // replicas assign the job to another of them at their next renewal
 // (assign: a job its replica declines goes elsewhere). The replica itself
 // writes its declines at each renewal: one that is alive declines the job
-// too once it has read the note of the release (Lease.noticeNote). A
+// too once it has read the note of the release (Pool.noticeNote). A
 // member item that changed between the read and the write is read again.
 func (a *Admin) declineFor(ctx context.Context, job string, held Record) error {
 	y := a.o.Layout
@@ -601,7 +601,7 @@ func (a *Admin) WaitRun(ctx context.Context, t Trigger, poll time.Duration) (Run
 
 // noteSession notes job in the member item of the session its lease item
 // is bound to, after an operator changed the item: the session's holder
-// reads the item at its next renewal (Lease.noticeNote). A session no
+// reads the item at its next renewal (Pool.noticeNote). A session no
 // longer in its item is left alone: no one renews it.
 func (a *Admin) noteSession(ctx context.Context, job string, rec Record) error {
 	if rec.Session == "" {

@@ -96,14 +96,14 @@ func (l *Lease) acquire(ctx context.Context) (t *term, failing bool, err error) 
 // found it takeable). A pool's job waits for its pool's token first
 // (Pool.attempt).
 func (l *Lease) attempt(ctx context.Context) (t *term, again bool, err error) {
-	done, err := l.pool.attempt(ctx)
+	done, err := l.bound.attempt(ctx)
 	if err != nil {
 		return nil, false, err
 	}
 	defer done()
 	if l.mayTry() {
 		t, err = l.tryAcquire(ctx)
-		if errors.Is(err, ErrHeld) && l.judgeBound(ctx) {
+		if errors.Is(err, ErrHeld) && l.bound.frees(ctx, l) {
 			// Refused as bound to another's session, which the session
 			// rules free now (a dead replica's): take it at once.
 			return nil, true, nil
@@ -117,7 +117,7 @@ func (l *Lease) attempt(ctx context.Context) (t *term, again bool, err error) {
 	prev := l.takeoverRule()
 	l.observe(rec, present) // a standby's poll: an eventually consistent read
 	l.warnSameOwner(prev, rec, present)
-	l.judgeBound(ctx)
+	l.bound.frees(ctx, l)
 	return nil, l.mayTry(), nil
 }
 
@@ -230,11 +230,9 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 			return nil, err
 		}
 	}
-	var sess *session
-	if l.pool != nil {
-		if sess = l.pool.liveSession(); sess == nil {
-			return nil, fmt.Errorf("%w: %q: pool %q", errNoSession, l.job, l.pool.name)
-		}
+	live, err := l.bound.liveness(l)
+	if err != nil {
+		return nil, err
 	}
 	snt := l.opts.sendNow()
 	now := snt.at
@@ -248,7 +246,7 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 		":me":    avS(l.opts.Owner),
 		":zero":  avN(0),
 		":one":   avN(1),
-		":exp":   avN(now.Add(l.opts.LeaseDuration).UnixMilli()),
+		":exp":   avN(l.opts.expiry(now)),
 		":lms":   avN(l.opts.LeaseDuration.Milliseconds()),
 		":now":   avN(now.UnixMilli()),
 		":false": avBool(false),
@@ -256,13 +254,7 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 	}
 	cond := l.takeoverRule().condition(snt, rv, l.mineIn(values), values)
 	update := "SET #owner = :me, #fence = if_not_exists(#fence, :zero) + :one, " +
-		"#exp = :exp, #rv = :rv, #lms = :lms, #acq = :now, #ren = :now, #drn = :false"
-	if sess != nil {
-		update += ", #ses = :ses, #pool = :pool"
-		values[":ses"], values[":pool"] = avS(sess.sid), avS(l.pool.name)
-	} else {
-		delete(names, "#pool") // an item bound to a session is not taken (condition): it stays unbound
-	}
+		"#exp = :exp, #rv = :rv, #lms = :lms, #acq = :now, #ren = :now, #drn = :false" + live.binds(names, values)
 	in := &dynamodb.UpdateItemInput{
 		TableName:                           aws.String(l.table),
 		Key:                                 l.opts.Layout.leaseKey(l.job),
@@ -273,11 +265,11 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 		ReturnValues:                        types.ReturnValueAllNew,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	}
-	deadline := now.Add(l.opts.LeaseDuration - l.opts.margin())
+	deadline := now.Add(l.opts.holdFor())
 	rec, ours, err := l.write(ctx, l.opts.CallTimeout, deadline, in, rv)
 	switch {
 	case ours:
-		if t := l.begin(ctx, rec, snt, l.opts.Now().Sub(now), sess); t != nil {
+		if t := l.begin(ctx, rec, snt, l.opts.Now().Sub(now), live); t != nil {
 			if !rec.listed {
 				l.list(ctx, rec.Fence)
 			}
@@ -323,11 +315,7 @@ func (l *Lease) takeoverRule() takeover {
 	r := takeover{obs: l.obs, owner: l.opts.Owner, ours: l.oursLocked(l.obs.rec.version), skew: l.opts.MaxClockSkew,
 		lease: l.opts.LeaseDuration}
 	l.mu.Unlock()
-	if l.pool != nil {
-		if s := l.pool.liveSession(); s != nil {
-			r.sid = s.sid
-		}
-	}
+	r.sid = l.bound.sessionID()
 	return r
 }
 

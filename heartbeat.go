@@ -45,15 +45,14 @@ func (tm *term) renew(ctx context.Context) error {
 		}
 		return fmt.Errorf("%w: heartbeat %q", ErrNotLeader, l.job)
 	}
-	if tm.sess != nil {
-		// The pool's session renews a tenure bound to it.
-		if !tm.leads() {
-			err := fmt.Errorf("%w: %q fence %d: the pool session's local deadline passed", ErrLost, l.job, t.fence)
-			tm.end(err, LossDeadline)
-			return err
-		}
-		return nil
-	}
+	return tm.live.renewTerm(ctx, tm)
+}
+
+// heartbeat renews a lease of its own (solo) with a fenced write of its
+// item, and its lifetime with the confirmation.
+func (tm *term) heartbeat(ctx context.Context) error {
+	l := tm.l
+	t := tm.snapshot()
 	snt := l.opts.sendNow()
 	now := snt.at
 	if !tm.leads() {
@@ -70,7 +69,7 @@ func (tm *term) renew(ctx context.Context) error {
 	values := map[string]types.AttributeValue{
 		":me":    avS(l.opts.Owner),
 		":fence": avN(t.fence),
-		":exp":   avN(now.Add(l.opts.LeaseDuration).UnixMilli()),
+		":exp":   avN(l.opts.expiry(now)),
 		":rv":    avS(rv),
 		":lms":   avN(l.opts.LeaseDuration.Milliseconds()),
 		":now":   avN(now.UnixMilli()),
@@ -123,9 +122,6 @@ func (t *term) keeper(onResign func(), stopping func() bool) *keeper {
 // start arms the first renewal, a heartbeat interval after the term's last
 // write was sent.
 func (k *keeper) start() {
-	if k.t.sess != nil {
-		return // the pool's session renews the tenure
-	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.armLocked()
@@ -158,7 +154,7 @@ func (k *keeper) stop() {
 func (k *keeper) drain() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.stopped || k.drained || k.t.sess != nil {
+	if k.stopped || k.drained {
 		return
 	}
 	k.drained = true
@@ -235,7 +231,7 @@ func (k *keeper) putOffLocked() bool {
 		return false
 	}
 	o := k.t.l.opts
-	wait := k.t.remaining() - o.HeartbeatInterval
+	wait := k.t.left() - o.HeartbeatInterval
 	if wait <= 0 {
 		return false
 	}

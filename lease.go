@@ -75,9 +75,10 @@ type Lease struct {
 
 	ctl controlWatch // operator controls seen by the keeper (heartbeat.go)
 
-	// pool is the pool whose job this lease is (NewPool); nil for a lease
-	// of its own. Its acquisitions bind the lease to the pool's session.
-	pool *Pool
+	// bound is what the lease belongs to: alone for a lease of its own,
+	// the pool whose job it is (NewPool), whose session its acquisitions
+	// bind it to.
+	bound binding
 
 	// born is when the handle was made, by both clocks: a schedule runner
 	// follows the wall clock's moves from there, so that a RunSchedule
@@ -85,6 +86,39 @@ type Lease struct {
 	// ahead still sees it come back.
 	born sent
 }
+
+// binding is what a lease belongs to (docs/internals.md): nothing but
+// itself (alone), or a pool (*Pool) whose job it is. The lease asks it the
+// few things that differ, never which it is, so that a lease of its own
+// never enters the pool's code.
+type binding interface {
+	// attempt waits for a turn to write the lease item (a pool's
+	// replica acquires and hands over a few jobs at a time); done ends it.
+	attempt(ctx context.Context) (done func(), err error)
+	// liveness returns what a tenure acquired now leads by: a lifetime of
+	// its own, or the pool's live session (errNoSession when none).
+	liveness(l *Lease) (liveness, error)
+	// sessionID is the live session whose items are this handle's to
+	// take; "" if none.
+	sessionID() string
+	// frees applies the pool's session rules to the item l last
+	// observed, bound to another session, and reports whether they
+	// freed it now (Pool.frees).
+	frees(ctx context.Context, l *Lease) bool
+	// changeLevel is the log level of a change of leadership: a pool
+	// logs one line per change of its assignment instead (Info), its jobs
+	// theirs at Debug.
+	changeLevel() slog.Level
+}
+
+// alone is the binding of a lease of its own.
+type alone struct{}
+
+func (alone) attempt(context.Context) (func(), error) { return func() {}, nil }
+func (alone) liveness(*Lease) (liveness, error)       { return &solo{}, nil }
+func (alone) sessionID() string                       { return "" }
+func (alone) frees(context.Context, *Lease) bool      { return false }
+func (alone) changeLevel() slog.Level                 { return slog.LevelInfo }
 
 // maxDoubt bounds Lease.doubt; an older version in doubt is forgotten,
 // which at worst makes a later write of ours fail its condition.
@@ -103,7 +137,7 @@ type observation struct {
 	rec     Record
 	since   time.Time // when rec.version was first seen, by the runtime's clock
 	// boundFree: rec is bound to a pool session that the session rules
-	// freed (Lease.judgeBound).
+	// freed (Pool.frees).
 	boundFree bool
 }
 
@@ -120,6 +154,7 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 		opts:  o,
 		log:   lineLogger(o.Logger, "job", job, o.Owner),
 		born:  o.sendNow(),
+		bound: alone{},
 	}
 	l.notify.fn = l.deliver
 	l.writes.notify = &l.notify
@@ -228,14 +263,15 @@ func (l *Lease) State() State {
 	defer l.mu.Unlock()
 	s := State{Job: l.job, Owner: l.opts.Owner}
 	if t := l.ten; t != nil {
-		s.Fence, s.AcquiredAt, s.RenewedAt = t.fence, t.acquiredAt, t.renewedAt
-		if t.sess != nil {
-			if r := t.sess.renewed(); r.After(s.RenewedAt) {
-				s.RenewedAt = r
-			}
+		// The last renewal of the lifetime it leads by: its own
+		// heartbeat's, or its session's (which may predate it).
+		life := t.live.life()
+		s.Fence, s.AcquiredAt, s.RenewedAt = t.fence, t.acquiredAt, t.acquiredAt
+		if r := life.renewed(); r.After(s.RenewedAt) {
+			s.RenewedAt = r
 		}
 		if t.leadsLocked() {
-			d, _ := t.deadlines()
+			d, _ := life.deadlines()
 			s.Leader = true
 			s.Deadline = d.Round(0)
 		}
@@ -391,10 +427,7 @@ func (l *Lease) logEvent(e Event) {
 		ctx = *c
 	}
 	log := l.log
-	change := slog.LevelInfo
-	if l.pool != nil {
-		change = slog.LevelDebug
-	}
+	change := l.bound.changeLevel()
 	switch e.Kind {
 	case EventAcquired:
 		log.Log(ctx, change, "ddblease: acquired the lease", "fence", e.Fence)
@@ -481,9 +514,9 @@ func (l *Lease) CheckHealth(tolerance time.Duration) error {
 	if tolerance == 0 {
 		tolerance = l.opts.LeaseDuration
 	}
-	var renewed time.Time
-	if t := l.current(); t != nil && t.sess != nil {
-		renewed = t.sess.renewed() // the pool session's renewal renews the lease
+	var renewed time.Time // the last renewal of the lifetime it leads by (a session's renews a pool's job)
+	if t := l.current(); t != nil {
+		renewed = t.live.life().renewed()
 	}
 	return l.health.check(l.opts.Now(), l.job, l.opts.HeartbeatInterval, tolerance, l.opts.Health.FailedRuns, renewed)
 }

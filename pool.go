@@ -139,7 +139,7 @@ func NewPool(db DynamoDBAPI, table, pool string, jobs []string, optFns ...func(*
 		if err != nil {
 			return nil, fmt.Errorf("pool %q: %w", pool, err)
 		}
-		l.pool = p
+		l.bound = p
 		p.leases[job] = l
 		p.jobs = append(p.jobs, job)
 	}
@@ -160,9 +160,6 @@ const maxPoolAttempts = 32
 // a job of the pool p (nil: a lease of its own, which needs none) and
 // returns the function that gives it back, or ctx's error.
 func (p *Pool) attempt(ctx context.Context) (done func(), err error) {
-	if p == nil {
-		return func() {}, nil
-	}
 	select {
 	case p.attempts <- struct{}{}:
 		return func() { <-p.attempts }, nil
@@ -590,6 +587,27 @@ func (p *Pool) begin() {
 	default:
 	}
 }
+
+// liveness is the binding's (lease.go): a job's tenure leads by this
+// replica's live session.
+func (p *Pool) liveness(l *Lease) (liveness, error) {
+	if s := p.liveSession(); s != nil {
+		return s, nil
+	}
+	return nil, fmt.Errorf("%w: %q: pool %q", errNoSession, l.job, p.name)
+}
+
+// sessionID returns the live session's id, "" if none.
+func (p *Pool) sessionID() string {
+	if s := p.liveSession(); s != nil {
+		return s.sid
+	}
+	return ""
+}
+
+// changeLevel: the pool logs its jobs' changes of leadership at Debug,
+// and one line per change of its assignment at Info (poolRun.act).
+func (p *Pool) changeLevel() slog.Level { return slog.LevelDebug }
 
 // liveSession returns this replica's session while it is live, else nil.
 func (p *Pool) liveSession() *session {

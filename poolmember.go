@@ -105,7 +105,7 @@ func (p *Pool) readMembers(ctx context.Context) (map[string]member, time.Time, e
 }
 
 // handleNotes handles the jobs noted in the session's member item
-// (Lease.noticeNote); the next renewal deletes the notes handled.
+// (Pool.noticeNote); the next renewal deletes the notes handled.
 func (p *Pool) handleNotes(ctx context.Context, s *session, notes []string) {
 	byJob := map[string][]string{}
 	var jobs []string
@@ -118,7 +118,7 @@ func (p *Pool) handleNotes(ctx context.Context, s *session, notes []string) {
 	}
 	var handled []string
 	for _, job := range jobs { // each job read once, however many notes name it
-		if l := p.leases[job]; l == nil || l.noticeNote(ctx, s) {
+		if l := p.leases[job]; l == nil || p.noticeNote(ctx, l, s) {
 			handled = append(handled, byJob[job]...)
 		}
 	}

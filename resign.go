@@ -64,7 +64,7 @@ func (l *Lease) Resign(ctx context.Context) error {
 
 func (t *term) resign(ctx context.Context) error {
 	l := t.l
-	done, err := l.pool.attempt(ctx) // a pool's replica hands its jobs over a few at a time
+	done, err := l.bound.attempt(ctx) // a pool's replica hands its jobs over a few at a time
 	if err != nil {
 		return err
 	}
@@ -84,10 +84,7 @@ func (t *term) resign(ctx context.Context) error {
 		":false": avBool(false),
 	}
 	update := "SET #exp = :zero, #rv = :rv, #ren = :now, #drn = :false"
-	if t.sess != nil {
-		update += ", #ses = :nos" // free: a standby of the pool takes it at its next poll
-		names["#ses"], values[":nos"] = attrSession, avS(noSession)
-	}
+	update += t.live.freeing(names, values)
 	err = t.fencedWrite(ctx, l.opts.CallTimeout, time.Time{}, update, names, values, rv)
 	var moved *movedOnError
 	if errors.As(err, &moved) && moved.inDoubt {
@@ -114,16 +111,15 @@ func (tm *term) resignRetrying(ctx context.Context, cause error) error {
 	tm.endResigning(cause)
 	// The lock is taken for each attempt, not across the waits between
 	// them, so that the events of each are delivered as it ends.
-	r := retrier{backoff: fixed(l.opts.RetryInterval), now: l.opts.Now, deadline: t.deadline,
+	// It is retried while the lifetime the tenure led by lasts: a lease of
+	// its own until the tenure's deadline (its item may be taken once its
+	// expiry passes); a pool's job while its session lives (no other
+	// replica may take it meanwhile), not only until the deadline the
+	// session had when the resignation began.
+	life := tm.live.life()
+	r := retrier{backoff: fixed(l.opts.RetryInterval),
+		again:   func(err error) bool { return retryable(err) && life.left() > 0 },
 		onRetry: func(err error) { l.notify.emit(l.event(EventRetry, Event{Op: "resign", Fence: fence, Err: err})) },
-	}
-	if tm.sess != nil {
-		// A lease bound to a pool session stays this replica's while the
-		// session lives, and no other replica may take it: retry while it
-		// does, not only until the deadline the session had when the
-		// resignation began.
-		r.deadline = time.Time{}
-		r.again = func(err error) bool { return retryable(err) && !tm.sess.isOver() }
 	}
 	_, _, err := r.do(ctx, func(ctx context.Context) error {
 		l.writes.lock()
@@ -234,18 +230,14 @@ func (w *drainWatch) start(cause error) {
 	w.started = true
 	w.cancelLeader(cause)
 	l.notify.emit(l.event(EventDraining, Event{Fence: fence}))
-	w.mark = time.AfterFunc(l.opts.RetryInterval, w.fire(w.k.drain))
+	w.mark = time.AfterFunc(l.opts.RetryInterval, w.fire(func() { w.t.live.drain(w.k) }))
 	w.timeout = time.AfterFunc(l.opts.DrainTimeout, w.fire(func() {
 		w.mu.Lock()
 		w.expired = true
 		w.mu.Unlock()
 		l.log.Warn("ddblease: leader function still running after DrainTimeout; no longer renewing", "fence", fence)
 		w.k.stop()
-		if w.t.sess != nil {
-			// The pool's session renews the lease while it lives: let it
-			// go by resigning it.
-			_ = w.t.resignRetrying(context.Background(), fmt.Errorf("%w: %q fence %d: DrainTimeout passed", ErrLost, l.job, fence))
-		}
+		w.t.live.drainExpired(w.t)
 	}))
 }
 

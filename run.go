@@ -190,7 +190,7 @@ func (t *term) startLeading(ctx context.Context) *leading {
 	w.k = t.keeper(func() { // control.go: an operator's resign request, drained as a shutdown
 		w.start(fmt.Errorf("%w: fence %d", ErrResignRequested, fence))
 	}, func() bool { return ctx.Err() != nil || ld.leaderCtx.Err() != nil })
-	w.k.start()
+	t.live.keep(w.k)
 	t.l.mu.Lock()
 	t.k = w.k
 	t.l.mu.Unlock()

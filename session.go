@@ -23,91 +23,97 @@ import (
 
 // session is one session of a pool replica: from its first renewal to
 // its end (a refusal, its deadline passing, or the end of Pool.Run). It
-// owns its deadline, its timer and the tenures bound to it: each job the
-// replica acquires while the session is live is bound to it, leads until
-// the session's local deadline, and ends with it.
+// owns its lifetime (lifetime.go) and the tenures bound to it: each job
+// the replica acquires while the session is live is bound to it, leads
+// until the session's local deadline, and ends with it. It is the
+// liveness of those tenures (tenure.go).
 type session struct {
 	p   *Pool
 	sid string
+	lt  *lifetime // from each confirmed renewal to the deadline it gives
 
-	mu           sync.Mutex
-	sv           string    // the version of the last confirmed renewal; "" before the first
-	renewedAt    time.Time // when that renewal was sent, by Options.Now
-	deadline     time.Time // by Options.Now: LeaseDuration - margin after that renewal's send
-	realDeadline time.Time // the same, by the runtime's clock
-	over         bool
-	timer        *time.Timer
-	armed        int
-	terms        map[*term]struct{} // the open tenures bound to it
-	handled      []string           // notes handled, deleted from the item by the next renewal
+	mu      sync.Mutex
+	sv      string             // the version of the last confirmed renewal; "" before the first
+	terms   map[*term]struct{} // the open tenures bound to it
+	handled []string           // notes handled, deleted from the item by the next renewal
 }
 
 func newSession(p *Pool) *session {
-	return &session{p: p, sid: randomID(8), terms: map[*term]struct{}{}}
+	s := &session{p: p, sid: randomID(8), terms: map[*term]struct{}{}}
+	s.lt = newLifetime(&p.opts, func() {
+		s.end(LossDeadline, func(t *term) error {
+			return fmt.Errorf("%w: %q fence %d: the pool session's local deadline passed without a confirmed renewal",
+				ErrLost, t.l.job, t.fence)
+		})
+	})
+	return s
 }
 
 // left returns how long the session may last from now by both clocks; 0
 // before its first confirmed renewal and once it is over.
-func (s *session) left() time.Duration {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.leftLocked()
-}
-
-func (s *session) leftLocked() time.Duration {
-	if s.over || s.sv == "" {
-		return 0
-	}
-	return max(min(s.deadline.Sub(s.p.opts.Now()), time.Until(s.realDeadline)), 0)
-}
-
-// deadlines returns the session's deadline by Options.Now and by the
-// runtime's clock.
-func (s *session) deadlines() (time.Time, time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.deadline, s.realDeadline
-}
-
-// renewed returns when the last confirmed renewal was sent, by
-// Options.Now (zero before the first).
-func (s *session) renewed() time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.renewedAt
-}
+func (s *session) left() time.Duration { return s.lt.left() }
 
 // bind binds an opening tenure to the session; false when the session
-// is not live. The term's context must be set.
-func (s *session) bind(t *term) bool {
+// is not live. The term's context must be set. The check and the binding
+// are one step under s.mu, as the session's end is, so that no tenure is
+// bound to a session that ended.
+func (s *session) bind(t *term, _ sent) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.leftLocked() <= 0 {
+	if s.lt.left() <= 0 {
 		return false
 	}
 	s.terms[t] = struct{}{}
 	return true
 }
 
-// unbind forgets a tenure that ended. Called with the lease's mu held.
-func (s *session) unbind(t *term) {
+func (s *session) life() *lifetime { return s.lt }
+
+// release forgets a tenure that ended. Called with the lease's mu held.
+func (s *session) release(t *term) {
 	s.mu.Lock()
 	delete(s.terms, t)
 	s.mu.Unlock()
+}
+
+// renewTerm has nothing to write: the session's renewal renews the tenure,
+// which leads while the session lives.
+func (s *session) renewTerm(_ context.Context, t *term) error {
+	if !t.leads() {
+		err := fmt.Errorf("%w: %q fence %d: the pool session's local deadline passed", ErrLost, t.l.job, t.fence)
+		t.end(err, LossDeadline)
+		return err
+	}
+	return nil
+}
+
+func (s *session) keep(*keeper)  {}
+func (s *session) drain(*keeper) {}
+
+// drainExpired resigns the job: the session would renew it while it
+// lives.
+func (s *session) drainExpired(t *term) {
+	_ = t.resignRetrying(context.Background(), fmt.Errorf("%w: %q fence %d: DrainTimeout passed", ErrLost, t.l.job, t.fence))
+}
+
+// freeing clears the item's session binding: a standby of the pool takes
+// it at its next poll.
+func (s *session) freeing(names map[string]string, values map[string]types.AttributeValue) string {
+	names["#ses"], values[":nos"] = attrSession, avS(noSession)
+	return ", #ses = :nos"
+}
+
+// binds binds an acquired item to the session and its pool.
+func (s *session) binds(names map[string]string, values map[string]types.AttributeValue) string {
+	values[":ses"], values[":pool"] = avS(s.sid), avS(s.p.name)
+	return ", #ses = :ses, #pool = :pool"
 }
 
 // end ends the session and every tenure bound to it, with cause built for
 // each.
 func (s *session) end(reason LossReason, cause func(t *term) error) {
 	s.mu.Lock()
-	if s.over {
-		s.mu.Unlock()
-		return
-	}
-	s.over = true
-	if s.timer != nil {
-		s.timer.Stop()
-	}
+	s.lt.end()
 	terms := s.terms
 	s.terms = map[*term]struct{}{}
 	s.mu.Unlock()
@@ -116,44 +122,21 @@ func (s *session) end(reason LossReason, cause func(t *term) error) {
 	}
 }
 
-// expire is the timer's function: the deadline passed without a renewal.
-func (s *session) expire(armed int) {
-	s.mu.Lock()
-	stale := s.armed != armed
-	s.mu.Unlock()
-	if !stale {
-		s.end(LossDeadline, func(t *term) error {
-			return fmt.Errorf("%w: %q fence %d: the pool session's local deadline passed without a confirmed renewal",
-				ErrLost, t.l.job, t.fence)
-		})
-	}
-}
-
 // confirmed records a renewal with version sv, sent at snt, as
 // confirmed now. A confirmation at or after the deadline it extends ends
 // the session: a late answer never revives it.
 func (s *session) confirmed(sv string, snt sent) bool {
-	d := s.p.opts.LeaseDuration - s.p.opts.margin()
-	s.mu.Lock()
-	late := s.over || s.sv != "" && s.leftLocked() <= 0 ||
-		!s.p.opts.Now().Before(snt.at.Add(d)) || !time.Now().Before(snt.real.Add(d))
-	if !late {
-		s.sv, s.renewedAt, s.deadline, s.realDeadline = sv, snt.at.Round(0), snt.at.Add(d), snt.real.Add(d)
-		if s.timer != nil {
-			s.timer.Stop()
-		}
-		s.armed++
-		armed := s.armed
-		s.timer = time.AfterFunc(s.leftLocked(), func() { s.expire(armed) })
-	}
-	s.mu.Unlock()
-	if late {
+	if !s.lt.confirm(snt) {
 		s.end(LossDeadline, func(t *term) error {
 			return fmt.Errorf("%w: %q fence %d: the pool session's renewal was confirmed only after its local deadline",
 				ErrLost, t.l.job, t.fence)
 		})
+		return false
 	}
-	return !late
+	s.mu.Lock()
+	s.sv = sv
+	s.mu.Unlock()
+	return true
 }
 
 // memberFields is what a renewal writes besides the session's own.
@@ -180,7 +163,7 @@ func (s *session) renew(ctx context.Context, f memberFields) (notes []string, er
 	names := map[string]string{"#x": memberExpiry, "#ren": attrRenewedAt, "#v": memberView, "#j": memberJobs, "#d": memberDeclined,
 		"#sid": memberSession, "#sv": memberVersion, "#end": memberEnded, "#lv": memberLeaving, "#n": memberNotes}
 	values := map[string]types.AttributeValue{
-		":x": avN(snt.at.Add(p.opts.LeaseDuration).UnixMilli()), ":ren": avN(snt.at.UnixMilli()), ":v": avS(f.view), ":j": avS(f.list),
+		":x": avN(p.opts.expiry(snt.at)), ":ren": avN(snt.at.UnixMilli()), ":v": avS(f.view), ":j": avS(f.list),
 		":d": avS(f.declined), ":sid": avS(s.sid), ":sv": avS(sv), ":lv": avBool(f.leaving),
 	}
 	// The renewal's send time (renewedAt, as a lease item's) is the last
@@ -402,21 +385,18 @@ func (p *Pool) endSession(ctx context.Context, m member) error {
 	return err
 }
 
-// judgeBound applies the session rules (sessionFree) to the lease item a
-// pool's lease last observed, when it is bound to a session other than
-// this replica's live one, and records whether they free it. It reports
-// whether they freed it now.
-func (l *Lease) judgeBound(ctx context.Context) bool {
-	if l.pool == nil {
-		return false
-	}
+// frees is the binding's (lease.go): it applies the session rules
+// (sessionFree) to the lease item the pool's lease l last observed, when
+// it is bound to a session other than this replica's live one, and
+// records whether they free it. It reports whether they freed it now.
+func (p *Pool) frees(ctx context.Context, l *Lease) bool {
 	l.mu.Lock()
 	obs := l.obs
 	l.mu.Unlock()
-	if !obs.present || obs.rec.Session == "" || obs.boundFree || obs.rec.Pool != l.pool.name {
+	if !obs.present || obs.rec.Session == "" || obs.boundFree || obs.rec.Pool != p.name {
 		return false
 	}
-	if !l.pool.sessionFree(ctx, obs.rec.Owner, obs.rec.Session, obs.rec.Duration) {
+	if !p.sessionFree(ctx, obs.rec.Owner, obs.rec.Session, obs.rec.Duration) {
 		return false
 	}
 	l.mu.Lock()
@@ -440,7 +420,7 @@ func (l *Lease) judgeBound(ctx context.Context) bool {
 // by a resignation that the release refused) is freed: no one else may
 // take it while s lives. It reports whether the note was handled; a
 // failed read or free leaves it for the next renewal.
-func (l *Lease) noticeNote(ctx context.Context, s *session) bool {
+func (p *Pool) noticeNote(ctx context.Context, l *Lease, s *session) bool {
 	rec, present, err := l.read(ctx, true)
 	if err != nil {
 		return false
@@ -454,11 +434,11 @@ func (l *Lease) noticeNote(ctx context.Context, s *session) bool {
 	}
 	l.mu.Unlock()
 	released := present && rec.Owner == l.opts.Owner && JobStatus{Lease: rec}.Released() &&
-		(rec.Session == s.sid || t != nil && t.sess == s && t.fence == rec.Control.ReleasedFence)
+		(rec.Session == s.sid || t != nil && t.live == liveness(s) && t.fence == rec.Control.ReleasedFence)
 	if released {
-		l.pool.decline(l.job)
+		p.decline(l.job)
 	}
-	if t != nil && t.sess == s && t.holds() {
+	if t != nil && t.live == liveness(s) && t.holds() {
 		if present && rec.Owner == l.opts.Owner && rec.Fence == t.fence {
 			if k != nil {
 				k.noticeControl()
@@ -468,7 +448,7 @@ func (l *Lease) noticeNote(ctx context.Context, s *session) bool {
 		t.end(&movedOnError{err: movedOn(l.job, t.fence, rec)}, LossDeposed)
 	}
 	if present && rec.Owner == l.opts.Owner && rec.Session == s.sid {
-		return l.freeUnheld(ctx, s)
+		return p.freeUnheld(ctx, l, s)
 	}
 	return true
 }
@@ -479,7 +459,7 @@ func (l *Lease) noticeNote(ctx context.Context, s *session) bool {
 // item this handle has just taken is never freed; when the lock is busy
 // it reports false, and the note's next renewal tries again (the pool's
 // renewal never waits for a job's write).
-func (l *Lease) freeUnheld(ctx context.Context, s *session) bool {
+func (p *Pool) freeUnheld(ctx context.Context, l *Lease, s *session) bool {
 	if !l.writes.tryLock() {
 		return false
 	}
@@ -492,10 +472,10 @@ func (l *Lease) freeUnheld(ctx context.Context, s *session) bool {
 	if !present || rec.Owner != l.opts.Owner || rec.Session != s.sid {
 		return true
 	}
-	if t := l.current(); t != nil && t.sess == s && t.holds() && t.fence == rec.Fence {
+	if t := l.current(); t != nil && t.live == liveness(s) && t.holds() && t.fence == rec.Fence {
 		return true // a tenure of this handle holds it
 	}
-	return l.free(ctx, rec)
+	return p.free(ctx, l, rec)
 }
 
 // free frees a lease item bound to this replica's session that no tenure
@@ -503,7 +483,7 @@ func (l *Lease) freeUnheld(ctx context.Context, s *session) bool {
 // is unchanged, so that a standby of the pool takes it at its next poll.
 // It reports whether the item is settled: freed, or changed since rec
 // was read (the condition failed).
-func (l *Lease) free(ctx context.Context, rec Record) bool {
+func (p *Pool) free(ctx context.Context, l *Lease, rec Record) bool {
 	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
 	defer cancel()
 	_, err := l.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
@@ -525,11 +505,7 @@ func (l *Lease) free(ctx context.Context, rec Record) bool {
 }
 
 // isOver reports whether the session ended.
-func (s *session) isOver() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.over
-}
+func (s *session) isOver() bool { return s.lt.isOver() }
 
 // A note names the job whose lease item an operator changed, behind an id
 // of its own (noteIDLen hex characters and a colon): a second change of the

@@ -10,47 +10,94 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// This file owns term, one tenure: its fence, deadline, timer, leader
-// context and end, and its fenced write.
+// This file owns term, one tenure: its fence, leader context and end, the
+// liveness it leads by (a lifetime of its own, or its pool session), and
+// its fenced write.
 
 // term is one tenure of this handle: from the acquisition that gave it a
-// fence to its end. It owns the tenure's deadline, its timer and the
-// leader context, and is the one place where "belief ends at the deadline"
-// is enforced: the timer ends the term at its deadline whatever calls are
-// in flight, and a renewal confirmed at or after the deadline never
-// revives it. The acquisition returns the term (Lease.begin); Run's
-// leader, the keeper, the resignation, the claims and RunSchedule's runner
-// hold it, and a term that is over stays over.
+// fence to its end. It owns the tenure's leader context and its end, and
+// is the one place where "belief ends at the deadline" is enforced for
+// it: it leads while the lifetime of its liveness lasts (lifetime.go),
+// whose timer ends it at the deadline whatever calls are in flight, and a
+// renewal confirmed at or after the deadline never revives it. The
+// acquisition returns the term (Lease.begin); Run's leader, the keeper,
+// the resignation, the claims and RunSchedule's runner hold it, and a
+// term that is over stays over.
 //
-// fence, ctx and cancel are set at the start; the other fields are guarded
-// by Lease.mu.
+// fence, ctx, cancel and live are set at the start; the other fields are
+// guarded by Lease.mu.
 type term struct {
 	l      *Lease
 	fence  int64
 	ctx    context.Context // ends when the term ends; its cause wraps ErrLost
 	cancel context.CancelCauseFunc
+	live   liveness // what it leads by, and who renews it
 
-	version  string    // renewal version of the last write confirmed in this term
-	sentAt   time.Time // when that write was sent (Options.Now, monotonic)
-	deadline time.Time // sentAt + LeaseDuration - margin
-	// realDeadline is the same instant by the runtime's own monotonic
-	// clock (time.Now), from when that write was sent: the tenure ends at
-	// whichever comes first, so that a slow Options.Now cannot stretch it.
-	realDeadline time.Time
-	acquiredAt   time.Time
-	renewedAt    time.Time
-	draining     bool
-	over         bool
-	lost         error // why the term ended, if it was lost rather than given up
+	version    string // renewal version of the last write confirmed in this term
+	acquiredAt time.Time
+	draining   bool
+	over       bool
+	lost       error   // why the term ended, if it was lost rather than given up
+	k          *keeper // the keeper while fn runs, for a session's notes (Pool.noticeNote)
+}
 
-	timer *time.Timer // ends the term at its deadline
-	armed int         // counts the timer's armings; a stale firing is ignored
+// liveness is what a tenure leads by, and who renews it. A lease of its
+// own (solo) leads by a lifetime of the tenure's own, renewed by the
+// tenure's heartbeats of its lease item (the keeper, heartbeat.go); a
+// pool's job by its replica's session (session.go), whose one renewal
+// renews every job bound to it. The tenure asks its liveness, never which
+// kind it is.
+type liveness interface {
+	// bind binds an opening tenure, whose acquisition was sent at s; false
+	// when the liveness is over before the tenure began (its deadline
+	// passed). Called with Lease.mu held.
+	bind(t *term, s sent) bool
+	// life is the lifetime the tenure leads by.
+	life() *lifetime
+	// release forgets a tenure that ended. Called with Lease.mu held.
+	release(t *term)
+	// renewTerm renews the tenure (Lease.Heartbeat, the keeper): a heartbeat
+	// of the lease item, or nothing to write for a session's job.
+	renewTerm(ctx context.Context, t *term) error
+	// keep starts the keeper's renewals (a session renews its jobs: none),
+	// and drain its drain mark.
+	keep(k *keeper)
+	drain(k *keeper)
+	// drainExpired is called when fn still runs at DrainTimeout and the
+	// keeper has stopped: a lease of its own then lapses at its expiry; a
+	// session's job, renewed while the session lives, is resigned.
+	drainExpired(t *term)
+	// binds returns what an acquisition adds to its update to bind the
+	// item to it (a session and its pool), and freeing what a resignation
+	// adds so that the item is free for the next holder (the binding
+	// cleared), setting the names and values they use.
+	binds(names map[string]string, values map[string]types.AttributeValue) string
+	freeing(names map[string]string, values map[string]types.AttributeValue) string
+}
 
-	// sess is the pool session the tenure is bound to (session.go), nil
-	// for a lease of its own: the session's deadline and timer are the
-	// tenure's, and its renewal renews the tenure.
-	sess *session
-	k    *keeper // the keeper while fn runs, for a session's notes (Lease.noticeNote)
+// solo is the liveness of a lease of its own: a lifetime of the tenure's
+// own.
+type solo struct{ lt *lifetime }
+
+func (s *solo) bind(t *term, snt sent) bool {
+	s.lt = newLifetime(&t.l.opts, t.expire)
+	return s.lt.confirm(snt)
+}
+func (s *solo) life() *lifetime { return s.lt }
+
+// release stops the timer, and leaves the deadline where it is: a
+// resignation retries until it passes (resignRetrying).
+func (s *solo) release(*term)                                { s.lt.stopTimer() }
+func (s *solo) renewTerm(ctx context.Context, t *term) error { return t.heartbeat(ctx) }
+func (s *solo) keep(k *keeper)                               { k.start() }
+func (s *solo) drain(k *keeper)                              { k.drain() }
+func (s *solo) drainExpired(*term)                           {}
+func (s *solo) freeing(map[string]string, map[string]types.AttributeValue) string {
+	return ""
+}
+func (s *solo) binds(names map[string]string, _ map[string]types.AttributeValue) string {
+	delete(names, "#pool") // an item bound to a session is not taken (condition): it stays unbound
+	return ""
 }
 
 // tenure is a snapshot of a term, for code that reads it without holding
@@ -59,7 +106,7 @@ type tenure struct {
 	held     bool // the term is not over
 	fence    int64
 	version  string
-	sentAt   time.Time
+	sentAt   time.Time // when the last confirmed write its liveness rests on was sent
 	deadline time.Time
 	// realDeadline is the deadline by the runtime's monotonic clock.
 	realDeadline time.Time
@@ -81,80 +128,38 @@ func (l *Lease) current() *term {
 	return l.ten
 }
 
-// begin opens a term for the item our acquisition produced, sent at s, and
-// returns it. base supplies the values of the leader context. It returns
-// nil, and opens nothing, when the deadline had already passed.
-func (l *Lease) begin(base context.Context, rec Record, s sent, latency time.Duration, sess *session) *term {
-	t := &term{l: l, fence: rec.Fence, version: rec.version, acquiredAt: s.at.Round(0), renewedAt: s.at.Round(0), sess: sess}
-	t.setDeadline(s)
-	if t.left() <= 0 {
-		return nil
-	}
+// begin opens a term for the item our acquisition produced, sent at s,
+// bound to live, and returns it. base supplies the values of the leader
+// context. It returns nil, and opens nothing, when the deadline had
+// already passed.
+func (l *Lease) begin(base context.Context, rec Record, s sent, latency time.Duration, live liveness) *term {
+	t := &term{l: l, fence: rec.Fence, version: rec.version, acquiredAt: s.at.Round(0), live: live}
 	t.ctx, t.cancel = context.WithCancelCause(context.WithoutCancel(base))
-	if sess != nil && !sess.bind(t) {
+	l.mu.Lock()
+	if !live.bind(t, s) {
+		l.mu.Unlock()
 		t.cancel(nil)
 		return nil
 	}
-	l.mu.Lock()
 	if old := l.ten; old != nil && !old.over {
 		old.closeLocked(fmt.Errorf("%w: %q fence %d: fence %d was acquired", ErrLost, l.job, old.fence, rec.Fence), LossDeposed)
 	}
 	l.ten = t
-	t.armLocked()
 	l.notify.push(l.event(EventAcquired, Event{Fence: rec.Fence, Latency: latency}))
 	l.mu.Unlock()
 	l.notify.flush()
 	return t
 }
 
-// setDeadline sets the deadlines of a write of this term sent at s.
-func (t *term) setDeadline(s sent) {
-	d := t.l.opts.LeaseDuration - t.l.opts.margin()
-	t.sentAt, t.deadline, t.realDeadline = s.at, s.at.Add(d), s.real.Add(d)
-}
-
 // left returns how long the term may last from now, by Options.Now and by
-// the runtime's clock: until the earlier of its deadlines. Called with
-// Lease.mu held, or before the term is published.
-func (t *term) left() time.Duration {
-	if t.sess != nil {
-		return t.sess.left()
-	}
-	return min(t.deadline.Sub(t.l.opts.Now()), time.Until(t.realDeadline))
-}
+// the runtime's clock: until the earlier of its deadlines.
+func (t *term) left() time.Duration { return t.live.life().left() }
 
-// deadlines returns the term's deadline by Options.Now and by the
-// runtime's clock: its session's, for a tenure bound to one.
-func (t *term) deadlines() (time.Time, time.Time) {
-	if t.sess != nil {
-		return t.sess.deadlines()
-	}
-	return t.deadline, t.realDeadline
-}
-
-// armLocked (re)starts the timer to end the term at its deadline, by the
-// monotonic clock of the runtime. The timer is armed for the earlier of
-// the two deadlines, so a tenure ends after at most LeaseDuration - margin
-// of real time from its last confirmed write's sending, even when
-// Options.Now runs slow.
-func (t *term) armLocked() {
-	if t.sess != nil {
-		return // the session's timer ends it
-	}
-	if t.timer != nil {
-		t.timer.Stop()
-	}
-	t.armed++
-	armed := t.armed
-	t.timer = time.AfterFunc(t.left(), func() { t.expire(armed) })
-}
-
-// expire is the timer's function: it ends the term, unless it was renewed
-// (or ended) since this arming.
-func (t *term) expire(armed int) {
+// expire is the solo lifetime's timer function: it ends the term.
+func (t *term) expire() {
 	l := t.l
 	l.mu.Lock()
-	if t.over || t.armed != armed {
+	if t.over {
 		l.mu.Unlock()
 		return
 	}
@@ -167,8 +172,9 @@ func (t *term) expire(armed int) {
 func (t *term) snapshot() tenure {
 	t.l.mu.Lock()
 	defer t.l.mu.Unlock()
-	d, rd := t.deadlines()
-	return tenure{held: !t.over, fence: t.fence, version: t.version, sentAt: t.sentAt, deadline: d,
+	life := t.live.life()
+	d, rd := life.deadlines()
+	return tenure{held: !t.over, fence: t.fence, version: t.version, sentAt: life.lastSent().at, deadline: d,
 		realDeadline: rd, draining: t.draining, lost: t.lost}
 }
 
@@ -183,16 +189,8 @@ func (t *term) leads() bool {
 }
 
 // leadsLocked is leads, called with Lease.mu held: the one answer to
-// "does this tenure lead now", by both clocks, and by its session's
-// deadline for a tenure bound to one.
+// "does this tenure lead now", by both clocks of its liveness's lifetime.
 func (t *term) leadsLocked() bool { return !t.over && t.left() > 0 }
-
-// remaining is left, taking Lease.mu.
-func (t *term) remaining() time.Duration {
-	t.l.mu.Lock()
-	defer t.l.mu.Unlock()
-	return t.left()
-}
 
 // holds reports whether the term is still open.
 func (t *term) holds() bool {
@@ -201,10 +199,10 @@ func (t *term) holds() bool {
 	return !t.over
 }
 
-// renewed records a write of this term, sent at s, as confirmed now. It
-// reports false when the term is over, or when the confirmation came at or
-// after the deadline: the term then ends, and the write only keeps the
-// item ours until it expires.
+// renewed records a heartbeat of this term, sent at s, as confirmed now.
+// It reports false when the term is over, or when the confirmation came
+// at or after the deadline: the term then ends, and the write only keeps
+// the item ours until it expires.
 func (t *term) renewed(version string, s sent, latency time.Duration) bool {
 	l := t.l
 	now := l.opts.Now()
@@ -213,18 +211,16 @@ func (t *term) renewed(version string, s sent, latency time.Duration) bool {
 		l.mu.Unlock()
 		return false
 	}
-	if t.left() <= 0 {
+	life := t.live.life()
+	d, _ := life.deadlines()
+	if !life.confirm(s) {
 		t.closeLocked(fmt.Errorf("%w: %q fence %d: the heartbeat was confirmed only after the local deadline", ErrLost, l.job, t.fence), LossDeadline)
 		l.mu.Unlock()
 		l.notify.flush()
 		return false
 	}
-	margin := t.deadline.Sub(now)
 	t.version = version
-	t.setDeadline(s)
-	t.renewedAt = s.at.Round(0)
-	t.armLocked()
-	l.notify.push(l.event(EventRenewed, Event{Fence: t.fence, Latency: latency, Margin: margin}))
+	l.notify.push(l.event(EventRenewed, Event{Fence: t.fence, Latency: latency, Margin: d.Sub(now)}))
 	l.mu.Unlock()
 	l.notify.flush()
 	return true
@@ -264,12 +260,7 @@ func (t *term) closeLocked(cause error, reason LossReason) {
 	if reason != "" {
 		t.lost = cause
 	}
-	if t.timer != nil {
-		t.timer.Stop()
-	}
-	if t.sess != nil {
-		t.sess.unbind(t)
-	}
+	t.live.release(t)
 	t.cancel(cause)
 	if reason != "" {
 		t.l.notify.push(t.l.event(EventLost, Event{Fence: t.fence, Reason: reason, Err: cause}))
