@@ -133,7 +133,7 @@ func (l *Lease) warnSameOwner(prev takeover, rec Record, present bool) {
 		return
 	}
 	l.mu.Lock()
-	ours := l.oursLocked(rec.version)
+	ours := l.vers.ours(rec.version)
 	l.mu.Unlock()
 	if ours {
 		return
@@ -252,7 +252,7 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 		":false": avBool(false),
 		":rv":    avS(rv),
 	}
-	cond := l.takeoverRule().condition(snt, rv, l.mineIn(values), values)
+	cond := l.takeoverRule().condition(snt, rv, l.vers.condition(values), values)
 	update := "SET #owner = :me, #fence = if_not_exists(#fence, :zero) + :one, " +
 		"#exp = :exp, #rv = :rv, #lms = :lms, #acq = :now, #ren = :now, #drn = :false" + live.binds(names, values)
 	in := &dynamodb.UpdateItemInput{
@@ -312,7 +312,7 @@ type takeover struct {
 // takeoverRule returns the rule for the last observation.
 func (l *Lease) takeoverRule() takeover {
 	l.mu.Lock()
-	r := takeover{obs: l.obs, owner: l.opts.Owner, ours: l.oursLocked(l.obs.rec.version), skew: l.opts.MaxClockSkew,
+	r := takeover{obs: l.obs, owner: l.opts.Owner, ours: l.vers.ours(l.obs.rec.version), skew: l.opts.MaxClockSkew,
 		lease: l.opts.LeaseDuration}
 	l.mu.Unlock()
 	r.sid = l.bound.sessionID()

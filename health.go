@@ -80,7 +80,7 @@ type health struct {
 	failErr   error
 }
 
-// observe updates h with one of its Lease's events; Lease.deliver calls it
+// observe updates h with one of its Lease's events; the Lease's notifier calls it
 // for each, in order.
 func (h *health) observe(e Event) {
 	switch e.Kind {

@@ -36,28 +36,28 @@ func (l *Lease) Heartbeat(ctx context.Context) error {
 }
 
 // renew is Heartbeat for this term, called with the write lock held.
-func (tm *term) renew(ctx context.Context) error {
-	l := tm.l
-	t := tm.snapshot()
-	if !t.held {
-		if t.lost != nil {
-			return t.lost
+func (t *term) renew(ctx context.Context) error {
+	l := t.l
+	sn := t.snapshot()
+	if !sn.held {
+		if sn.lost != nil {
+			return sn.lost
 		}
 		return fmt.Errorf("%w: heartbeat %q", ErrNotLeader, l.job)
 	}
-	return tm.live.renewTerm(ctx, tm)
+	return t.live.renewTerm(ctx, t)
 }
 
 // heartbeat renews a lease of its own (solo) with a fenced write of its
 // item, and its lifetime with the confirmation.
-func (tm *term) heartbeat(ctx context.Context) error {
-	l := tm.l
-	t := tm.snapshot()
+func (t *term) heartbeat(ctx context.Context) error {
+	l := t.l
+	sn := t.snapshot()
 	snt := l.opts.sendNow()
 	now := snt.at
-	if !tm.leads() {
-		err := fmt.Errorf("%w: %q fence %d: local deadline passed without a confirmed heartbeat", ErrLost, l.job, t.fence)
-		tm.end(err, LossDeadline)
+	if !t.leads() {
+		err := fmt.Errorf("%w: %q fence %d: local deadline passed without a confirmed heartbeat", ErrLost, l.job, sn.fence)
+		t.end(err, LossDeadline)
 		return err
 	}
 	rv := randomID(8)
@@ -68,20 +68,20 @@ func (tm *term) heartbeat(ctx context.Context) error {
 	}
 	values := map[string]types.AttributeValue{
 		":me":    avS(l.opts.Owner),
-		":fence": avN(t.fence),
+		":fence": avN(sn.fence),
 		":exp":   avN(l.opts.expiry(now)),
 		":rv":    avS(rv),
 		":lms":   avN(l.opts.LeaseDuration.Milliseconds()),
 		":now":   avN(now.UnixMilli()),
-		":drn":   avBool(t.draining),
+		":drn":   avBool(sn.draining),
 	}
 	// The write and its read-back end at the deadline: past it, nothing
 	// they learn could keep the tenure.
-	if err := tm.fencedWrite(ctx, l.opts.CallTimeout, t.deadline, update, names, values, rv); err != nil {
+	if err := t.fencedWrite(ctx, l.opts.CallTimeout, sn.deadline, update, names, values, rv); err != nil {
 		return err
 	}
-	if !tm.renewed(rv, snt, l.opts.Now().Sub(now)) {
-		return fmt.Errorf("%w: %q fence %d: the heartbeat was confirmed only after the local deadline", ErrLost, l.job, t.fence)
+	if !t.renewed(rv, snt, l.opts.Now().Sub(now)) {
+		return fmt.Errorf("%w: %q fence %d: the heartbeat was confirmed only after the local deadline", ErrLost, l.job, sn.fence)
 	}
 	return nil
 }

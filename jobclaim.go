@@ -148,8 +148,8 @@ func (p pauseCheck) refuses(c Control, slot time.Time) bool {
 
 // claim is Claim under this term, with the given token (one per firing,
 // reused by its retries) and claimSpec.
-func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token string, missed int, spec claimSpec) (*JobRun, error) {
-	l := tm.l
+func (t *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token string, missed int, spec claimSpec) (*JobRun, error) {
+	l := t.l
 	id, err := slotID(slot)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
@@ -163,14 +163,14 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 		spec.status = RunRunning
 	}
 	now := l.opts.Now()
-	if !tm.leads() {
+	if !t.leads() {
 		return nil, fmt.Errorf("%w: claim %q slot %s", ErrNotLeader, l.job, id)
 	}
-	t := tm.snapshot()
-	c := claim{tm: tm, t: t, o: o, spec: spec, slot: slot, id: id, token: token}
+	sn := t.snapshot()
+	c := claim{tm: t, t: sn, o: o, spec: spec, slot: slot, id: id, token: token}
 	key := l.opts.Layout.runKey(l.job, runSK(slot, spec.trigger))
 	upd := c.update(key, slotText, now, missed)
-	run := &JobRun{l: l, slot: slot, id: id, key: key, fence: t.fence, claim: token, started: now.Round(0), missed: missed,
+	run := &JobRun{l: l, slot: slot, id: id, key: key, fence: sn.fence, claim: token, started: now.Round(0), missed: missed,
 		trigger: spec.trigger, finished: spec.status != RunRunning}
 	actions, resent, err := c.write(ctx, upd)
 	if errors.Is(err, ErrLost) || errors.Is(err, errPaused) {
@@ -179,14 +179,14 @@ func (tm *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token 
 	w := condWrite{db: l.db, actions: actions, watch: len(actions) - 1, timeout: l.opts.CallTimeout,
 		mine: func(item map[string]types.AttributeValue) bool {
 			rec, err := decodeRun(l.opts.Layout, item)
-			return len(item) > 0 && err == nil && mine(rec, token, t.fence)
+			return len(item) > 0 && err == nil && mine(rec, token, sn.fence)
 		}}.resolve(ctx, nil, err)
 	if err := c.checked(w, len(actions) == 2, resent, run); err != nil {
 		return nil, err
 	}
 	switch {
 	case w.outcome == applied:
-		return tm.claimed(run) // perhaps an SDK retry of a write that did land
+		return t.claimed(run) // perhaps an SDK retry of a write that did land
 	case w.outcome != refused || w.rerr != nil:
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, errors.Join(err, w.rerr))
 	}
@@ -370,13 +370,13 @@ func mine(rec RunRecord, token string, fence int64) bool {
 // still leads by both clocks (its deadline may have passed while the claim
 // was in flight: a slow answer, a paused process), the run is not handed
 // out, and is left running for a newer tenure to find.
-func (tm *term) claimed(run *JobRun) (*JobRun, error) {
-	l := tm.l
+func (t *term) claimed(run *JobRun) (*JobRun, error) {
+	l := t.l
 	if run.finished { // jobrunner.go: a slot recorded as skipped by a pause
 		l.notify.emit(l.event(EventRunFinished, Event{Slot: run.slot, Fence: run.fence, Status: RunSkippedByPause}))
 		return run, nil
 	}
-	if !tm.leads() {
+	if !t.leads() {
 		return nil, fmt.Errorf("%w: claim %q slot %s: %w", ErrNotLeader, l.job, run.id, errClaimedLate)
 	}
 	l.notify.emit(l.event(EventRunClaimed, Event{Slot: run.slot, Fence: run.fence}))
@@ -435,11 +435,11 @@ func (c claim) write(ctx context.Context, upd *types.Update) ([]types.TransactWr
 // claim's check (empty: there is none): nil when it names this owner and
 // fence and the pause check passes, errPaused when it refuses, and
 // otherwise ErrLost, ending the tenure.
-func (tm *term) checkLease(item map[string]types.AttributeValue, spec claimSpec, slot time.Time) error {
-	l := tm.l
-	lost := fmt.Errorf("%w: %q fence %d: the lease item no longer names this owner and fence", ErrLost, l.job, tm.fence)
+func (t *term) checkLease(item map[string]types.AttributeValue, spec claimSpec, slot time.Time) error {
+	l := t.l
+	lost := fmt.Errorf("%w: %q fence %d: the lease item no longer names this owner and fence", ErrLost, l.job, t.fence)
 	if rec, err := decodeLease(l.opts.Layout, item); len(item) > 0 && err == nil {
-		if rec.Owner == l.opts.Owner && rec.Fence == tm.fence {
+		if rec.Owner == l.opts.Owner && rec.Fence == t.fence {
 			if spec.refuses(rec.Control, slot) {
 				var at int64
 				if !rec.Control.PausedAt.IsZero() {
@@ -449,17 +449,17 @@ func (tm *term) checkLease(item map[string]types.AttributeValue, spec claimSpec,
 			}
 			return nil
 		}
-		lost = movedOn(l.job, tm.fence, rec)
+		lost = movedOn(l.job, t.fence, rec)
 	}
-	tm.end(lost, LossDeposed)
+	t.end(lost, LossDeposed)
 	return lost
 }
 
 // abandon marks rec, which an older tenure left running (or this one gave
 // up), abandoned by this tenure. ok reports that this call did it; the
 // record returned is the run as it now stands, as far as known.
-func (tm *term) abandon(ctx context.Context, rec RunRecord) (RunRecord, bool, error) {
-	l, fence := tm.l, tm.fence
+func (t *term) abandon(ctx context.Context, rec RunRecord) (RunRecord, bool, error) {
+	l, fence := t.l, t.fence
 	id := rec.runID()
 	now := l.opts.Now()
 	key := l.opts.Layout.runKey(l.job, runSK(rec.Slot, rec.Trigger))

@@ -41,17 +41,12 @@ type Lease struct {
 	// the log lines carry.
 	runCtx atomic.Pointer[context.Context]
 
-	mu  sync.Mutex // guards ten, obs, confirmed, doubt, yieldUntil and seen
+	mu  sync.Mutex // guards ten, obs, yieldUntil and seen
 	ten *term      // the current or last term; nil before the first
 	obs observation
-	// confirmed is the renewal version of this handle's last write known
-	// to have landed; doubt lists later versions whose outcome is unknown
-	// (they may still land). Our own writes are conditioned on the item
-	// carrying one of them, so a write that lands late (its answer lost,
-	// or abandoned on a timeout) can never undo a newer one, such as a
-	// resignation. The confirmed version is never dropped.
-	confirmed string
-	doubt     []string
+	// vers are the renewal versions this handle wrote that the item may
+	// carry: our own writes are conditioned on them.
+	vers versions
 	// yieldUntil: after this handle gave the lease up while its campaign
 	// goes on (Resign during Run), Acquire leaves a free lease to the
 	// standbys until then, by the runtime's monotonic clock: a yield is a
@@ -156,7 +151,13 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 		born:  o.sendNow(),
 		bound: alone{},
 	}
-	l.notify.fn = l.deliver
+	l.notify.fn = func(e Event) { // to the health check, the log and the user's observer
+		l.health.observe(e)
+		l.logEvent(e)
+		if l.opts.Observer != nil {
+			l.opts.Observer(e)
+		}
+	}
 	l.writes.notify = &l.notify
 	l.db = observedDB{db: db, now: o.Now, report: func(e Event) { l.notify.emit(l.event(EventCall, e)) },
 		answered: func() { l.reached.Store(true) }}
@@ -219,16 +220,6 @@ func (w *writeLock) unlock() {
 	w.notify.release()
 	w.mu.Unlock()
 	w.notify.flush()
-}
-
-// deliver hands an event to the health check, the log and the user's
-// observer.
-func (l *Lease) deliver(e Event) {
-	l.health.observe(e)
-	l.logEvent(e)
-	if l.opts.Observer != nil {
-		l.opts.Observer(e)
-	}
 }
 
 // Job returns the job name.
@@ -328,66 +319,81 @@ func (l *Lease) write(ctx context.Context, timeout time.Duration, until time.Tim
 	case w.rerr != nil:
 		// Even a failed condition leaves the write in doubt here: the write
 		// might still be delivered late.
-		l.wrote(rv, false, true)
+		l.vers.wrote(rv, false, true)
 		return Record{}, false, errors.Join(err, fmt.Errorf("ddblease: read lease %q: %w", l.job, explainTableError(ctx, l.db, l.table, l.opts.Layout, w.rerr)))
 	case len(w.item) == 0:
-		l.wrote(rv, false, doubt)
+		l.vers.wrote(rv, false, doubt)
 		return Record{}, false, err
 	}
 	r, derr := decodeLease(l.opts.Layout, w.item)
 	if derr != nil {
-		l.wrote(rv, false, doubt)
+		l.vers.wrote(rv, false, doubt)
 		return Record{}, false, errors.Join(err, fmt.Errorf("%w (table %q)", derr, l.table))
 	}
 	l.observe(r, true)
-	l.wrote(rv, w.outcome == applied, doubt)
+	l.vers.wrote(rv, w.outcome == applied, doubt)
 	return r, w.outcome == applied, err
+}
+
+// versions are the renewal versions of a handle's writes that the item
+// may carry: confirmed, the version of its last write known to have
+// landed, and doubt, later versions whose outcome is unknown (they may
+// still land). The handle's own writes are conditioned on the item
+// carrying one of them, so that a write that lands late (its answer
+// lost, or abandoned on a timeout) can never undo a newer one, such as a
+// resignation. The confirmed version is never dropped.
+type versions struct {
+	mu        sync.Mutex
+	confirmed string
+	doubt     []string
 }
 
 // wrote records the outcome of a write of version rv: applied, or in doubt
 // (it may still land).
-func (l *Lease) wrote(rv string, applied, inDoubt bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+func (v *versions) wrote(rv string, applied, inDoubt bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
 	switch {
 	case applied:
 		// Writes in doubt were conditioned on versions the item no longer
 		// carries: none of them can land any more.
-		l.confirmed, l.doubt = rv, nil
+		v.confirmed, v.doubt = rv, nil
 	case inDoubt:
-		l.doubt = append(l.doubt, rv)
-		if len(l.doubt) > maxDoubt {
-			l.doubt = l.doubt[len(l.doubt)-maxDoubt:]
+		v.doubt = append(v.doubt, rv)
+		if len(v.doubt) > maxDoubt {
+			v.doubt = v.doubt[len(v.doubt)-maxDoubt:]
 		}
 	}
 }
 
-// oursLocked reports whether rv is a renewal version this handle wrote:
-// its last confirmed, or one in doubt. Called with l.mu held.
-func (l *Lease) oursLocked(rv string) bool {
-	return rv != "" && (rv == l.confirmed || slices.Contains(l.doubt, rv))
+// ours reports whether rv is a renewal version this handle wrote: its
+// last confirmed, or one in doubt.
+func (v *versions) ours(rv string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return rv != "" && (rv == v.confirmed || slices.Contains(v.doubt, rv))
 }
 
-// mineIn returns the condition that the item carries a version this handle
-// wrote, adding its values; "" when there is none.
-func (l *Lease) mineIn(values map[string]types.AttributeValue) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	mine := l.doubt
-	if l.confirmed != "" {
-		mine = append([]string{l.confirmed}, l.doubt...)
+// condition returns the condition that the item carries a version this
+// handle wrote, adding its values; "" when there is none.
+func (v *versions) condition(values map[string]types.AttributeValue) string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	mine := v.doubt
+	if v.confirmed != "" {
+		mine = append([]string{v.confirmed}, v.doubt...)
 	}
 	if len(mine) == 0 {
 		return ""
 	}
 	var b strings.Builder
 	b.WriteString("#rv IN (")
-	for i, v := range mine {
+	for i, rv := range mine {
 		if i > 0 {
 			b.WriteString(", ")
 		}
 		k := ":mine" + strconv.Itoa(i)
-		values[k] = avS(v)
+		values[k] = avS(rv)
 		b.WriteString(k)
 	}
 	b.WriteString(")")

@@ -52,11 +52,7 @@ func (l *Lease) Resign(ctx context.Context) error {
 	}
 	l.mu.Unlock()
 	cause := fmt.Errorf("%w: %q fence %d: resigned by a call to Resign", ErrLost, l.job, t.fence)
-	if reason != "" {
-		t.end(cause, reason)
-	} else {
-		t.endResigning(cause)
-	}
+	t.end(cause, reason)
 	l.writes.lock()
 	defer l.writes.unlock()
 	return t.resign(ctx)
@@ -101,14 +97,14 @@ func (t *term) resign(ctx context.Context) error {
 // force (until the tenure's deadline). It returns nil when the lease was
 // given up or another owner already held it, and an error wrapping
 // ErrNotResigned otherwise. The context's cancellation is ignored.
-func (tm *term) resignRetrying(ctx context.Context, cause error) error {
-	l, fence := tm.l, tm.fence
+func (t *term) resignRetrying(ctx context.Context, cause error) error {
+	l, fence := t.l, t.fence
 	ctx = context.WithoutCancel(ctx)
-	t := tm.snapshot()
-	if !t.held {
+	sn := t.snapshot()
+	if !sn.held {
 		return nil
 	}
-	tm.endResigning(cause)
+	t.end(cause, "")
 	// The lock is taken for each attempt, not across the waits between
 	// them, so that the events of each are delivered as it ends.
 	// It is retried while the lifetime the tenure led by lasts: a lease of
@@ -116,7 +112,7 @@ func (tm *term) resignRetrying(ctx context.Context, cause error) error {
 	// expiry passes); a pool's job while its session lives (no other
 	// replica may take it meanwhile), not only until the deadline the
 	// session had when the resignation began.
-	life := tm.live.life()
+	life := t.live.life()
 	r := retrier{backoff: fixed(l.opts.RetryInterval),
 		again:   func(err error) bool { return retryable(err) && life.left() > 0 },
 		onRetry: func(err error) { l.notify.emit(l.event(EventRetry, Event{Op: "resign", Fence: fence, Err: err})) },
@@ -124,7 +120,7 @@ func (tm *term) resignRetrying(ctx context.Context, cause error) error {
 	_, _, err := r.do(ctx, func(ctx context.Context) error {
 		l.writes.lock()
 		defer l.writes.unlock()
-		return tm.resign(ctx)
+		return t.resign(ctx)
 	})
 	if err == nil || errors.Is(err, ErrLost) {
 		return nil
@@ -176,11 +172,6 @@ func (l *Lease) ResignOnSignal(sigs ...os.Signal) (stop func() error) {
 		<-done
 		return err
 	}
-}
-
-// resignAtShutdown resigns a tenure that Run's ctx ended before fn began.
-func (t *term) resignAtShutdown(ctx context.Context) error {
-	return t.resignRetrying(ctx, fmt.Errorf("%w: %q fence %d: shutting down", ErrLost, t.l.job, t.fence))
 }
 
 // drainWatch drains a tenure when Run's context ends or an operator asks

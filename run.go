@@ -153,7 +153,8 @@ func (t *term) lead(ctx context.Context, fn func(context.Context, *term) error) 
 		return ctx.Err() != nil, nil // over before it began
 	}
 	if ctx.Err() != nil {
-		return true, t.resignAtShutdown(ctx)
+		// Run's ctx ended before fn began.
+		return true, t.resignRetrying(ctx, fmt.Errorf("%w: %q fence %d: shutting down", ErrLost, t.l.job, t.fence))
 	}
 	ld := t.startLeading(ctx)
 	defer ld.cancelLeader(nil)

@@ -227,25 +227,16 @@ func (t *term) renewed(version string, s sent, latency time.Duration) bool {
 }
 
 // end closes the term, if it is open, with the given cause; reason is
-// reported with EventLost.
+// reported with EventLost. Reason "" is this handle giving the lease up:
+// EventResigned is reported at once, before the resignation is written.
 func (t *term) end(cause error, reason LossReason) {
-	t.l.mu.Lock()
-	if !t.over {
-		t.closeLocked(cause, reason)
-	}
-	t.l.mu.Unlock()
-	t.l.notify.flush()
-}
-
-// endResigning closes the term, if it is open, because this handle is
-// giving the lease up: EventResigned is reported at once, before the
-// resignation is written.
-func (t *term) endResigning(cause error) {
 	l := t.l
 	l.mu.Lock()
 	if !t.over {
-		t.closeLocked(cause, "")
-		l.notify.push(l.event(EventResigned, Event{Fence: t.fence}))
+		t.closeLocked(cause, reason)
+		if reason == "" {
+			l.notify.push(l.event(EventResigned, Event{Fence: t.fence}))
+		}
 	}
 	l.mu.Unlock()
 	l.notify.flush()
@@ -286,7 +277,7 @@ func (t *term) fencedWrite(ctx context.Context, timeout time.Duration, until tim
 	names map[string]string, values map[string]types.AttributeValue, rv string) error {
 	l := t.l
 	cond := "#owner = :me AND #fence = :fence"
-	if mine := l.mineIn(values); mine != "" {
+	if mine := l.vers.condition(values); mine != "" {
 		cond += " AND " + mine
 	}
 	in := &dynamodb.UpdateItemInput{
