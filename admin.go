@@ -258,21 +258,25 @@ func (a *Admin) ForceRelease(ctx context.Context, job string, fence int64, optFn
 		}
 		held = st.Lease
 	}
+	// The fence moves on: its holder, alive, learns at its next renewal
+	// that it lost. A dead holder's item is released as by a resignation
+	// (and a pool's job unbound from its session), for a standby to take
+	// at its next poll.
 	now := a.o.Now()
-	names := map[string]string{"#drn": attrDraining, "#ren": attrRenewedAt,
-		"#rf": attrReleasedFence, "#rby": attrReleasedBy, "#rat": attrReleasedAt}
-	values := map[string]types.AttributeValue{
-		":one": avN(1), ":rv": avS(randomID(8)), ":false": avBool(false),
-		":me": avS(a.o.Operator), ":now": avN(now.UnixMilli()), ":seen": avN(fence),
-	}
-	update := "SET #rf = :seen, #fence = #fence + :one, #rv = :rv, #drn = :false, #ren = :now, #rby = :me, #rat = :now"
+	u := newLeaseUpdate()
+	u.add("#fence = #fence + :one, #rf = :seen")
 	if ro.HolderDead {
-		// A job of a pool is unbound from its session too.
-		update += ", #exp = :zero, #ses = :nos"
-		values[":zero"], values[":nos"] = avN(0), avS(noSession)
-		names["#ses"] = attrSession
+		u.released(now, randomID(8))
+		u.unbound()
+	} else {
+		u.set("rv", attrVersion, avS(randomID(8)))
+		u.set("ren", attrRenewedAt, avN(now.UnixMilli()))
+		u.set("drn", attrDraining, avBool(false))
 	}
-	rec, failed, err := a.update(ctx, job, update, "#fence = :seen", names, values)
+	u.set("rby", attrReleasedBy, avS(a.o.Operator))
+	u.set("rat", attrReleasedAt, avN(now.UnixMilli()))
+	u.names["#rf"], u.values[":one"], u.values[":seen"] = attrReleasedFence, avN(1), avN(fence)
+	rec, failed, err := a.update(ctx, job, u.expression(), "#fence = :seen", u.names, u.values)
 	switch {
 	case err != nil:
 		return Record{}, err

@@ -237,24 +237,16 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 	snt := l.opts.sendNow()
 	now := snt.at
 	rv := randomID(8)
-	names := map[string]string{
-		"#pk": l.opts.Layout.PartitionKey, "#owner": attrOwner, "#fence": attrFence, "#exp": attrExpires,
-		"#rv": attrVersion, "#lms": attrLeaseMs, "#acq": attrAcquiredAt, "#ren": attrRenewedAt,
-		"#drn": attrDraining, "#ses": attrSession, "#pool": attrPool,
-	}
-	values := map[string]types.AttributeValue{
-		":me":    avS(l.opts.Owner),
-		":zero":  avN(0),
-		":one":   avN(1),
-		":exp":   avN(l.opts.expiry(now)),
-		":lms":   avN(l.opts.LeaseDuration.Milliseconds()),
-		":now":   avN(now.UnixMilli()),
-		":false": avBool(false),
-		":rv":    avS(rv),
-	}
+	u := newLeaseUpdate()
+	u.add("#owner = :me, #fence = if_not_exists(#fence, :zero) + :one")
+	u.renewal(&l.opts, now, rv, false)
+	u.set("acq", attrAcquiredAt, avN(now.UnixMilli()))
+	live.binds(u)
+	names, values := u.names, u.values
+	names["#pk"], names["#owner"], names["#fence"], names["#ses"] = l.opts.Layout.PartitionKey, attrOwner, attrFence, attrSession
+	values[":me"], values[":zero"], values[":one"] = avS(l.opts.Owner), avN(0), avN(1)
 	cond := l.takeoverRule().condition(snt, rv, l.vers.condition(values), values)
-	update := "SET #owner = :me, #fence = if_not_exists(#fence, :zero) + :one, " +
-		"#exp = :exp, #rv = :rv, #lms = :lms, #acq = :now, #ren = :now, #drn = :false" + live.binds(names, values)
+	update := u.expression()
 	in := &dynamodb.UpdateItemInput{
 		TableName:                           aws.String(l.table),
 		Key:                                 l.opts.Layout.leaseKey(l.job),

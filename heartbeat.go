@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
 // This file owns the heartbeat: the renewal of a tenure (term.renew,
@@ -61,23 +59,11 @@ func (t *term) heartbeat(ctx context.Context) error {
 		return err
 	}
 	rv := randomID(8)
-	update := "SET #exp = :exp, #rv = :rv, #lms = :lms, #ren = :now, #drn = :drn"
-	names := map[string]string{
-		"#owner": attrOwner, "#fence": attrFence, "#exp": attrExpires, "#rv": attrVersion,
-		"#lms": attrLeaseMs, "#ren": attrRenewedAt, "#drn": attrDraining,
-	}
-	values := map[string]types.AttributeValue{
-		":me":    avS(l.opts.Owner),
-		":fence": avN(sn.fence),
-		":exp":   avN(l.opts.expiry(now)),
-		":rv":    avS(rv),
-		":lms":   avN(l.opts.LeaseDuration.Milliseconds()),
-		":now":   avN(now.UnixMilli()),
-		":drn":   avBool(sn.draining),
-	}
+	u := newLeaseUpdate()
+	u.renewal(&l.opts, now, rv, sn.draining)
 	// The write and its read-back end at the deadline: past it, nothing
 	// they learn could keep the tenure.
-	if err := t.fencedWrite(ctx, l.opts.CallTimeout, sn.deadline, update, names, values, rv); err != nil {
+	if err := t.fencedWrite(ctx, l.opts.CallTimeout, sn.deadline, u, rv); err != nil {
 		return err
 	}
 	if !t.renewed(rv, snt, l.opts.Now().Sub(now)) {

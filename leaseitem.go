@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -11,10 +12,70 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// This file owns the lease item: Record and its decoding, the operator's
+// This file owns the lease item: Record and its decoding, the writes of
+// the attributes the holder keeps in it (leaseUpdate), the operator's
 // controls it carries (Control, controlItem, the pending triggers), the
 // error of a tenure whose item moved on (movedOn), and the expiry half of
 // the takeover rule (expiredBy).
+
+// leaseUpdate builds an update of the lease item. The attributes by which
+// other replicas judge a holder (its expiry, its renewal version, the
+// lease it is for, its renewal's send time, its drain mark, its session)
+// are set by its methods, which every write of them uses: an acquisition
+// and a heartbeat (renewal), a resignation and a forced release
+// (released), a pool's binding and unbinding of the item. Each attribute
+// set is #ref = :ref, so that a condition may refer to the same names.
+type leaseUpdate struct {
+	sets   []string
+	names  map[string]string
+	values map[string]types.AttributeValue
+}
+
+func newLeaseUpdate() *leaseUpdate {
+	return &leaseUpdate{names: map[string]string{}, values: map[string]types.AttributeValue{}}
+}
+
+// set sets attribute attr, named #ref, to v, as :ref.
+func (u *leaseUpdate) set(ref, attr string, v types.AttributeValue) {
+	u.names["#"+ref], u.values[":"+ref] = attr, v
+	u.sets = append(u.sets, "#"+ref+" = :"+ref)
+}
+
+// add adds a clause of the SET action as it is; its names and values are
+// the caller's to add.
+func (u *leaseUpdate) add(clause string) { u.sets = append(u.sets, clause) }
+
+// renewal sets what a holder's write keeps in the item, sent at at with
+// version rv: the expiry it records (Options.expiry), the lease it is for,
+// when it was sent, and whether the holder drains.
+func (u *leaseUpdate) renewal(o *Options, at time.Time, rv string, draining bool) {
+	u.set("exp", attrExpires, avN(o.expiry(at)))
+	u.set("rv", attrVersion, avS(rv))
+	u.set("lms", attrLeaseMs, avN(o.LeaseDuration.Milliseconds()))
+	u.set("ren", attrRenewedAt, avN(at.UnixMilli()))
+	u.set("drn", attrDraining, avBool(draining))
+}
+
+// released sets what a write that lets the lease go keeps: expired, a new
+// version rv, written at at, not draining.
+func (u *leaseUpdate) released(at time.Time, rv string) {
+	u.set("exp", attrExpires, avN(0))
+	u.set("rv", attrVersion, avS(rv))
+	u.set("ren", attrRenewedAt, avN(at.UnixMilli()))
+	u.set("drn", attrDraining, avBool(false))
+}
+
+// bound binds the item to session sid of pool; unbound clears the binding,
+// so that any replica of the pool may take it.
+func (u *leaseUpdate) bound(sid, pool string) {
+	u.set("ses", attrSession, avS(sid))
+	u.set("pool", attrPool, avS(pool))
+}
+
+func (u *leaseUpdate) unbound() { u.set("ses", attrSession, avS(noSession)) }
+
+// expression is the update expression.
+func (u *leaseUpdate) expression() string { return "SET " + strings.Join(u.sets, ", ") }
 
 // Record is a lease item as stored in the table. Its JSON form (see
 // MarshalJSON) has the field names of ddblease's other JSON output.

@@ -9,8 +9,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
 // This file owns the end of a tenure by its holder: the drain (drainWatch:
@@ -65,23 +63,11 @@ func (t *term) resign(ctx context.Context) error {
 		return err
 	}
 	defer done()
-	now := l.opts.Now()
 	rv := randomID(8)
-	names := map[string]string{
-		"#owner": attrOwner, "#fence": attrFence, "#exp": attrExpires, "#rv": attrVersion,
-		"#ren": attrRenewedAt, "#drn": attrDraining,
-	}
-	values := map[string]types.AttributeValue{
-		":me":    avS(l.opts.Owner),
-		":fence": avN(t.fence),
-		":zero":  avN(0),
-		":rv":    avS(rv),
-		":now":   avN(now.UnixMilli()),
-		":false": avBool(false),
-	}
-	update := "SET #exp = :zero, #rv = :rv, #ren = :now, #drn = :false"
-	update += t.live.freeing(names, values)
-	err = t.fencedWrite(ctx, l.opts.CallTimeout, time.Time{}, update, names, values, rv)
+	u := newLeaseUpdate()
+	u.released(l.opts.Now(), rv)
+	t.live.freeing(u)
+	err = t.fencedWrite(ctx, l.opts.CallTimeout, time.Time{}, u, rv)
 	var moved *movedOnError
 	if errors.As(err, &moved) && moved.inDoubt {
 		// The answer was lost and the lease has a newer holder: either our

@@ -98,16 +98,10 @@ func (s *session) drainExpired(t *term) {
 
 // freeing clears the item's session binding: a standby of the pool takes
 // it at its next poll.
-func (s *session) freeing(names map[string]string, values map[string]types.AttributeValue) string {
-	names["#ses"], values[":nos"] = attrSession, avS(noSession)
-	return ", #ses = :nos"
-}
+func (s *session) freeing(u *leaseUpdate) { u.unbound() }
 
 // binds binds an acquired item to the session and its pool.
-func (s *session) binds(names map[string]string, values map[string]types.AttributeValue) string {
-	values[":ses"], values[":pool"] = avS(s.sid), avS(s.p.name)
-	return ", #ses = :ses, #pool = :pool"
-}
+func (s *session) binds(u *leaseUpdate) { u.bound(s.sid, s.p.name) }
 
 // end ends the session and every tenure bound to it, with cause built for
 // each.
@@ -486,14 +480,17 @@ func (p *Pool) freeUnheld(ctx context.Context, l *Lease, s *session) bool {
 func (p *Pool) free(ctx context.Context, l *Lease, rec Record) bool {
 	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
 	defer cancel()
+	u := newLeaseUpdate()
+	u.released(l.opts.Now(), randomID(8))
+	u.unbound()
+	u.names["#owner"], u.names["#fence"] = attrOwner, attrFence
+	u.values[":me"], u.values[":sid"], u.values[":f"] = avS(l.opts.Owner), avS(rec.Session), avN(rec.Fence)
 	_, err := l.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
 		TableName: aws.String(l.table), Key: l.opts.Layout.leaseKey(l.job),
-		UpdateExpression:    aws.String("SET #exp = :zero, #rv = :rv, #ses = :nos"),
-		ConditionExpression: aws.String("#owner = :me AND #ses = :sid AND #fence = :f"),
-		ExpressionAttributeNames: map[string]string{"#exp": attrExpires, "#rv": attrVersion, "#ses": attrSession,
-			"#owner": attrOwner, "#fence": attrFence},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":zero": avN(0), ":rv": avS(randomID(8)), ":nos": avS(noSession),
-			":me": avS(l.opts.Owner), ":sid": avS(rec.Session), ":f": avN(rec.Fence)},
+		UpdateExpression:          aws.String(u.expression()),
+		ConditionExpression:       aws.String("#owner = :me AND #ses = :sid AND #fence = :f"),
+		ExpressionAttributeNames:  u.names,
+		ExpressionAttributeValues: u.values,
 	})
 	var ccf *types.ConditionalCheckFailedException
 	if err != nil && !errors.As(err, &ccf) {

@@ -67,12 +67,11 @@ type liveness interface {
 	// keeper has stopped: a lease of its own then lapses at its expiry; a
 	// session's job, renewed while the session lives, is resigned.
 	drainExpired(t *term)
-	// binds returns what an acquisition adds to its update to bind the
-	// item to it (a session and its pool), and freeing what a resignation
-	// adds so that the item is free for the next holder (the binding
-	// cleared), setting the names and values they use.
-	binds(names map[string]string, values map[string]types.AttributeValue) string
-	freeing(names map[string]string, values map[string]types.AttributeValue) string
+	// binds adds to an acquisition's update what binds the item to it (a
+	// session and its pool), and freeing to a resignation's what frees
+	// the item for the next holder (the binding cleared).
+	binds(u *leaseUpdate)
+	freeing(u *leaseUpdate)
 }
 
 // solo is the liveness of a lease of its own: a lifetime of the tenure's
@@ -92,13 +91,8 @@ func (s *solo) renewTerm(ctx context.Context, t *term) error { return t.heartbea
 func (s *solo) keep(k *keeper)                               { k.start() }
 func (s *solo) drain(k *keeper)                              { k.drain() }
 func (s *solo) drainExpired(*term)                           {}
-func (s *solo) freeing(map[string]string, map[string]types.AttributeValue) string {
-	return ""
-}
-func (s *solo) binds(names map[string]string, _ map[string]types.AttributeValue) string {
-	delete(names, "#pool") // an item bound to a session is not taken (condition): it stays unbound
-	return ""
-}
+func (s *solo) binds(*leaseUpdate)                           {} // an item bound to a session is not taken (condition): it stays unbound
+func (s *solo) freeing(*leaseUpdate)                         {}
 
 // tenure is a snapshot of a term, for code that reads it without holding
 // Lease.mu.
@@ -273,20 +267,21 @@ func (t *term) setDraining() {
 // version this handle wrote. It returns ErrLost (and ends the tenure) when
 // the condition fails, and the error when the outcome stays unknown. The
 // write and its read-back end by until (zero: CallTimeout each).
-func (t *term) fencedWrite(ctx context.Context, timeout time.Duration, until time.Time, update string,
-	names map[string]string, values map[string]types.AttributeValue, rv string) error {
+func (t *term) fencedWrite(ctx context.Context, timeout time.Duration, until time.Time, u *leaseUpdate, rv string) error {
 	l := t.l
+	u.names["#owner"], u.names["#fence"], u.names["#rv"] = attrOwner, attrFence, attrVersion
+	u.values[":me"], u.values[":fence"] = avS(l.opts.Owner), avN(t.fence)
 	cond := "#owner = :me AND #fence = :fence"
-	if mine := l.vers.condition(values); mine != "" {
+	if mine := l.vers.condition(u.values); mine != "" {
 		cond += " AND " + mine
 	}
 	in := &dynamodb.UpdateItemInput{
 		TableName:                           aws.String(l.table),
 		Key:                                 l.opts.Layout.leaseKey(l.job),
-		UpdateExpression:                    aws.String(update),
+		UpdateExpression:                    aws.String(u.expression()),
 		ConditionExpression:                 aws.String(cond),
-		ExpressionAttributeNames:            names,
-		ExpressionAttributeValues:           values,
+		ExpressionAttributeNames:            u.names,
+		ExpressionAttributeValues:           u.values,
 		ReturnValues:                        types.ReturnValueAllNew,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	}
