@@ -30,8 +30,10 @@
  *   R2 the local deadline counts from the renewal's send, and a renewal
  *      confirmed after the deadline does not revive the session;
  *   R3 a session is taken as lapsed when its version was read unchanged
- *      for a lease (by the reader's clock), or its expiry is more than
- *      SKEW older than the reader's wall clock;
+ *      for a lease (by the reader's clock: the longer of the reader's
+ *      lease and the one the member item records, which is its own), or
+ *      its expiry is more than SKEW older than the reader's wall clock
+ *      (with -DLL=4 the two replicas' leases differ: LL and L);
  *   R4 a lapsed session is ended by a write conditional on the sid and
  *      the version read, before any of its jobs is taken;
  *   R5 a job is taken by a write conditional on the session and fence
@@ -43,7 +45,8 @@
  *      or holding another session; here: not yet holding it) has left
  *      only if a member read sent after the replica found a job bound to
  *      it does not show it, and its jobs are taken a lease after that
- *      read.
+ *      read (the longer of the reader's and the one the job's item
+ *      records, its holder's).
  *
  * The properties (each assert names one):
  *   P1 two replicas never lead the job at once;
@@ -67,14 +70,23 @@
  *   GONE_STALE      R7 broken: a session missing from the view counts
  *                   as left a lease after the replica first asked, by
  *                   whatever member read the view holds (P1)
+ *   READER_LEASE    R3 broken: the version is watched for the reader's
+ *                   own lease only, shorter than the member's (-DLL=4):
+ *                   its jobs go before its session's deadline (P1)
  */
 
 #define N     2   /* replicas */
-#define L     3   /* lease duration, ticks */
-#define D     L   /* local deadline after a renewal's send: L less the
+#define L     3   /* lease duration of replica 1, ticks */
+#ifndef LL
+#define LL    L   /* lease duration of replica 0 (spin -DLL=4: longer, as
+                     after a deploy that lengthens it). A replica's local
+                     deadline after a renewal's send is its lease less the
                      margin, which covers clock rates; the model's clocks
                      run at one rate, and it takes the margin as zero, the
                      worst case */
+#endif
+#define LEASE(r) ((r) == 0 -> LL : L)
+#define MAX(a, b) ((a) > (b) -> (a) : (b))
 #define SKEW  2   /* the bound on the wall clocks' offsets */
 #ifndef TMAX
 #define TMAX  4   /* the last tick (spin -DTMAX=n for a longer horizon) */
@@ -93,6 +105,8 @@ byte m_exp[N];
 bool m_ended[N];
 byte m_psv[N];  /* the version and expiry before the last renewal: what an */
 byte m_pexp[N]; /* eventually consistent read may still return */
+/* the lease a member item records (its expiry less its renewal's send)
+   is its replica's, LEASE(r): the readers use it as it is */
 
 /* the job's item */
 byte j_owner = NONE;
@@ -162,8 +176,8 @@ end:	do
 			started++;
 			sid = started;
 			m_sid[r] = sid; m_sv[r] = 1; m_ended[r] = false;
-			m_exp[r] = now + off[r] + L;
-			deadline[r] = now + D
+			m_exp[r] = now + off[r] + LEASE(r);
+			deadline[r] = now + LEASE(r)
 		}
 
 	/* renew the session: sent, applied, answered */
@@ -180,16 +194,16 @@ end:	do
 				assert(!m_ended[r]); /* P2 */
 				m_psv[r] = m_sv[r]; m_pexp[r] = m_exp[r];
 				m_sv[r]++;
-				m_exp[r] = ts + off[r] + L
+				m_exp[r] = ts + off[r] + LEASE(r)
 			:: else -> skip
 			fi
 		};
 		atomic {
 			if
 #ifdef DEADLINE_AT_ANSWER
-			:: ok && now < deadline[r] -> deadline[r] = now + D
+			:: ok && now < deadline[r] -> deadline[r] = now + LEASE(r)
 #else
-			:: ok && now < deadline[r] -> deadline[r] = ts + D
+			:: ok && now < deadline[r] -> deadline[r] = ts + LEASE(r)
 #endif
 			:: else -> holds[r] = false; sid = 0 /* lost, or confirmed too late */
 			fi
@@ -232,10 +246,11 @@ end:	do
 #endif
 			:: else -> skip
 			fi;
+			/* the lease the job's item records is its holder's */
 #ifdef GONE_STALE
-			free = (now - ask >= L)
+			free = (now - ask >= MAX(LEASE(r), LEASE(ro)))
 #else
-			free = (miss != NONE && now - miss >= L)
+			free = (miss != NONE && now - miss >= MAX(LEASE(r), LEASE(ro)))
 #endif
 		:: !free && !gone ->
 			/* a standby's read is eventually consistent: it may return
@@ -249,10 +264,12 @@ end:	do
 				:: wsince == NONE || wsv != rsv -> wsv = rsv; wsince = now
 				:: else -> skip
 				fi;
-#ifdef NO_SKEW
-				free = (now - wsince >= L || rexp < now + off[r])
+#if defined(NO_SKEW)
+				free = (now - wsince >= MAX(LEASE(r), LEASE(o)) || rexp < now + off[r])
+#elif defined(READER_LEASE)
+				free = (now - wsince >= LEASE(r) || rexp + SKEW < now + off[r])
 #else
-				free = (now - wsince >= L || rexp + SKEW < now + off[r])
+				free = (now - wsince >= MAX(LEASE(r), LEASE(o)) || rexp + SKEW < now + off[r])
 #endif
 			};
 			if
