@@ -17,7 +17,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	srv.Close()
 	if code == 0 {
-		if err := leakcheck.Find(5 * time.Second); err != nil {
+		if err := leakcheck.Find(5*time.Second, srv.Close); err != nil {
 			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
 			code = 1
 		}

@@ -122,11 +122,13 @@ func newTransport() *http.Transport {
 // InProcess reports whether the server is the in-process one.
 func (s *Server) InProcess() bool { return s.srv != nil }
 
-// Close stops an in-process server and closes idle connections. It may be
-// called more than once.
+// Close stops an in-process server and closes the idle connections of its
+// clients. It may be called more than once: each call closes the
+// connections that went idle since the last (a request that ended after
+// it).
 func (s *Server) Close() {
+	s.transport.CloseIdleConnections()
 	s.closeOnce.Do(func() {
-		s.transport.CloseIdleConnections()
 		if s.srv != nil {
 			s.srv.Close()
 		}

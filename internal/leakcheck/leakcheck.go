@@ -35,8 +35,29 @@ var ignored = []string{
 // others if some are still running after timeout. Goroutines that are
 // winding down (closing connections, returning from a cancelled call) get
 // that long to exit: Find looks again every few milliseconds.
-func Find(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
+//
+// Each settle is called before each look over the first half of timeout,
+// until a look finds nothing left (closing the idle connections of the
+// test server's clients, say: a request that ended after the server was
+// closed returns its connection to the idle pool, where it stays). Then
+// Find waits a tenth of timeout with no settle, and only a look after that
+// wait can find nothing left: code still at work (a timer left running,
+// sending requests) shows again meanwhile.
+func Find(timeout time.Duration, settle ...func()) error {
+	start := time.Now()
+	deadline := start.Add(timeout)
+	for len(settle) > 0 && time.Since(start) < timeout/2 {
+		for _, f := range settle {
+			f()
+		}
+		if len(Running()) == 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(settle) > 0 {
+		time.Sleep(timeout / 10)
+	}
 	wait := time.Millisecond
 	for {
 		leaked := Running()
