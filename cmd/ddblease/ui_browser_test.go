@@ -204,7 +204,8 @@ func TestUIBrowser(t *testing.T) {
 	assert.Contains(t, js[string](p, `document.querySelector('#detail').textContent`), "replica-a")
 
 	// The pool: its member and the jobs it holds.
-	p.until("the pool with its member and jobs", `document.querySelector('[data-pool="tenants"]')?.textContent.includes('replica-a')`)
+	// (the replica takes its jobs one by one: wait for both)
+	p.until("the pool with its member and jobs", `document.querySelector('[data-pool="tenants"]')?.textContent.includes('2: tenant-1, tenant-2')`)
 	poolText := js[string](p, `document.querySelector('[data-pool="tenants"]').textContent`)
 	assert.Contains(t, poolText, "2: tenant-1, tenant-2")
 	assert.Contains(t, poolText, "balanced")
