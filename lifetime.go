@@ -22,6 +22,13 @@ func (o *Options) holdFor() time.Duration { return o.LeaseDuration - o.margin() 
 // replicas judge by, a whole LeaseDuration on the writer's clock.
 func (o *Options) expiry(at time.Time) int64 { return at.Add(o.LeaseDuration).UnixMilli() }
 
+// sent is when a write was sent, by Options.Now and by the runtime's
+// monotonic clock.
+type sent struct{ at, real time.Time }
+
+// sendNow returns the time of a write being sent now.
+func (o *Options) sendNow() sent { return sent{at: o.Now(), real: time.Now()} }
+
 // lifetime is a holder's belief, from a confirmed write to its deadline:
 // the write's send time by Options.Now and by the runtime's monotonic
 // clock, the deadline holdFor past it on each (the belief ends at the

@@ -108,13 +108,6 @@ type tenure struct {
 	lost         error // why the term ended, if it was lost
 }
 
-// sent is when a write was sent, by Options.Now and by the runtime's
-// monotonic clock.
-type sent struct{ at, real time.Time }
-
-// sendNow returns the time of a write being sent now.
-func (o *Options) sendNow() sent { return sent{at: o.Now(), real: time.Now()} }
-
 // current returns the current or last term, nil before the first.
 func (l *Lease) current() *term {
 	l.mu.Lock()
