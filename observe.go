@@ -162,7 +162,7 @@ type notifier struct {
 	mu         sync.Mutex
 	queue      []Event
 	delivering bool
-	held       int // writes in progress
+	held       int32 // writes in progress
 }
 
 // push adds e to the queue. The caller then calls flush.
