@@ -123,10 +123,15 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 	}
 	l.notify.fn = l.deliver
 	l.writes.notify = &l.notify
-	l.db = observedDB{db: db, now: o.Now, report: func(e Event) { l.notify.emit(l.event(EventCall, e)) },
-		answered: func() { l.reached.Store(true) }}
+	l.db = observedDB{db: db, now: o.Now, sink: l}
 	return l, nil
 }
+
+// reportCall reports a request of this handle (observedDB).
+func (l *Lease) reportCall(e Event) { l.notify.emit(l.event(EventCall, e)) }
+
+// callAnswered records that a request of this handle went out (observedDB).
+func (l *Lease) callAnswered() { l.reached.Store(true) }
 
 // checkNew checks what New and NewPool are given (the client, the table,
 // the job's or pool's name) and returns the options with their defaults;

@@ -74,15 +74,14 @@ func (p *Pool) RunSchedule(ctx context.Context, scheds JobSchedules, fn func(ctx
 	s := &poolScheduler{}
 	return p.run(ctx, func(r *poolRun, job string, jctx context.Context, run *jobRun) {
 		j := &scheduledJob{s: s, r: runners[job], l: p.leases[job], jctx: jctx, run: run, pr: r, index: -1}
-		leave, err := j.l.enter(jctx)
-		if err != nil {
+		if err := j.l.enter(jctx); err != nil {
 			if errors.As(err, new(endedBeforeRun)) {
 				err = nil // started as the pool stopped or handed it over: nothing attempted
 			}
 			go j.finish(err)
 			return
 		}
-		j.leave = leave
+		j.entered = true
 		j.l.ctl.watchFunc(j.controlsChanged)
 		go j.campaign()
 	})
@@ -105,24 +104,21 @@ type scheduledJob struct {
 	jctx context.Context // ends when the pool hands the job over or stops
 	run  *jobRun
 	pr   *poolRun
-	// leave ends the campaign on the lease (Lease.enter), which lasts
-	// from the job's start to its run's end.
-	leave func(stopped bool, err error)
 
 	// Set as a tenure begins, before its first step; read by the steps.
 	t             *term
 	unwatchTenure func() bool // the watch on the tenure's end
 	unwatchJob    func() bool // the watch on jctx: the hand-over
-	first         bool        // the tenure's first step: the runner begins it
-	handed        bool        // fn was given the leader context: it is kept until the tenure ends
+
+	// entered: the job's campaign on the lease (Lease.enter) began; it
+	// lasts from the job's start to its run's end (Lease.leave).
+	entered bool
+	first   bool // the tenure's first step: the runner begins it
+	handed  bool // fn was given the leader context: it is kept until the tenure ends
 
 	// Guarded by s.mu.
-	holding bool      // in a tenure (from lead to stopWatching): only then is a step started
 	at      time.Time // the next step, by the runtime's clock; zero: none
 	index   int       // in s.heap; -1 when not in it
-	busy    bool      // a step is running
-	again   bool      // woken while a step ran: step again at once
-	look    bool      // the operator controls changed: read them at the next step
 	drained *time.Timer
 	// leader is fn's context, made from the tenure's (it ends with the
 	// tenure); nil until a step needs it, and again after a step that
@@ -131,6 +127,10 @@ type scheduledJob struct {
 	leader       context.Context
 	cancelLeader context.CancelCauseFunc
 	stop         error
+	holding      bool // in a tenure (from lead to stopWatching): only then is a step started
+	busy         bool // a step is running
+	again        bool // woken while a step ran: step again at once
+	look         bool // the operator controls changed: read them at the next step
 }
 
 // campaign waits for the lease, then begins a tenure; it ends the job's
@@ -332,8 +332,8 @@ func (j *scheduledJob) stopWatching() {
 
 // finish ends the job's run in the pool with err.
 func (j *scheduledJob) finish(err error) {
-	if j.leave != nil {
-		j.leave(true, err)
+	if j.entered {
+		j.l.leave(true, err)
 	}
 	j.run.err = err
 	j.pr.finished <- j.l.job

@@ -99,12 +99,11 @@ func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, fence int6
 // and errors are built in the functions they call), so that the stack of a
 // goroutine parked in fn can shrink to the runtime's smaller sizes.
 func (l *Lease) campaign(ctx context.Context, fn func(ctx context.Context, t *term) error) (err error) {
-	leave, err := l.enter(ctx)
-	if err != nil {
+	if err := l.enter(ctx); err != nil {
 		return err
 	}
 	stopped := false
-	defer func() { leave(stopped, err) }()
+	defer func() { l.leave(stopped, err) }()
 	for {
 		t, failing, err := l.acquire(ctx)
 		if err != nil {
@@ -123,27 +122,29 @@ func (l *Lease) campaign(ctx context.Context, fn func(ctx context.Context, t *te
 }
 
 // enter begins a campaign of this handle, unless one is active or ctx has
-// ended, and returns the function that ends it: it reports EventStopped
-// with the campaign's error if it stopped (rather than unwinding from a
-// panic in fn).
-func (l *Lease) enter(ctx context.Context) (leave func(stopped bool, err error), err error) {
+// ended; leave ends it.
+func (l *Lease) enter(ctx context.Context) error {
 	if !l.campaigning.CompareAndSwap(false, true) {
-		return nil, invalid("Run %q: another Run or RunSchedule is active on this handle; use one Lease per contender", l.job)
+		return invalid("Run %q: another Run or RunSchedule is active on this handle; use one Lease per contender", l.job)
 	}
 	l.runCtx.Store(&ctx)
-	leave = func(stopped bool, err error) {
-		if stopped {
-			l.notify.emit(l.event(EventStopped, Event{Err: err}))
-		}
-		l.runCtx.Store(nil)
-		l.campaigning.Store(false)
-	}
 	if ctx.Err() != nil {
-		leave(false, nil)
-		return nil, fmt.Errorf("ddblease: run %q: %w", l.job, endedBeforeRun{ended(ctx)})
+		l.leave(false, nil)
+		return fmt.Errorf("ddblease: run %q: %w", l.job, endedBeforeRun{ended(ctx)})
 	}
 	l.notify.emit(l.event(EventCampaign, Event{}))
-	return leave, nil
+	return nil
+}
+
+// leave ends the campaign that enter began: it reports EventStopped with
+// the campaign's error if it stopped (rather than unwinding from a panic
+// in fn).
+func (l *Lease) leave(stopped bool, err error) {
+	if stopped {
+		l.notify.emit(l.event(EventStopped, Event{Err: err}))
+	}
+	l.runCtx.Store(nil)
+	l.campaigning.Store(false)
 }
 
 // lead runs fn for this tenure. done is false when the tenure ended without
