@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 )
@@ -59,8 +60,10 @@ func (p *Pool) RunSchedule(ctx context.Context, scheds JobSchedules, fn func(ctx
 	}
 	// One function for every job: the run names its job.
 	jobFn := func(ctx context.Context, run *JobRun) error { return fn(ctx, run.Job(), run) }
-	runners := make(map[string]*runner, len(p.jobs))
-	for _, job := range p.jobs {
+	// The runners, in the order of p.jobs (sorted): one allocation for
+	// them all.
+	runners := make([]runner, len(p.jobs))
+	for i, job := range p.jobs {
 		sched := scheds(job)
 		if err := checkSchedule(sched); err != nil {
 			return fmt.Errorf("pool %q: RunSchedule: job %q: %w", p.name, job, err)
@@ -69,11 +72,12 @@ func (p *Pool) RunSchedule(ctx context.Context, scheds JobSchedules, fn func(ctx
 			return fmt.Errorf("pool %q: RunSchedule: job %q: %w", p.name, job, err)
 		}
 		l := p.leases[job]
-		runners[job] = &runner{l: l, sched: sched, fn: jobFn, o: &o, looked: l.born}
+		runners[i] = runner{l: l, sched: sched, fn: jobFn, o: &o, looked: l.born}
 	}
 	s := &poolScheduler{}
 	return p.run(ctx, func(r *poolRun, job string, jctx context.Context, run *jobRun) {
-		j := &scheduledJob{s: s, r: runners[job], l: p.leases[job], jctx: jctx, run: run, pr: r, index: -1}
+		i, _ := slices.BinarySearch(p.jobs, job)
+		j := &scheduledJob{s: s, r: &runners[i], l: p.leases[job], jctx: jctx, run: run, pr: r, index: -1}
 		if err := j.l.enter(jctx); err != nil {
 			if errors.As(err, new(endedBeforeRun)) {
 				err = nil // started as the pool stopped or handed it over: nothing attempted
@@ -160,12 +164,19 @@ func (j *scheduledJob) lead(t *term) {
 	j.leader, j.cancelLeader, j.stop = nil, nil, nil
 	j.holding = true
 	j.s.mu.Unlock()
-	j.unwatchTenure = context.AfterFunc(t.ctx, func() { j.s.wake(j) })
-	j.unwatchJob = context.AfterFunc(j.jctx, func() {
-		j.s.drainBy(j, t.l.opts.DrainTimeout)
-		j.stopLeading(fmt.Errorf("ddblease: pool: handing job %q over: %w", j.l.job, context.Cause(j.jctx)))
-	})
+	j.unwatchTenure = context.AfterFunc(t.ctx, j.wake)
+	j.unwatchJob = context.AfterFunc(j.jctx, j.handOver)
 	j.s.wake(j)
+}
+
+// wake asks for a step at once (poolScheduler.wake).
+func (j *scheduledJob) wake() { j.s.wake(j) }
+
+// handOver is called when jctx ends: the pool handed the job over, or
+// stopped. The job is drained, then resigned.
+func (j *scheduledJob) handOver() {
+	j.s.drainBy(j, j.l.opts.DrainTimeout)
+	j.stopLeading(fmt.Errorf("ddblease: pool: handing job %q over: %w", j.l.job, context.Cause(j.jctx)))
 }
 
 // resignRequested is the keeper's call when an operator asked the tenure
