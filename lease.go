@@ -118,9 +118,9 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 		table: table,
 		job:   job,
 		opts:  o,
-		log:   lineLogger(o.Logger, "job", job, o.Owner),
 		born:  o.sendNow(),
 	}
+	l.log = leaseLogger(o.Logger, l)
 	l.notify.fn = l.deliver
 	l.writes.notify = &l.notify
 	l.db = observedDB{db: db, now: o.Now, sink: l}
