@@ -162,10 +162,14 @@ func (j *scheduledJob) lead(t *term) {
 	t.l.mu.Unlock()
 	j.s.mu.Lock()
 	j.leader, j.cancelLeader, j.stop = nil, nil, nil
-	j.holding = true
 	j.s.mu.Unlock()
+	// A watch that fires at once (the tenure or jctx already over) wakes
+	// nothing yet: the job is holding, and may step, once both are set.
 	j.unwatchTenure = context.AfterFunc(t.ctx, j.wake)
 	j.unwatchJob = context.AfterFunc(j.jctx, j.handOver)
+	j.s.mu.Lock()
+	j.holding = true
+	j.s.mu.Unlock()
 	j.s.wake(j)
 }
 
