@@ -164,13 +164,19 @@ func NewGuard(db DynamoDBAPI, table, job string, optFns ...func(*GuardOptions)) 
 	g := &Guard{db: db, table: table, job: job, key: o.Layout.leaseKey(job),
 		opts: o, mark: m, obs: notifier{fn: o.Observer}}
 	if o.Observer != nil {
-		g.db = observedDB{db: db, now: time.Now, report: func(e Event) {
-			e.Kind, e.Job, e.Time = EventCall, job, time.Now()
-			g.obs.emit(e)
-		}}
+		g.db = observedDB{db: db, now: time.Now, sink: g}
 	}
 	return g, nil
 }
+
+// reportCall reports a request to Options.Observer (observedDB).
+func (g *Guard) reportCall(e Event) {
+	e.Kind, e.Job, e.Time = EventCall, g.job, time.Now()
+	g.obs.emit(e)
+}
+
+// callAnswered is observedDB's: a Guard does not track it.
+func (g *Guard) callAnswered() {}
 
 // Job returns the job name.
 func (g *Guard) Job() string { return g.job }

@@ -59,13 +59,21 @@ func HealthHandler(tolerance time.Duration, checks ...HealthChecker) http.Handle
 	})
 }
 
-// health tracks, from a Lease's own events, what CheckHealth reports.
+// health tracks, from a Lease's own events, what CheckHealth reports. A
+// lease that never failed holds only whether it leads and since when: the
+// rest is made at its first failure (a handle costs little in a process
+// that holds thousands).
 type health struct {
 	mu sync.Mutex
 
 	leading   bool
 	confirmed time.Time // the last acquisition or renewal (Event.Time)
 
+	f *healthFailures // nil until the first failure is recorded
+}
+
+// healthFailures is what a health records of failures.
+type healthFailures struct {
 	failedCall string // DynamoDB operation of the last failed call, until one succeeds
 
 	failedRuns  int       // runs recorded failed in a row (EventRunFinished)
@@ -80,6 +88,14 @@ type health struct {
 	failErr   error
 }
 
+// failures returns h.f, made if it is nil. Called with h.mu held.
+func (h *health) failures() *healthFailures {
+	if h.f == nil {
+		h.f = &healthFailures{}
+	}
+	return h.f
+}
+
 // observe updates h with one of its Lease's events; the Lease's notifier calls it
 // for each, in order.
 func (h *health) observe(e Event) {
@@ -91,44 +107,56 @@ func (h *health) observe(e Event) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	f := h.f // nil: nothing failed yet, and there is nothing to clear
 	switch e.Kind {
 	case EventRunFinished:
 		switch e.Status {
 		case RunSucceeded:
-			h.failedRuns = 0
+			if f != nil {
+				f.failedRuns = 0
+			}
 		case RunFailed:
-			h.failedRuns++
-			h.lastRunFail, h.lastRunErr = e.Time, e.Err
+			f = h.failures()
+			f.failedRuns++
+			f.lastRunFail, f.lastRunErr = e.Time, e.Err
 		}
 	case EventAcquired, EventRenewed:
 		h.leading, h.confirmed = true, e.Time
-		h.failing = false
+		if f != nil {
+			f.failing = false
+		}
 	case EventLost, EventResigned:
 		h.leading = false
-		if h.failing && h.failOp == "heartbeat" { // heartbeats end with the tenure
-			h.failing = false
+		if f != nil && f.failing && f.failOp == "heartbeat" { // heartbeats end with the tenure
+			f.failing = false
 		}
 	case EventLeaderSeen:
-		h.failing = false
+		if f != nil {
+			f.failing = false
+		}
 	case EventCall:
-		if e.Outcome == CallOK || e.Outcome == CallConditionFailed {
-			h.failedCall = ""
-			if h.failing && e.Op == h.failCall {
-				h.failing = false
+		switch {
+		case e.Outcome != CallOK && e.Outcome != CallConditionFailed:
+			h.failures().failedCall = e.Op
+		case f != nil:
+			f.failedCall = ""
+			if f.failing && e.Op == f.failCall {
+				f.failing = false
 			}
-		} else {
-			h.failedCall = e.Op
 		}
 	case EventRetry:
-		h.fail(e.Time, e.Op, e.Err)
+		h.failures().fail(e.Time, e.Op, e.Err)
 	case EventStopped:
 		h.leading = false
 		if e.Err == nil || errors.Is(e.Err, context.Canceled) {
-			h.failing = false
+			if f != nil {
+				f.failing = false
+			}
 			return
 		}
-		h.failedCall = ""
-		h.fail(e.Time, stepRun, e.Err)
+		f = h.failures()
+		f.failedCall = ""
+		f.fail(e.Time, stepRun, e.Err)
 	}
 }
 
@@ -138,12 +166,12 @@ const stepRun = "run"
 
 // fail records a failure of step op; a streak of failures with the same
 // step and cause keeps the time of its first.
-func (h *health) fail(at time.Time, op string, err error) {
+func (f *healthFailures) fail(at time.Time, op string, err error) {
 	key := op + ": " + errorClass(err)
-	if !h.failing || key != h.failKey {
-		h.failing, h.failKey, h.failSince, h.failCall = true, key, at, h.failedCall
+	if !f.failing || key != f.failKey {
+		f.failing, f.failKey, f.failSince, f.failCall = true, key, at, f.failedCall
 	}
-	h.failOp, h.failErr = op, err
+	f.failOp, f.failErr = op, err
 }
 
 // check returns the verdict at now; renewed, when later than the last
@@ -156,9 +184,10 @@ func (h *health) check(now time.Time, job string, heartbeat, tolerance time.Dura
 	if renewed.After(confirmed) {
 		confirmed = renewed
 	}
-	if failedRuns > 0 && h.failedRuns >= failedRuns {
+	f := h.f
+	if f != nil && failedRuns > 0 && f.failedRuns >= failedRuns {
 		return fmt.Errorf("%w: job %q: its last %d runs failed (the latest %v ago): %s",
-			ErrUnhealthy, job, h.failedRuns, now.Sub(h.lastRunFail).Round(time.Millisecond), oneLine(h.lastRunErr))
+			ErrUnhealthy, job, f.failedRuns, now.Sub(f.lastRunFail).Round(time.Millisecond), oneLine(f.lastRunErr))
 	}
 	if h.leading {
 		if late := now.Sub(confirmed) - heartbeat; late > tolerance {
@@ -166,15 +195,15 @@ func (h *health) check(now time.Time, job string, heartbeat, tolerance time.Dura
 				ErrUnhealthy, job, now.Sub(confirmed).Round(time.Millisecond), late.Round(100*time.Microsecond), tolerance)
 		}
 	}
-	if h.failing {
-		d := now.Sub(h.failSince)
-		if d > tolerance && h.failOp == stepRun {
+	if f != nil && f.failing {
+		d := now.Sub(f.failSince)
+		if d > tolerance && f.failOp == stepRun {
 			return fmt.Errorf("%w: job %q: the campaign stopped with an error %v ago and has not succeeded since (tolerance %v): %s",
-				ErrUnhealthy, job, d.Round(time.Millisecond), tolerance, oneLine(h.failErr))
+				ErrUnhealthy, job, d.Round(time.Millisecond), tolerance, oneLine(f.failErr))
 		}
 		if d > tolerance {
 			return fmt.Errorf("%w: job %q: %s has failed for %v with the same error (tolerance %v): %s",
-				ErrUnhealthy, job, h.failOp, d.Round(time.Millisecond), tolerance, oneLine(h.failErr))
+				ErrUnhealthy, job, f.failOp, d.Round(time.Millisecond), tolerance, oneLine(f.failErr))
 		}
 	}
 	return nil

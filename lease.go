@@ -35,11 +35,8 @@ type Lease struct {
 	notify notifier
 	warn   warnLimiter
 
-	writes      writeLock   // held across every write to the lease item
-	campaigning atomic.Bool // Run or RunSchedule is active
-	// runCtx is the context of the active Run, whose values (trace ids)
-	// the log lines carry.
-	runCtx atomic.Pointer[context.Context]
+	writes writeLock    // held across every write to the lease item
+	camp   campaignSlot // the active Run or RunSchedule (run.go)
 
 	mu  sync.Mutex // guards ten, obs, yieldUntil and seen
 	ten *term      // the current or last term; nil before the first
@@ -147,7 +144,6 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 		table: table,
 		job:   job,
 		opts:  o,
-		log:   lineLogger(o.Logger, "job", job, o.Owner),
 		born:  o.sendNow(),
 		bound: alone{},
 	}
@@ -158,11 +154,24 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 			l.opts.Observer(e)
 		}
 	}
+	l.log = leaseLogger(o.Logger, l)
 	l.writes.notify = &l.notify
-	l.db = observedDB{db: db, now: o.Now, report: func(e Event) { l.notify.emit(l.event(EventCall, e)) },
-		answered: func() { l.reached.Store(true) }}
+	l.db = observedDB{db: db, now: o.Now, sink: (*leaseCalls)(l)}
 	return l, nil
 }
+
+// leaseCalls is a Lease as the sink of its client's requests
+// (observedDB): a conversion of the handle, so that it needs no closure.
+type leaseCalls Lease
+
+// reportCall reports a request of this handle.
+func (c *leaseCalls) reportCall(e Event) {
+	l := (*Lease)(c)
+	l.notify.emit(l.event(EventCall, e))
+}
+
+// callAnswered records that a request of this handle went out.
+func (c *leaseCalls) callAnswered() { c.reached.Store(true) }
 
 // checkNew checks what New and NewPool are given (the client, the table,
 // the job's or pool's name) and returns the options with their defaults;
@@ -429,7 +438,7 @@ func (l *Lease) read(ctx context.Context, consistent bool) (Record, bool, error)
 // assignment at Info (poolRun.act), whatever the number of jobs.
 func (l *Lease) logEvent(e Event) {
 	ctx := context.Background()
-	if c := l.runCtx.Load(); c != nil {
+	if c := l.camp.ctx.Load(); c != nil {
 		ctx = *c
 	}
 	log := l.log

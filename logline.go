@@ -38,6 +38,36 @@ func lineLogger(log *slog.Logger, key, name, owner string) *slog.Logger {
 	return slog.New(lineHandler{h: log.Handler(), key: key, name: name, owner: owner})
 }
 
+// leaseLineHandler is a Lease's lineHandler: it takes the job and the
+// owner from the handle itself, so that it holds only the user's handler
+// and the handle.
+type leaseLineHandler struct {
+	h slog.Handler
+	l *Lease
+}
+
+// leaseLogger returns the logger of l's lines: lineLogger's, each record
+// beginning with job=l's job and owner.
+func leaseLogger(log *slog.Logger, l *Lease) *slog.Logger {
+	return slog.New(leaseLineHandler{h: log.Handler(), l: l})
+}
+
+func (h leaseLineHandler) line() lineHandler {
+	return lineHandler{h: h.h, key: "job", name: h.l.job, owner: h.l.opts.Owner}
+}
+
+func (h leaseLineHandler) Enabled(ctx context.Context, level slog.Level) bool {
+	return h.h.Enabled(ctx, level)
+}
+
+func (h leaseLineHandler) Handle(ctx context.Context, r slog.Record) error {
+	return h.line().Handle(ctx, r)
+}
+
+func (h leaseLineHandler) WithAttrs(as []slog.Attr) slog.Handler { return h.line().WithAttrs(as) }
+
+func (h leaseLineHandler) WithGroup(name string) slog.Handler { return h.line().WithGroup(name) }
+
 func (h lineHandler) Enabled(ctx context.Context, level slog.Level) bool {
 	return h.h.Enabled(ctx, level)
 }

@@ -162,7 +162,7 @@ type notifier struct {
 	mu         sync.Mutex
 	queue      []Event
 	delivering bool
-	held       int // writes in progress
+	held       int32 // writes in progress
 }
 
 // push adds e to the queue. The caller then calls flush.
@@ -227,16 +227,22 @@ func (n *notifier) emit(e Event) {
 	n.flush()
 }
 
-// observedDB reports every request to report, as EventCall. It marks the
-// errors of requests that the SDK client never sent (unsentError), and
-// calls answered for each request that went out: answered, or failed in
+// observedDB reports every request to its sink, as EventCall. It marks
+// the errors of requests that the SDK client never sent (unsentError), and
+// tells the sink of each request that went out: answered, or failed in
 // transit (a connection refused or reset, a timeout), which the SDK
 // reports as a response error with no status.
 type observedDB struct {
-	db       DynamoDBAPI
-	now      func() time.Time
-	report   func(Event)
-	answered func()
+	db   DynamoDBAPI
+	now  func() time.Time
+	sink callSink
+}
+
+// callSink is what an observedDB reports to: a Lease or a Guard, itself,
+// so that a handle needs no closure for it.
+type callSink interface {
+	reportCall(Event) // a request finished
+	callAnswered()    // a request went out
 }
 
 var _ DynamoDBAPI = observedDB{}
@@ -253,11 +259,9 @@ func observed[In, Out any](o observedDB, op string, call func(context.Context, I
 		// (STS, IMDS), not the table's.
 		err = &unsentError{err: err}
 	case err == nil, errors.As(err, &re):
-		if o.answered != nil {
-			o.answered()
-		}
+		o.sink.callAnswered()
 	}
-	o.report(Event{Op: op, Outcome: callOutcome(op, err), Latency: o.now().Sub(start), Err: err})
+	o.sink.reportCall(Event{Op: op, Outcome: callOutcome(op, err), Latency: o.now().Sub(start), Err: err})
 	return out, err
 }
 

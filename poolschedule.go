@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 )
@@ -57,8 +58,12 @@ func (p *Pool) RunSchedule(ctx context.Context, scheds JobSchedules, fn func(ctx
 	if err != nil {
 		return err
 	}
-	runners := make(map[string]*runner, len(p.jobs))
-	for _, job := range p.jobs {
+	// One function for every job: the run names its job.
+	jobFn := func(ctx context.Context, run *JobRun) error { return fn(ctx, run.Job(), run) }
+	// The runners, in the order of p.jobs (sorted): one allocation for
+	// them all.
+	runners := make([]runner, len(p.jobs))
+	for i, job := range p.jobs {
 		sched := scheds(job)
 		if err := checkSchedule(sched); err != nil {
 			return fmt.Errorf("pool %q: RunSchedule: job %q: %w", p.name, job, err)
@@ -67,21 +72,20 @@ func (p *Pool) RunSchedule(ctx context.Context, scheds JobSchedules, fn func(ctx
 			return fmt.Errorf("pool %q: RunSchedule: job %q: %w", p.name, job, err)
 		}
 		l := p.leases[job]
-		runners[job] = &runner{l: l, sched: sched, o: o, looked: l.born,
-			fn: func(ctx context.Context, run *JobRun) error { return fn(ctx, job, run) }}
+		runners[i] = runner{l: l, sched: sched, fn: jobFn, o: &o, looked: l.born}
 	}
 	s := &poolScheduler{}
 	return p.run(ctx, func(r *poolRun, job string, jctx context.Context, run *jobRun) {
-		j := &scheduledJob{s: s, r: runners[job], l: p.leases[job], job: job, jctx: jctx, run: run, pr: r, index: -1}
-		leave, err := j.l.enter(jctx)
-		if err != nil {
+		i, _ := slices.BinarySearch(p.jobs, job)
+		j := &scheduledJob{s: s, r: &runners[i], l: p.leases[job], jctx: jctx, run: run, pr: r, index: -1}
+		if err := j.l.camp.enter(j.l, jctx); err != nil {
 			if errors.As(err, new(endedBeforeRun)) {
 				err = nil // started as the pool stopped or handed it over: nothing attempted
 			}
 			go j.finish(err)
 			return
 		}
-		j.leave = leave
+		j.entered = true
 		j.l.ctl.watchFunc(j.controlsChanged)
 		go j.campaign()
 	})
@@ -92,33 +96,45 @@ func (p *Pool) RunSchedule(ctx context.Context, scheds JobSchedules, fn func(ctx
 // (on a goroutine, while it does), then steps its schedule, each step on a
 // goroutine of its own, while its tenure lasts; when the tenure ends it
 // campaigns again, unless the job's run in the pool (jctx) ended.
+//
+// Between its steps a held job keeps two watches (its tenure's end, its
+// hand-over) and the keeper the session's notes reach: its leader context
+// is made by the first step that needs one, and kept for the rest of the
+// tenure only once fn was given it.
 type scheduledJob struct {
 	s    *poolScheduler
 	r    *runner
 	l    *Lease
-	job  string
 	jctx context.Context // ends when the pool hands the job over or stops
 	run  *jobRun
 	pr   *poolRun
-	// leave ends the campaign on the lease (Lease.enter), which lasts
-	// from the job's start to its run's end.
-	leave func(stopped bool, err error)
 
 	// Set as a tenure begins, before its first step; read by the steps.
-	t            *term
-	leader       context.Context // fn's context: ends with the tenure, or on hand-over
-	cancelLeader context.CancelCauseFunc
-	unwatch      []func() bool
-	first        bool // the tenure's first step: the runner begins it
+	t             *term
+	unwatchTenure func() bool // the watch on the tenure's end
+	unwatchJob    func() bool // the watch on jctx: the hand-over
+
+	// entered: the job's campaign on the lease (Lease.enter) began; it
+	// lasts from the job's start to its run's end (Lease.leave).
+	entered bool
+	first   bool // the tenure's first step: the runner begins it
+	handed  bool // fn was given the leader context: it is kept until the tenure ends
 
 	// Guarded by s.mu.
-	holding bool      // in a tenure (from lead to stopWatching): only then is a step started
 	at      time.Time // the next step, by the runtime's clock; zero: none
 	index   int       // in s.heap; -1 when not in it
-	busy    bool      // a step is running
-	again   bool      // woken while a step ran: step again at once
-	look    bool      // the operator controls changed: read them at the next step
 	drained *time.Timer
+	// leader is fn's context, made from the tenure's (it ends with the
+	// tenure); nil until a step needs it, and again after a step that
+	// did not give it to fn. stop, once set, ends it before the tenure:
+	// the hand-over, or an operator's resign request.
+	leader       context.Context
+	cancelLeader context.CancelCauseFunc
+	stop         error
+	holding      bool // in a tenure (from lead to stopWatching): only then is a step started
+	busy         bool // a step is running
+	again        bool // woken while a step ran: step again at once
+	look         bool // the operator controls changed: read them at the next step
 }
 
 // campaign waits for the lease, then begins a tenure; it ends the job's
@@ -135,33 +151,94 @@ func (j *scheduledJob) campaign() {
 	j.lead(t)
 }
 
-// lead begins tenure t: the leader context, ended with the tenure or by
-// the job's hand-over, and a first step at once.
+// lead begins tenure t: the watches on its end and on the job's
+// hand-over, the keeper that the session's notes reach, and a first step
+// at once.
 func (j *scheduledJob) lead(t *term) {
-	j.t, j.first = t, true
-	j.leader, j.cancelLeader = context.WithCancelCause(t.ctx)
-	k := t.keeper(j.resignRequested, func() bool { return j.leader.Err() != nil }) // never started: the session renews t
+	j.t, j.first, j.handed = t, true, false
+	k := t.keeper(j.resignRequested, j.stopping) // never started: the session renews t
 	t.l.mu.Lock()
 	t.k = k
 	t.l.mu.Unlock()
-	j.unwatch = []func() bool{
-		context.AfterFunc(j.leader, func() { j.s.wake(j) }),
-		context.AfterFunc(j.jctx, func() {
-			j.cancelLeader(fmt.Errorf("ddblease: pool: handing job %q over: %w", j.job, context.Cause(j.jctx)))
-			j.s.drainBy(j, t.l.opts.DrainTimeout)
-		}),
-	}
+	j.s.mu.Lock()
+	j.leader, j.cancelLeader, j.stop = nil, nil, nil
+	j.s.mu.Unlock()
+	// A watch that fires at once (the tenure or jctx already over) wakes
+	// nothing yet: the job is holding, and may step, once both are set.
+	j.unwatchTenure = context.AfterFunc(t.ctx, j.wake)
+	j.unwatchJob = context.AfterFunc(j.jctx, j.handOver)
 	j.s.mu.Lock()
 	j.holding = true
 	j.s.mu.Unlock()
 	j.s.wake(j)
 }
 
+// wake asks for a step at once (poolScheduler.wake).
+func (j *scheduledJob) wake() { j.s.wake(j) }
+
+// handOver is called when jctx ends: the pool handed the job over, or
+// stopped. The job is drained, then resigned.
+func (j *scheduledJob) handOver() {
+	j.s.drainBy(j, j.l.opts.DrainTimeout)
+	j.stopLeading(fmt.Errorf("ddblease: pool: handing job %q over: %w", j.l.job, context.Cause(j.jctx)))
+}
+
 // resignRequested is the keeper's call when an operator asked the tenure
 // to resign: the job is drained, declined and handed over.
 func (j *scheduledJob) resignRequested() {
-	j.cancelLeader(fmt.Errorf("%w: fence %d", ErrResignRequested, j.t.fence))
-	j.pr.p.decline(j.job)
+	j.stopLeading(fmt.Errorf("%w: fence %d", ErrResignRequested, j.t.fence))
+	j.pr.p.decline(j.l.job)
+}
+
+// stopLeading ends the job's lead in this tenure with cause (the first
+// cause given stands): the leader context, if one was made, and the
+// tenure at the next step, which is asked for at once.
+func (j *scheduledJob) stopLeading(cause error) {
+	j.s.mu.Lock()
+	if j.stop == nil {
+		j.stop = cause
+	}
+	cause, cancel := j.stop, j.cancelLeader
+	j.s.mu.Unlock()
+	if cancel != nil {
+		cancel(cause)
+	}
+	j.s.wake(j)
+}
+
+// stopping reports whether the tenure's lead is over: the tenure ended,
+// or the job's lead was stopped (stopLeading).
+func (j *scheduledJob) stopping() bool {
+	j.s.mu.Lock()
+	defer j.s.mu.Unlock()
+	return j.stop != nil || j.t.ctx.Err() != nil
+}
+
+// leaderContext returns the leader context for a step, made if the
+// tenure has none; ok is false once the lead is over (stopping).
+func (j *scheduledJob) leaderContext() (ctx context.Context, ok bool) {
+	j.s.mu.Lock()
+	defer j.s.mu.Unlock()
+	if j.stop != nil || j.t.ctx.Err() != nil {
+		return nil, false
+	}
+	if j.leader == nil {
+		j.leader, j.cancelLeader = context.WithCancelCause(j.t.ctx)
+	}
+	return j.leader, true
+}
+
+// dropLeader forgets the leader context after a step, while fn was never
+// given it: no one else holds it, and a held job between its steps keeps
+// none.
+func (j *scheduledJob) dropLeader() {
+	j.s.mu.Lock()
+	cancel := j.cancelLeader
+	j.leader, j.cancelLeader = nil, nil
+	j.s.mu.Unlock()
+	if cancel != nil {
+		cancel(nil)
+	}
 }
 
 // controlsChanged is called when a note showed the operator controls
@@ -174,8 +251,8 @@ func (j *scheduledJob) controlsChanged() {
 }
 
 // step runs one step of the schedule, on its own goroutine, and tells the
-// scheduler when the next is due; once the leader context has ended it
-// ends the tenure instead.
+// scheduler when the next is due; once the lead is over (the tenure
+// ended, or stopLeading) it ends the tenure instead.
 func (j *scheduledJob) step() {
 	done := false
 	defer func() {
@@ -184,7 +261,7 @@ func (j *scheduledJob) step() {
 		}
 		// fn panicked (the run is recorded failed), or called
 		// runtime.Goexit: the tenure ends, and the pool stops.
-		var err error = fmt.Errorf("%w: job %q", errGoexit, j.job)
+		var err error = fmt.Errorf("%w: job %q", errGoexit, j.l.job)
 		if v := recover(); v != nil {
 			pe, ok := v.(*PanicError)
 			if !ok {
@@ -192,48 +269,53 @@ func (j *scheduledJob) step() {
 			}
 			err = pe
 		}
-		j.t.endAbnormally(j.jctx, fmt.Errorf("%w: %q fence %d: the job's function did not return: %v", ErrLost, j.job, j.t.fence, err))
+		j.t.endAbnormally(j.jctx, fmt.Errorf("%w: %q fence %d: the job's function did not return: %v", ErrLost, j.l.job, j.t.fence, err))
 		j.stopWatching()
 		j.finish(err)
 	}()
-	if j.leader.Err() != nil {
+	ctx, ok := j.leaderContext()
+	if !ok {
 		done = true
 		j.end()
 		return
 	}
+	j.r.called = false
 	if j.first {
 		j.first = false
-		j.r.begin(j.leader, j.t)
+		j.r.begin(ctx, j.t)
 	}
 	j.s.mu.Lock()
 	if j.look {
 		j.look, j.r.ctl.look = false, true
 	}
 	j.s.mu.Unlock()
-	wait, ok, err := j.r.step(j.leader, j.t)
+	wait, ok, err := j.r.step(ctx, j.t)
 	switch {
 	case err != nil:
 		done = true
-		rerr := j.t.resignRetrying(j.jctx, fmt.Errorf("%w: %q fence %d: the schedule failed", ErrLost, j.job, j.t.fence))
+		rerr := j.t.resignRetrying(j.jctx, fmt.Errorf("%w: %q fence %d: the schedule failed", ErrLost, j.l.job, j.t.fence))
 		j.stopWatching()
 		j.finish(errors.Join(err, rerr))
 		return
-	case !ok && j.leader.Err() == nil:
+	case !ok && ctx.Err() == nil:
 		wait = -1 // no further slot: held and idle, until the tenure ends
+	}
+	if j.handed = j.handed || j.r.called; !j.handed {
+		j.dropLeader()
 	}
 	done = true
 	j.s.stepped(j, wait)
 }
 
-// end settles a tenure whose leader context ended: it resigns unless the
-// tenure ended first, then campaigns again, or ends the job's run when
-// the pool handed the job over or stopped.
+// end settles a tenure whose lead is over: it resigns unless the tenure
+// ended first, then campaigns again, or ends the job's run when the pool
+// handed the job over or stopped.
 func (j *scheduledJob) end() {
 	j.stopWatching()
 	t := j.t
 	var err error
 	if t.ctx.Err() == nil {
-		err = t.resignRetrying(j.jctx, fmt.Errorf("%w: %q fence %d: resigning", ErrLost, j.job, t.fence))
+		err = t.resignRetrying(j.jctx, fmt.Errorf("%w: %q fence %d: resigning", ErrLost, j.l.job, t.fence))
 	}
 	if j.jctx.Err() != nil {
 		j.finish(err)
@@ -244,12 +326,14 @@ func (j *scheduledJob) end() {
 }
 
 // stopWatching stops the tenure's watches and the drain timer, and
-// forgets the tenure's steps.
+// forgets the tenure's steps and its leader context (ended, or ending
+// with the tenure).
 func (j *scheduledJob) stopWatching() {
-	for _, stop := range j.unwatch {
-		stop()
+	if j.unwatchTenure != nil {
+		j.unwatchTenure()
+		j.unwatchJob()
+		j.unwatchTenure, j.unwatchJob = nil, nil
 	}
-	j.unwatch = nil
 	j.s.mu.Lock()
 	if j.drained != nil {
 		j.drained.Stop()
@@ -257,16 +341,17 @@ func (j *scheduledJob) stopWatching() {
 	}
 	j.s.remove(j)
 	j.holding, j.busy, j.again, j.look = false, false, false, false
+	j.leader, j.cancelLeader = nil, nil
 	j.s.mu.Unlock()
 }
 
 // finish ends the job's run in the pool with err.
 func (j *scheduledJob) finish(err error) {
-	if j.leave != nil {
-		j.leave(true, err)
+	if j.entered {
+		j.l.camp.leave(j.l, true, err)
 	}
 	j.run.err = err
-	j.pr.finished <- j.job
+	j.pr.finished <- j.l.job
 	close(j.run.done)
 }
 

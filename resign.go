@@ -42,7 +42,7 @@ func (l *Lease) Resign(ctx context.Context) error {
 	// moment it does, before its answer reaches us.
 	var reason LossReason
 	l.mu.Lock()
-	if l.campaigning.Load() {
+	if l.camp.active.Load() {
 		// Run leads: to it, this is a loss; it campaigns again after a
 		// pause that leaves the lease to the standbys.
 		reason = LossResignedElsewhere

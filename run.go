@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync/atomic"
 )
 
 // This file owns Run: the campaign, and term.lead, which runs fn for one
@@ -99,12 +100,11 @@ func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, fence int6
 // and errors are built in the functions they call), so that the stack of a
 // goroutine parked in fn can shrink to the runtime's smaller sizes.
 func (l *Lease) campaign(ctx context.Context, fn func(ctx context.Context, t *term) error) (err error) {
-	leave, err := l.enter(ctx)
-	if err != nil {
+	if err := l.camp.enter(l, ctx); err != nil {
 		return err
 	}
 	stopped := false
-	defer func() { leave(stopped, err) }()
+	defer func() { l.camp.leave(l, stopped, err) }()
 	for {
 		t, failing, err := l.acquire(ctx)
 		if err != nil {
@@ -122,28 +122,38 @@ func (l *Lease) campaign(ctx context.Context, fn func(ctx context.Context, t *te
 	}
 }
 
-// enter begins a campaign of this handle, unless one is active or ctx has
-// ended, and returns the function that ends it: it reports EventStopped
-// with the campaign's error if it stopped (rather than unwinding from a
-// panic in fn).
-func (l *Lease) enter(ctx context.Context) (leave func(stopped bool, err error), err error) {
-	if !l.campaigning.CompareAndSwap(false, true) {
-		return nil, invalid("Run %q: another Run or RunSchedule is active on this handle; use one Lease per contender", l.job)
+// campaignSlot admits one campaign (Run or RunSchedule) of a handle at a
+// time, and holds its context, whose values (trace ids) the handle's log
+// lines carry.
+type campaignSlot struct {
+	active atomic.Bool
+	ctx    atomic.Pointer[context.Context]
+}
+
+// enter begins a campaign of l, unless one is active or ctx has ended;
+// leave ends it.
+func (c *campaignSlot) enter(l *Lease, ctx context.Context) error {
+	if !c.active.CompareAndSwap(false, true) {
+		return invalid("Run %q: another Run or RunSchedule is active on this handle; use one Lease per contender", l.job)
 	}
-	l.runCtx.Store(&ctx)
-	leave = func(stopped bool, err error) {
-		if stopped {
-			l.notify.emit(l.event(EventStopped, Event{Err: err}))
-		}
-		l.runCtx.Store(nil)
-		l.campaigning.Store(false)
-	}
+	c.ctx.Store(&ctx)
 	if ctx.Err() != nil {
-		leave(false, nil)
-		return nil, fmt.Errorf("ddblease: run %q: %w", l.job, endedBeforeRun{ended(ctx)})
+		c.leave(l, false, nil)
+		return fmt.Errorf("ddblease: run %q: %w", l.job, endedBeforeRun{ended(ctx)})
 	}
 	l.notify.emit(l.event(EventCampaign, Event{}))
-	return leave, nil
+	return nil
+}
+
+// leave ends the campaign that enter began: it reports EventStopped with
+// the campaign's error if it stopped (rather than unwinding from a panic
+// in fn).
+func (c *campaignSlot) leave(l *Lease, stopped bool, err error) {
+	if stopped {
+		l.notify.emit(l.event(EventStopped, Event{Err: err}))
+	}
+	c.ctx.Store(nil)
+	c.active.Store(false)
 }
 
 // lead runs fn for this tenure. done is false when the tenure ended without

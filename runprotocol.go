@@ -63,7 +63,7 @@ func (r *runner) claimRetrying(ctx context.Context, tn *term, f firing) (*JobRun
 		},
 	}.do(ctx, func(ctx context.Context) error {
 		var err error
-		run, err = tn.claim(ctx, f.slot, &r.o, f.token, f.missed, f.spec)
+		run, err = tn.claim(ctx, f.slot, r.o, f.token, f.missed, f.spec)
 		return err
 	})
 	return run, stop, err
@@ -160,6 +160,9 @@ func (r *runner) runClaimed(ctx context.Context, tn *term, f firing, run *JobRun
 		if r.ran[f.token] {
 			return false, nil
 		}
+		if r.ran == nil {
+			r.ran = map[string]bool{}
+		}
 		r.ran[f.token] = true
 	}
 	// A run whose outcome could not be recorded is not settled: a slot
@@ -247,6 +250,7 @@ func (r *runner) call(ctx context.Context, tn *term, run *JobRun) error {
 			r.finish(ctx, tn, run, errGoexit)
 		}
 	}()
+	r.called = true
 	err := soundError(r.fn(ctx, run))
 	returned = true
 	return err
@@ -298,8 +302,8 @@ type runner struct {
 	l     *Lease
 	sched Schedule
 	fn    func(context.Context, *JobRun) error
-	o     JobOptions
-	last  time.Time // latest slot handled (fired, found taken or skipped); zero if none
+	o     *JobOptions // the same for every job of a pool
+	last  time.Time   // latest slot handled (fired, found taken or skipped); zero if none
 	// fence is the fence of the tenure that led last, zero before the
 	// first: a tenure whose fence does not follow it had another between.
 	fence int64
@@ -321,12 +325,16 @@ type runner struct {
 	marks     int // abandon writes since the last firing (maxMarks)
 	// ran holds the tokens of the triggers and catch-ups whose fn this
 	// tenure called: their requests stay pending when the outcome was not
-	// recorded, and their claims would be recognised again.
+	// recorded, and their claims would be recognised again. nil until the
+	// tenure's first.
 	ran map[string]bool
 	// looked is the last look for a due slot, by both clocks; ahead sums
 	// the wall clock's jumps ahead of the runtime clock since (returned).
 	looked sent
 	ahead  time.Duration
+	// called records that fn was called (Pool.RunSchedule's step clears
+	// it: a step that did not give fn its context drops it).
+	called bool
 }
 
 // leftRunning reports whether err, from a claim, says that the run is one
