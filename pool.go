@@ -425,13 +425,23 @@ func (r *poolRun) act(ctx context.Context) {
 	}
 	for _, job := range p.jobs {
 		to := owners[job]
-		if _, ok := r.runs[job]; ok || declined[job] && len(seen.live) > 1 ||
+		if _, ok := r.runs[job]; ok || p.declineUnseen(seen, declined, job) ||
 			to != p.opts.Owner && !p.alsoFor(seen, to) {
 			continue
 		}
 		r.start(job)
 		started++
 	}
+}
+
+// declineUnseen reports whether this replica declines job and the view
+// does not show it yet (its member item, as last read, lacks the
+// decline): the view's assignment does not know of the decline, and the
+// job is not started here. Once the view shows it, the assignment
+// decides: a job every live replica declines goes to one of them
+// (assign), which then leads it.
+func (p *Pool) declineUnseen(seen poolView, declined map[string]bool, job string) bool {
+	return declined[job] && len(seen.live) > 1 && !slices.Contains(seen.members[p.opts.Owner].declined, job)
 }
 
 // running returns how many jobs this replica runs (leads, or campaigns

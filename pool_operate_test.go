@@ -299,6 +299,46 @@ func TestPoolForceReleaseMovesTheJob(t *testing.T) {
 	eventually(t, "two jobs each again", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2, "b": 2}, w.leads()) })
 }
 
+// A job released by force from each replica in turn is declined by
+// every one of them: the assignment gives it to one of them anyway, and
+// that replica leads it (it stayed unled while the pool ran).
+func TestPoolJobEveryReplicaDeclinesIsStillLed(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 60*time.Second)
+	table, db := tableAndClient(t)
+	jobs := poolJobs(4)
+	w := newPoolWatch(t)
+	a := newPool(t, db, table, jobs, fast("a"), moveTimings)
+	b := newPool(t, db, table, jobs, fast("b"), moveTimings)
+	stopA := async(ctx, func(ctx context.Context) error { return a.Run(ctx, w.fn("a")) })
+	stopB := async(ctx, func(ctx context.Context) error { return b.Run(ctx, w.fn("b")) })
+	defer func() { assert.NoError(t, stopB()) }()
+	defer func() { assert.NoError(t, stopA()) }()
+	eventually(t, "two jobs each", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2, "b": 2}, w.leads()) })
+	job := a.Assigned()[0]
+	admin := newAdmin(t, db, table)
+	_, err := admin.ForceRelease(ctx, job, a.Lease(job).State().Fence)
+	require.NoError(t, err)
+	eventually(t, "b leads "+job, func() bool { return w.leader(job) == "b" && b.Lease(job).IsLeader() })
+	fb := b.Lease(job).State().Fence
+	_, err = admin.ForceRelease(ctx, job, fb)
+	require.NoError(t, err)
+	// Released (+1), then taken (+1) by a tenure after the release.
+	ledAgain := func() bool {
+		for _, p := range []*ddblease.Pool{a, b} {
+			if st := p.Lease(job).State(); st.Leader && st.Fence >= fb+2 {
+				return true
+			}
+		}
+		return false
+	}
+	eventually(t, job+" led again though both replicas decline it", ledAgain)
+	for end := time.Now().Add(a.Lease(job).Options().LeaseDuration); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		require.True(t, ledAgain(), "%s stays led", job)
+	}
+	assert.Equal(t, 4, len(a.Assigned())+len(b.Assigned()), "every job assigned: a %v, b %v", a.Assigned(), b.Assigned())
+}
+
 // A forced release with HolderDead of a job whose replica died (every
 // request of it unanswered) hands the job to a surviving replica at its
 // next renewal, which leads it at once, well before the dead replica's

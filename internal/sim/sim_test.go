@@ -91,6 +91,7 @@ var foundPoolSeeds = []foundSeed{
 	{407073, "a pool: two leaders of one job, the stale member read of 373024"},
 	{381290, "a pool of schedules: a trigger's note, added to the holder's member item while the note of the Resume just before it awaited its deletion, was deleted with it unread: the trigger stayed pending for the rest of the tenure (each note now has an id of its own)"},
 	{921956, "checker: a pool job's tenure, paused past its deadline, seen ended at the faults' end after a newer tenure had taken the job and been ended in the faults (a replica's clock an hour ahead ended its session), judged as a hand-over against the gap bound"},
+	{960562, "a pool of schedules: an operator released a job by force from one replica, then from the other: both declined it, the assignment gave it to one of them, and that one would not start a job it declined while another replica was live: the job had no leader for the rest of the run (a replica now leaves a job it declines to the assignment once its own member item, as read, shows the decline)"},
 	{484961, "a pool of schedules: an operator released a job by force while its holder resigned it to hand it over; the resignation, refused, ended the tenure, and the note of the release then found no tenure holding the item and left it bound to the holder's live session, which no other replica may take: the job had no leader for the rest of the run (an item bound to the session that no tenure holds is now freed, and a failed free is tried again)"},
 }
 
