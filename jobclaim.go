@@ -187,6 +187,11 @@ func (t *term) claim(ctx context.Context, slot time.Time, o *JobOptions, token s
 	switch {
 	case w.outcome == applied:
 		return t.claimed(run) // perhaps an SDK retry of a write that did land
+	case w.outcome == refused && w.rerr != nil:
+		// Refused, and the run item could not be read to tell why: nothing
+		// was written, and the claim is tried again (as the read's failure
+		// says), not given up as a refusal.
+		return nil, fmt.Errorf("ddblease: claim %q slot %s: refused, and the run item could not be read to tell why: %w", l.job, id, w.rerr)
 	case w.outcome != refused || w.rerr != nil:
 		return nil, fmt.Errorf("ddblease: claim %q slot %s: %w", l.job, id, errors.Join(err, w.rerr))
 	}
