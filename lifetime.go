@@ -135,13 +135,11 @@ func (lt *lifetime) fire(armed int) {
 	lt.expire()
 }
 
-// end ends the lifetime; it reports whether it was live.
-func (lt *lifetime) end() bool {
+// end ends the lifetime.
+func (lt *lifetime) end() {
 	lt.mu.Lock()
 	defer lt.mu.Unlock()
-	live := !lt.over
 	lt.endLocked()
-	return live
 }
 
 // stopTimer stops the timer, leaving the deadline where it is: the

@@ -82,6 +82,23 @@ func TestPoolJobListsThatDifferLeaveNoJobUnled(t *testing.T) {
 	require.NoError(t, stopB())
 }
 
+// twoReplicas runs two replicas a and b of a pool of four jobs on table
+// (each Run stopped, with no error, when the test ends), and returns once
+// each leads two.
+func twoReplicas(t *testing.T, ctx context.Context, db *dynamodb.Client, table string, opts ...func(*ddblease.Options)) (a, b *ddblease.Pool, w *poolWatch) {
+	t.Helper()
+	jobs := poolJobs(4)
+	w = newPoolWatch(t)
+	a = newPool(t, db, table, jobs, append([]func(*ddblease.Options){fast("a")}, opts...)...)
+	b = newPool(t, db, table, jobs, append([]func(*ddblease.Options){fast("b")}, opts...)...)
+	stopA := async(ctx, func(ctx context.Context) error { return a.Run(ctx, w.fn("a")) })
+	stopB := async(ctx, func(ctx context.Context) error { return b.Run(ctx, w.fn("b")) })
+	t.Cleanup(func() { assert.NoError(t, stopB()) })
+	t.Cleanup(func() { assert.NoError(t, stopA()) })
+	eventually(t, "two jobs each", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2, "b": 2}, w.leads()) })
+	return a, b, w
+}
+
 // An operator's resign request on a pool job moves it to another replica
 // within a heartbeat or two of the resignation, and it stays there; the
 // shares stay even.
@@ -89,15 +106,7 @@ func TestPoolResignRequestMovesTheJob(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 60*time.Second)
 	table, db := tableAndClient(t)
-	jobs := poolJobs(4)
-	w := newPoolWatch(t)
-	a := newPool(t, db, table, jobs, fast("a"))
-	b := newPool(t, db, table, jobs, fast("b"))
-	stopA := async(ctx, func(ctx context.Context) error { return a.Run(ctx, w.fn("a")) })
-	stopB := async(ctx, func(ctx context.Context) error { return b.Run(ctx, w.fn("b")) })
-	defer func() { assert.NoError(t, stopB()) }()
-	defer func() { assert.NoError(t, stopA()) }()
-	eventually(t, "two jobs each", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2, "b": 2}, w.leads()) })
+	a, _, w := twoReplicas(t, ctx, db, table)
 	job := a.Assigned()[0]
 	require.True(t, a.Lease(job).IsLeader())
 	_, err := newAdmin(t, db, table).RequestResign(ctx, job, a.Lease(job).State().Fence)
@@ -270,15 +279,7 @@ func TestPoolForceReleaseMovesTheJob(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 60*time.Second)
 	table, db := tableAndClient(t)
-	jobs := poolJobs(4)
-	w := newPoolWatch(t)
-	a := newPool(t, db, table, jobs, fast("a"), moveTimings)
-	b := newPool(t, db, table, jobs, fast("b"), moveTimings)
-	stopA := async(ctx, func(ctx context.Context) error { return a.Run(ctx, w.fn("a")) })
-	stopB := async(ctx, func(ctx context.Context) error { return b.Run(ctx, w.fn("b")) })
-	defer func() { assert.NoError(t, stopB()) }()
-	defer func() { assert.NoError(t, stopA()) }()
-	eventually(t, "two jobs each", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2, "b": 2}, w.leads()) })
+	a, b, w := twoReplicas(t, ctx, db, table, moveTimings)
 	job := a.Assigned()[0]
 	fence := a.Lease(job).State().Fence
 	require.True(t, a.Lease(job).IsLeader())
@@ -306,15 +307,7 @@ func TestPoolJobEveryReplicaDeclinesIsStillLed(t *testing.T) {
 	t.Parallel()
 	ctx := withTimeout(t, 60*time.Second)
 	table, db := tableAndClient(t)
-	jobs := poolJobs(4)
-	w := newPoolWatch(t)
-	a := newPool(t, db, table, jobs, fast("a"), moveTimings)
-	b := newPool(t, db, table, jobs, fast("b"), moveTimings)
-	stopA := async(ctx, func(ctx context.Context) error { return a.Run(ctx, w.fn("a")) })
-	stopB := async(ctx, func(ctx context.Context) error { return b.Run(ctx, w.fn("b")) })
-	defer func() { assert.NoError(t, stopB()) }()
-	defer func() { assert.NoError(t, stopA()) }()
-	eventually(t, "two jobs each", func() bool { return assert.ObjectsAreEqual(map[string]int{"a": 2, "b": 2}, w.leads()) })
+	a, b, w := twoReplicas(t, ctx, db, table, moveTimings)
 	job := a.Assigned()[0]
 	admin := newAdmin(t, db, table)
 	_, err := admin.ForceRelease(ctx, job, a.Lease(job).State().Fence)

@@ -114,8 +114,9 @@ type scheduledJob struct {
 	unwatchTenure func() bool // the watch on the tenure's end
 	unwatchJob    func() bool // the watch on jctx: the hand-over
 
-	// entered: the job's campaign on the lease (Lease.enter) began; it
-	// lasts from the job's start to its run's end (Lease.leave).
+	// entered: the job's campaign on the lease (campaignSlot.enter)
+	// began; it lasts from the job's start to its run's end
+	// (campaignSlot.leave).
 	entered bool
 	first   bool // the tenure's first step: the runner begins it
 	handed  bool // fn was given the leader context: it is kept until the tenure ends
