@@ -119,7 +119,12 @@
 // not overlap; after the faults stop a replica sees itself leading within
 // two leases plus skew plus a poll, and every slot due after that has a
 // succeeded run and an effect (for a pool, each job by the pool's bounds
-// above). Liveness counts from the end of the faults, or of the
+// above), but a slot with no run item that came due while a run of its
+// job was under way and that run returned once the next slot was due
+// (the runner runs the latest due slot only, as documented). A replica
+// that returns ErrDrainTimeout or ErrNotResigned had a fault within a
+// lease of its shutdown: the plan's, or requests the server answered
+// later than CallTimeout. Liveness counts from the end of the faults, or of the
 // last stall after them: the suite's own process not running for more
 // than 250 ms, a replica's process likewise (its EvStall events; the
 // plan's SIGSTOPs aside), or a request the server answered later than

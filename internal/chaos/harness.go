@@ -250,7 +250,8 @@ func (h *Harness) Run(ctx context.Context, plan *Plan) (*Result, error) {
 		in.Events = append(in.Events, evs...)
 		stderr, _ := os.ReadFile(p.stderr)
 		in.Procs = append(in.Procs, ProcExit{Name: p.name, Killed: p.killed, Err: p.err, Stderr: string(stderr),
-			Started: p.started, KilledAt: p.killedAt, TermedAt: p.termedAt, ExitedAt: p.exitedAt, Pauses: p.pauses, NetFaults: p.netFaults})
+			Started: p.started, KilledAt: p.killedAt, TermedAt: p.termedAt, ExitedAt: p.exitedAt, Pauses: p.pauses, NetFaults: p.netFaults,
+			Slow: p.proxy.Slow()})
 	}
 	// Slots come from the replicas' clocks, which a wild plan offsets by up
 	// to five leases, and a catch-up may fire one from before the start.
