@@ -239,7 +239,7 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 	rv := randomID(8)
 	u := newLeaseUpdate()
 	u.add("#owner = :me, #fence = if_not_exists(#fence, :zero) + :one")
-	u.renewal(&l.opts, now, rv, false)
+	u.renewal(l.opts, now, rv, false)
 	u.set("acq", attrAcquiredAt, avN(now.UnixMilli()))
 	live.binds(u)
 	names, values := u.names, u.values

@@ -60,7 +60,7 @@ func (t *term) heartbeat(ctx context.Context) error {
 	}
 	rv := randomID(8)
 	u := newLeaseUpdate()
-	u.renewal(&l.opts, now, rv, sn.draining)
+	u.renewal(l.opts, now, rv, sn.draining)
 	// The write and its read-back end at the deadline: past it, nothing
 	// they learn could keep the tenure.
 	if err := t.fencedWrite(ctx, l.opts.CallTimeout, sn.deadline, u, rv); err != nil {

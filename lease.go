@@ -30,7 +30,7 @@ type Lease struct {
 	db     DynamoDBAPI // reports every request to the observer
 	table  string
 	job    string
-	opts   Options
+	opts   *Options // a pool's jobs share the pool's
 	log    *slog.Logger
 	notify notifier
 	warn   warnLimiter
@@ -140,12 +140,19 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 	if err != nil {
 		return nil, err
 	}
+	return newLease(db, table, job, &o, alone{}), nil
+}
+
+// newLease returns the handle of a job whose name and options are checked:
+// a lease of its own (New) or a job of the pool bound (NewPool), whose
+// jobs share the pool's options.
+func newLease(db DynamoDBAPI, table, job string, o *Options, bound binding) *Lease {
 	l := &Lease{
 		table: table,
 		job:   job,
 		opts:  o,
 		born:  o.sendNow(),
-		bound: alone{},
+		bound: bound,
 	}
 	l.notify.fn = func(e Event) { // to the health check, the log and the user's observer
 		l.health.observe(e)
@@ -157,7 +164,7 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 	l.log = leaseLogger(o.Logger, l)
 	l.writes.notify = &l.notify
 	l.db = observedDB{db: db, now: o.Now, sink: (*leaseCalls)(l)}
-	return l, nil
+	return l
 }
 
 // leaseCalls is a Lease as the sink of its client's requests
@@ -238,7 +245,7 @@ func (l *Lease) Job() string { return l.job }
 func (l *Lease) Owner() string { return l.opts.Owner }
 
 // Options returns the options in force, defaults filled in.
-func (l *Lease) Options() Options { return l.opts }
+func (l *Lease) Options() Options { return *l.opts }
 
 // State is this handle's view of its own leadership. Its JSON form has
 // the field names of ddblease's other JSON output (job, owner, leader,

@@ -135,12 +135,10 @@ func NewPool(db DynamoDBAPI, table, pool string, jobs []string, optFns ...func(*
 		if _, dup := p.leases[job]; dup {
 			return nil, invalid("pool %q: job %q is listed twice", pool, job)
 		}
-		l, err := New(db, table, job, func(lo *Options) { *lo = o })
-		if err != nil {
+		if err := checkName("job name", job, MaxJobLength); err != nil {
 			return nil, fmt.Errorf("pool %q: %w", pool, err)
 		}
-		l.bound = p
-		p.leases[job] = l
+		p.leases[job] = newLease(db, table, job, &p.opts, p)
 		p.jobs = append(p.jobs, job)
 	}
 	slices.Sort(p.jobs)

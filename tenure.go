@@ -79,7 +79,7 @@ type liveness interface {
 type solo struct{ lt *lifetime }
 
 func (s *solo) bind(t *term, snt sent) bool {
-	s.lt = newLifetime(&t.l.opts, t.expire)
+	s.lt = newLifetime(t.l.opts, t.expire)
 	return s.lt.confirm(snt)
 }
 func (s *solo) life() *lifetime { return s.lt }
