@@ -42,6 +42,7 @@ type sample struct {
 	rep    int
 	job    string
 	leader bool
+	snap   int // > 0: one snapshot of every running replica (see snapshot); 0: one replica's
 }
 
 type fnCall struct {
@@ -441,19 +442,66 @@ func (s *sim) supervise(rep, call int, wg *sync.WaitGroup, done chan struct{}) {
 	}
 }
 
-// sampler samples IsLeader on one replica at instants shared by all.
-func (s *sim) sampler(rep int, period time.Duration, done <-chan struct{}) {
+// sampler takes a snapshot of every running replica's leadership each
+// period. Replicas that act at one virtual instant run in some real order
+// within it, so samples taken on their own goroutines at "the same
+// instant" are not one moment: a leader's read before it stepped down and
+// its successor's read after it took over would look like two leaders.
+func (s *sim) sampler(period time.Duration, done <-chan struct{}) {
 	t := time.NewTicker(period)
 	defer t.Stop()
-	for {
+	for n := 1; ; n++ {
 		select {
 		case <-done:
 			return
 		case <-t.C:
-			s.reps[rep].hold(nil)
-			s.sample(rep)
+			s.snapshot(n)
 		}
 	}
+}
+
+// snapshot records the leadership of every job on every replica that is
+// running (neither paused nor crashed), as of one moment: it collects
+// each handle's leader flag and fence until two collects in a row agree
+// (no tenure began or ended between them; a fence names each tenure, and
+// one that ended never leads again).
+func (s *sim) snapshot(n int) {
+	type view struct {
+		leader bool
+		fence  int64
+	}
+	at, jobs := s.now(), s.p.jobs()
+	collect := func() []view {
+		vs := make([]view, 0, s.p.N*len(jobs))
+		for rep := range s.p.N {
+			for _, j := range jobs {
+				st := s.lease(rep, j).State()
+				vs = append(vs, view{st.Leader, st.Fence})
+			}
+		}
+		return vs
+	}
+	prev := collect()
+	for {
+		cur := collect()
+		if slices.Equal(prev, cur) {
+			break
+		}
+		prev = cur
+		runtime.Gosched()
+	}
+	var xs []sample
+	for rep := range s.p.N {
+		if s.reps[rep].stopped() {
+			continue
+		}
+		for i, j := range jobs {
+			xs = append(xs, sample{at: at, rep: rep, job: j, leader: prev[rep*len(jobs)+i].leader, snap: n})
+		}
+	}
+	s.h.mu.Lock()
+	s.h.samples = append(s.h.samples, xs...)
+	s.h.mu.Unlock()
 }
 
 // execute runs the plan and returns the violations found. It must be
@@ -572,9 +620,7 @@ func execute(p *Plan) (violations []string, h *history) {
 	}
 	period := max(p.Lease/20, time.Millisecond)
 	var samplers sync.WaitGroup
-	for i := range p.N {
-		samplers.Go(func() { s.sampler(i, period, samplersDone) })
-	}
+	samplers.Go(func() { s.sampler(period, samplersDone) })
 	// Users' actions and crashes, in time order.
 	type action struct {
 		at time.Duration

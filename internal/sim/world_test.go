@@ -517,6 +517,15 @@ func (r *replicaState) now() time.Time {
 	return t
 }
 
+// stopped reports whether the replica's process is stopped now: paused,
+// or crashed and not yet wound down (hold would block).
+func (r *replicaState) stopped() bool {
+	if r.crashed.Load() {
+		return !r.woundDown()
+	}
+	return r.pausedUntil(r.w.since()) != 0
+}
+
 // woundDown reports whether a crashed replica is being wound down: its
 // clock runs again (a frozen one would keep a wait judged by Options.Now,
 // such as a resignation retried until the tenure's deadline, from ever
