@@ -166,7 +166,7 @@ func (j *scheduledJob) lead(t *term) {
 	j.s.mu.Unlock()
 	// A watch that fires at once (the tenure or jctx already over) wakes
 	// nothing yet: the job is holding, and may step, once both are set.
-	j.unwatchTenure = context.AfterFunc(t.ctx, j.wake)
+	j.unwatchTenure = t.whenOver(j.wake)
 	j.unwatchJob = context.AfterFunc(j.jctx, j.handOver)
 	j.s.mu.Lock()
 	j.holding = true
@@ -212,7 +212,7 @@ func (j *scheduledJob) stopLeading(cause error) {
 func (j *scheduledJob) stopping() bool {
 	j.s.mu.Lock()
 	defer j.s.mu.Unlock()
-	return j.stop != nil || j.t.ctx.Err() != nil
+	return j.stop != nil || !j.t.holds()
 }
 
 // leaderContext returns the leader context for a step, made if the
@@ -220,11 +220,11 @@ func (j *scheduledJob) stopping() bool {
 func (j *scheduledJob) leaderContext() (ctx context.Context, ok bool) {
 	j.s.mu.Lock()
 	defer j.s.mu.Unlock()
-	if j.stop != nil || j.t.ctx.Err() != nil {
+	if j.stop != nil || !j.t.holds() {
 		return nil, false
 	}
 	if j.leader == nil {
-		j.leader, j.cancelLeader = context.WithCancelCause(j.t.ctx)
+		j.leader, j.cancelLeader = j.t.derive()
 	}
 	return j.leader, true
 }
@@ -315,7 +315,7 @@ func (j *scheduledJob) end() {
 	j.stopWatching()
 	t := j.t
 	var err error
-	if t.ctx.Err() == nil {
+	if t.holds() {
 		err = t.resignRetrying(j.jctx, fmt.Errorf("%w: %q fence %d: resigning", ErrLost, j.l.job, t.fence))
 	}
 	if j.jctx.Err() != nil {

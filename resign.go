@@ -201,7 +201,7 @@ func (w *drainWatch) start(cause error) {
 	l, fence := w.t.l, w.t.fence
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.done || w.started || w.t.ctx.Err() != nil {
+	if w.done || w.started || !w.t.holds() {
 		return
 	}
 	w.started = true

@@ -195,7 +195,7 @@ type leading struct {
 func (t *term) startLeading(ctx context.Context) *leading {
 	fence := t.fence
 	ld := &leading{}
-	ld.leaderCtx, ld.cancelLeader = context.WithCancelCause(t.ctx)
+	ld.leaderCtx, ld.cancelLeader = t.derive()
 	w := &ld.drainWatch
 	w.t = t
 	w.k = t.keeper(func() { // control.go: an operator's resign request, drained as a shutdown
@@ -262,7 +262,7 @@ func (ld *leading) end(ctx context.Context) (done bool, err error) {
 		fnErr = nil // the leader context's own end, handed back
 	}
 	var resignErr error
-	if t.ctx.Err() == nil {
+	if t.holds() {
 		resignErr = t.resignRetrying(ctx, fmt.Errorf("%w: %q fence %d: resigning", ErrLost, l.job, fence))
 	}
 	if ld.over && ctx.Err() == nil {

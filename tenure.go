@@ -3,6 +3,7 @@ package ddblease
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -10,12 +11,13 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// This file owns term, one tenure: its fence, leader context and end, the
-// liveness it leads by (a lifetime of its own, or its pool session), and
+// This file owns term, one tenure: its fence, its end and the leader
+// contexts that end with it, the liveness it leads by (a lifetime of its own, or its pool session), and
 // its fenced write.
 
 // term is one tenure of this handle: from the acquisition that gave it a
-// fence to its end. It owns the tenure's leader context and its end, and
+// fence to its end. It owns the tenure's end and the leader contexts
+// derived from it (derive), and
 // is the one place where "belief ends at the deadline" is enforced for
 // it: it leads while the lifetime of its liveness lasts (lifetime.go),
 // whose timer ends it at the deadline whatever calls are in flight, and a
@@ -24,14 +26,12 @@ import (
 // the resignation, the claims and RunSchedule's runner hold it, and a
 // term that is over stays over.
 //
-// fence, ctx, cancel and live are set at the start; the other fields are
+// fence, live and base are set at the start; the other fields are
 // guarded by Lease.mu.
 type term struct {
-	l      *Lease
-	fence  int64
-	ctx    context.Context // ends when the term ends; its cause wraps ErrLost
-	cancel context.CancelCauseFunc
-	live   liveness // what it leads by, and who renews it
+	l     *Lease
+	fence int64
+	live  liveness // what it leads by, and who renews it
 
 	version    string // renewal version of the last write confirmed in this term
 	acquiredAt time.Time
@@ -39,6 +39,14 @@ type term struct {
 	over       bool
 	lost       error   // why the term ended, if it was lost rather than given up
 	k          *keeper // the keeper while fn runs, for a session's notes (Pool.noticeNote)
+
+	// A term keeps no context of its own: the contexts that end with it
+	// are made when a run needs one (derive), so that a tenure no one runs
+	// under (a pool's held job between its steps) holds none; base gives
+	// them their values.
+	base    context.Context
+	cause   error       // why the term ended (its contexts' cause); set when over
+	watches []*endWatch // what its end cancels and calls (watch)
 }
 
 // liveness is what a tenure leads by, and who renews it. A lease of its
@@ -120,12 +128,10 @@ func (l *Lease) current() *term {
 // context. It returns nil, and opens nothing, when the deadline had
 // already passed.
 func (l *Lease) begin(base context.Context, rec Record, s sent, latency time.Duration, live liveness) *term {
-	t := &term{l: l, fence: rec.Fence, version: rec.version, acquiredAt: s.at.Round(0), live: live}
-	t.ctx, t.cancel = context.WithCancelCause(context.WithoutCancel(base))
+	t := &term{l: l, fence: rec.Fence, version: rec.version, acquiredAt: s.at.Round(0), live: live, base: base}
 	l.mu.Lock()
 	if !live.bind(t, s) {
 		l.mu.Unlock()
-		t.cancel(nil)
 		return nil
 	}
 	if old := l.ten; old != nil && !old.over {
@@ -136,6 +142,71 @@ func (l *Lease) begin(base context.Context, rec Record, s sent, latency time.Dur
 	l.mu.Unlock()
 	l.notify.flush()
 	return t
+}
+
+// endWatch is one watcher of the term's end: a context derived from the
+// term, cancelled with the end's cause under Lease.mu, or a function,
+// called on a goroutine of its own.
+type endWatch struct {
+	cancel context.CancelCauseFunc
+	f      func()
+}
+
+// watch registers w, or acts on it at once if the term has ended; stop
+// forgets it, and reports whether it did so before the end acted on it.
+func (t *term) watch(w *endWatch) (stop func() bool) {
+	l := t.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if t.over {
+		w.end(t.cause)
+		return func() bool { return false }
+	}
+	t.watches = append(t.watches, w)
+	return func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		i := slices.Index(t.watches, w)
+		if i >= 0 {
+			t.watches = slices.Delete(t.watches, i, i+1)
+		}
+		return i >= 0
+	}
+}
+
+// end acts on the term's end, with its cause.
+func (w *endWatch) end(cause error) {
+	if w.cancel != nil {
+		w.cancel(cause)
+	}
+	if w.f != nil {
+		go w.f()
+	}
+}
+
+// derive returns a leader context: it ends when the term ends, with the
+// cause the term ended with (wrapping ErrLost for a loss), or when cancel
+// is called, and carries the values of the context the term was acquired
+// under, not its end.
+func (t *term) derive() (ctx context.Context, cancel context.CancelCauseFunc) {
+	ctx, end := context.WithCancelCause(context.WithoutCancel(t.base))
+	stop := t.watch(&endWatch{cancel: end})
+	return ctx, func(cause error) {
+		stop()
+		end(cause)
+	}
+}
+
+// whenOver calls f on a goroutine of its own when the term ends (at once
+// if it has ended), as context.AfterFunc would for a leader context,
+// without making one; stop is as for watch.
+func (t *term) whenOver(f func()) (stop func() bool) { return t.watch(&endWatch{f: f}) }
+
+// endCause returns why the term ended; nil while it holds.
+func (t *term) endCause() error {
+	t.l.mu.Lock()
+	defer t.l.mu.Unlock()
+	return t.cause
 }
 
 // left returns how long the term may last from now, by Options.Now and by
@@ -229,9 +300,10 @@ func (t *term) end(cause error, reason LossReason) {
 	l.notify.flush()
 }
 
-// closeLocked ends the term: the leader context is cancelled with cause
-// before the lock is released, so that no one can see the term over and
-// its context live. reason "" reports nothing: the caller reports the end.
+// closeLocked ends the term: the contexts derived from it are cancelled
+// with cause before the lock is released, so that no one can see the term
+// over and a leader context live; its watches are called. reason ""
+// reports nothing: the caller reports the end.
 func (t *term) closeLocked(cause error, reason LossReason) {
 	t.over = true
 	t.draining = false
@@ -239,7 +311,14 @@ func (t *term) closeLocked(cause error, reason LossReason) {
 		t.lost = cause
 	}
 	t.live.release(t)
-	t.cancel(cause)
+	if cause == nil {
+		cause = context.Canceled // as a context cancelled without a cause
+	}
+	t.cause = cause
+	for _, w := range t.watches {
+		w.end(cause)
+	}
+	t.watches = nil
 	if reason != "" {
 		t.l.notify.push(t.l.event(EventLost, Event{Fence: t.fence, Reason: reason, Err: cause}))
 	}
