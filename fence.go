@@ -261,7 +261,7 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 	rec, ours, err := l.write(ctx, l.opts.CallTimeout, deadline, in, rv)
 	switch {
 	case ours:
-		if t := l.begin(ctx, rec, snt, l.opts.Now().Sub(now), live); t != nil {
+		if t := l.begin(l.camp.values(ctx), rec, snt, l.opts.Now().Sub(now), live); t != nil {
 			if !rec.listed {
 				l.list(ctx, rec.Fence)
 			}

@@ -229,14 +229,14 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 	if fn == nil {
 		return invalid("pool %q: Run: fn is nil", p.name)
 	}
-	return p.run(ctx, func(r *poolRun, job string, jctx context.Context, run *jobRun) { r.runJob(job, jctx, run, fn) })
+	return p.run(ctx, func(r *poolRun, job string, run *jobRun) { r.runJob(job, run, fn) })
 }
 
 // run is Run and RunSchedule: start starts the job's run (that of Run, or
-// RunSchedule's) under jctx, which ends on hand-over or when the pool
+// RunSchedule's), which ends (run.ends) on hand-over or when the pool
 // stops; it sends the job on r.finished, then closes run.done, when the
 // job's run has ended.
-func (p *Pool) run(ctx context.Context, start func(r *poolRun, job string, jctx context.Context, run *jobRun)) error {
+func (p *Pool) run(ctx context.Context, start func(r *poolRun, job string, run *jobRun)) error {
 	if !p.running.CompareAndSwap(false, true) {
 		return invalid("pool %q: another Run is active on this pool", p.name)
 	}
@@ -258,10 +258,10 @@ func (p *Pool) run(ctx context.Context, start func(r *poolRun, job string, jctx 
 // poolRun is one Run of a pool: the Runs of the jobs it started.
 type poolRun struct {
 	p        *Pool
-	startJob func(r *poolRun, job string, jctx context.Context, run *jobRun)
+	startJob func(r *poolRun, job string, run *jobRun)
 	runs     map[string]*jobRun
 	finished chan string       // a job's Run returned
-	runCtx   context.Context   // the jobs' Runs' parent: ends when Run returns
+	runCtx   context.Context   // the values of the jobs' contexts (derived from their ends)
 	unsentAt time.Time         // the first renewal never sent, while none has reached the table
 	reached  bool              // a renewal reached the table
 	failing  bool              // the last renewal failed: the next comes after a RetryInterval
@@ -269,13 +269,20 @@ type poolRun struct {
 	blind    bool              // the last look failed: the next waits a RetryInterval
 }
 
-// jobRun is the Run of one job of a pool.
+// jobRun is the Run of one job of a pool. It ends (cancel) when the job
+// is handed over, declined, or stopped with the pool; the contexts that
+// end with it are made only while a step needs one (ends.derive), so that
+// a held job at rest holds none.
 type jobRun struct {
-	cancel    context.CancelFunc
-	cancelled bool // handed over, declined, or stopped with the pool
+	mu        sync.Mutex
+	ends      ending
+	cancelled bool // cancel was called (by the pool's loop, which alone reads it)
 	done      chan struct{}
 	err       error
 }
+
+// cancel ends the job's run here: it drains and resigns.
+func (run *jobRun) cancel() { run.ends.end(nil) }
 
 // loop renews the membership and acts on it every HeartbeatInterval, at
 // once after a decline, and at once when a look between renewals (look)
@@ -456,17 +463,19 @@ func (r *poolRun) running() int {
 
 // start starts the run of job.
 func (r *poolRun) start(job string) {
-	jctx, cancel := context.WithCancel(r.runCtx)
-	run := &jobRun{cancel: cancel, done: make(chan struct{})}
+	run := &jobRun{done: make(chan struct{})}
+	run.ends.mu = &run.mu
 	r.runs[job] = run
-	r.startJob(r, job, jctx, run)
+	r.startJob(r, job, run)
 }
 
 // runJob runs the lease of job for Run, on a goroutine of its own.
-func (r *poolRun) runJob(job string, jctx context.Context, run *jobRun, fn func(context.Context, string, int64) error) {
+func (r *poolRun) runJob(job string, run *jobRun, fn func(context.Context, string, int64) error) {
 	p := r.p
 	l := p.leases[job]
 	go func() {
+		jctx, cancel := run.ends.derive(r.runCtx)
+		defer cancel(nil)
 		defer close(run.done)
 		defer func() { r.finished <- job }()
 		defer func() {

@@ -75,10 +75,10 @@ func (p *Pool) RunSchedule(ctx context.Context, scheds JobSchedules, fn func(ctx
 		runners[i] = runner{l: l, sched: sched, fn: jobFn, o: &o, looked: l.born}
 	}
 	s := &poolScheduler{}
-	return p.run(ctx, func(r *poolRun, job string, jctx context.Context, run *jobRun) {
+	return p.run(ctx, func(r *poolRun, job string, run *jobRun) {
 		i, _ := slices.BinarySearch(p.jobs, job)
-		j := &scheduledJob{s: s, r: &runners[i], l: p.leases[job], jctx: jctx, run: run, pr: r, index: -1}
-		if err := j.l.camp.enter(j.l, jctx); err != nil {
+		j := &scheduledJob{s: s, r: &runners[i], l: p.leases[job], run: run, pr: r, index: -1}
+		if err := j.l.camp.enter(j.l, r.runCtx); err != nil {
 			if errors.As(err, new(endedBeforeRun)) {
 				err = nil // started as the pool stopped or handed it over: nothing attempted
 			}
@@ -95,24 +95,23 @@ func (p *Pool) RunSchedule(ctx context.Context, scheds JobSchedules, fn func(ctx
 // start to its hand-over or the pool's stop: it campaigns for the lease
 // (on a goroutine, while it does), then steps its schedule, each step on a
 // goroutine of its own, while its tenure lasts; when the tenure ends it
-// campaigns again, unless the job's run in the pool (jctx) ended.
+// campaigns again, unless the job's run in the pool (run) ended.
 //
 // Between its steps a held job keeps two watches (its tenure's end, its
 // hand-over) and the keeper the session's notes reach: its leader context
 // is made by the first step that needs one, and kept for the rest of the
 // tenure only once fn was given it.
 type scheduledJob struct {
-	s    *poolScheduler
-	r    *runner
-	l    *Lease
-	jctx context.Context // ends when the pool hands the job over or stops
-	run  *jobRun
-	pr   *poolRun
+	s   *poolScheduler
+	r   *runner
+	l   *Lease
+	run *jobRun // ends when the pool hands the job over or stops
+	pr  *poolRun
 
 	// Set as a tenure begins, before its first step; read by the steps.
 	t             *term
 	unwatchTenure func() bool // the watch on the tenure's end
-	unwatchJob    func() bool // the watch on jctx: the hand-over
+	unwatchJob    func() bool // the watch on run's end: the hand-over
 
 	// entered: the job's campaign on the lease (campaignSlot.enter)
 	// began; it lasts from the job's start to its run's end
@@ -139,11 +138,13 @@ type scheduledJob struct {
 }
 
 // campaign waits for the lease, then begins a tenure; it ends the job's
-// run when jctx ends first.
+// run when the run ends first. Its context lasts as long as it does.
 func (j *scheduledJob) campaign() {
-	t, failing, err := j.l.acquire(j.jctx)
+	ctx, cancel := j.run.ends.derive(j.pr.runCtx)
+	t, failing, err := j.l.acquire(ctx)
+	cancel(nil)
 	if err != nil {
-		if j.jctx.Err() != nil && !failing {
+		if j.run.ends.why() != nil && !failing {
 			err = nil
 		}
 		j.finish(err)
@@ -164,10 +165,10 @@ func (j *scheduledJob) lead(t *term) {
 	j.s.mu.Lock()
 	j.leader, j.cancelLeader, j.stop = nil, nil, nil
 	j.s.mu.Unlock()
-	// A watch that fires at once (the tenure or jctx already over) wakes
+	// A watch that fires at once (the tenure or the run already over) wakes
 	// nothing yet: the job is holding, and may step, once both are set.
-	j.unwatchTenure = t.whenOver(j.wake)
-	j.unwatchJob = context.AfterFunc(j.jctx, j.handOver)
+	j.unwatchTenure = t.ends.whenOver(j.wake)
+	j.unwatchJob = j.run.ends.whenOver(j.handOver)
 	j.s.mu.Lock()
 	j.holding = true
 	j.s.mu.Unlock()
@@ -177,11 +178,11 @@ func (j *scheduledJob) lead(t *term) {
 // wake asks for a step at once (poolScheduler.wake).
 func (j *scheduledJob) wake() { j.s.wake(j) }
 
-// handOver is called when jctx ends: the pool handed the job over, or
+// handOver is called when the run ends: the pool handed the job over, or
 // stopped. The job is drained, then resigned.
 func (j *scheduledJob) handOver() {
 	j.s.drainBy(j, j.l.opts.DrainTimeout)
-	j.stopLeading(fmt.Errorf("ddblease: pool: handing job %q over: %w", j.l.job, context.Cause(j.jctx)))
+	j.stopLeading(fmt.Errorf("ddblease: pool: handing job %q over: %w", j.l.job, j.run.ends.why()))
 }
 
 // resignRequested is the keeper's call when an operator asked the tenure
@@ -270,7 +271,7 @@ func (j *scheduledJob) step() {
 			}
 			err = pe
 		}
-		j.t.endAbnormally(j.jctx, fmt.Errorf("%w: %q fence %d: the job's function did not return: %v", ErrLost, j.l.job, j.t.fence, err))
+		j.t.endAbnormally(j.pr.runCtx, fmt.Errorf("%w: %q fence %d: the job's function did not return: %v", ErrLost, j.l.job, j.t.fence, err))
 		j.stopWatching()
 		j.finish(err)
 	}()
@@ -294,7 +295,7 @@ func (j *scheduledJob) step() {
 	switch {
 	case err != nil:
 		done = true
-		rerr := j.t.resignRetrying(j.jctx, fmt.Errorf("%w: %q fence %d: the schedule failed", ErrLost, j.l.job, j.t.fence))
+		rerr := j.t.resignRetrying(j.pr.runCtx, fmt.Errorf("%w: %q fence %d: the schedule failed", ErrLost, j.l.job, j.t.fence))
 		j.stopWatching()
 		j.finish(errors.Join(err, rerr))
 		return
@@ -316,9 +317,9 @@ func (j *scheduledJob) end() {
 	t := j.t
 	var err error
 	if t.holds() {
-		err = t.resignRetrying(j.jctx, fmt.Errorf("%w: %q fence %d: resigning", ErrLost, j.l.job, t.fence))
+		err = t.resignRetrying(j.pr.runCtx, fmt.Errorf("%w: %q fence %d: resigning", ErrLost, j.l.job, t.fence))
 	}
-	if j.jctx.Err() != nil {
+	if j.run.ends.why() != nil {
 		j.finish(err)
 		return
 	}

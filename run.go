@@ -145,6 +145,17 @@ func (c *campaignSlot) enter(l *Lease, ctx context.Context) error {
 	return nil
 }
 
+// values returns the context whose values a tenure's contexts carry: the
+// campaign's (Run's, RunSchedule's, a pool's run's), or ctx outside one
+// (TryAcquire). A pool's job campaigns under a context of its own, which
+// ends as its campaign does: the tenure keeps the pool's instead.
+func (c *campaignSlot) values(ctx context.Context) context.Context {
+	if p := c.ctx.Load(); p != nil {
+		return *p
+	}
+	return ctx
+}
+
 // leave ends the campaign that enter began: it reports EventStopped with
 // the campaign's error if it stopped (rather than unwinding from a panic
 // in fn).

@@ -3,7 +3,6 @@ package ddblease
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -44,9 +43,8 @@ type term struct {
 	// are made when a run needs one (derive), so that a tenure no one runs
 	// under (a pool's held job between its steps) holds none; base gives
 	// them their values.
-	base    context.Context
-	cause   error       // why the term ended (its contexts' cause); set when over
-	watches []*endWatch // what its end cancels and calls (watch)
+	base context.Context
+	ends ending // why it ended, and what ends with it; set when over
 }
 
 // liveness is what a tenure leads by, and who renews it. A lease of its
@@ -129,6 +127,7 @@ func (l *Lease) current() *term {
 // already passed.
 func (l *Lease) begin(base context.Context, rec Record, s sent, latency time.Duration, live liveness) *term {
 	t := &term{l: l, fence: rec.Fence, version: rec.version, acquiredAt: s.at.Round(0), live: live, base: base}
+	t.ends.mu = &l.mu
 	l.mu.Lock()
 	if !live.bind(t, s) {
 		l.mu.Unlock()
@@ -144,69 +143,12 @@ func (l *Lease) begin(base context.Context, rec Record, s sent, latency time.Dur
 	return t
 }
 
-// endWatch is one watcher of the term's end: a context derived from the
-// term, cancelled with the end's cause under Lease.mu, or a function,
-// called on a goroutine of its own.
-type endWatch struct {
-	cancel context.CancelCauseFunc
-	f      func()
-}
-
-// watch registers w, or acts on it at once if the term has ended; stop
-// forgets it, and reports whether it did so before the end acted on it.
-func (t *term) watch(w *endWatch) (stop func() bool) {
-	l := t.l
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if t.over {
-		w.end(t.cause)
-		return func() bool { return false }
-	}
-	t.watches = append(t.watches, w)
-	return func() bool {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		i := slices.Index(t.watches, w)
-		if i >= 0 {
-			t.watches = slices.Delete(t.watches, i, i+1)
-		}
-		return i >= 0
-	}
-}
-
-// end acts on the term's end, with its cause.
-func (w *endWatch) end(cause error) {
-	if w.cancel != nil {
-		w.cancel(cause)
-	}
-	if w.f != nil {
-		go w.f()
-	}
-}
-
 // derive returns a leader context: it ends when the term ends, with the
 // cause the term ended with (wrapping ErrLost for a loss), or when cancel
 // is called, and carries the values of the context the term was acquired
 // under, not its end.
 func (t *term) derive() (ctx context.Context, cancel context.CancelCauseFunc) {
-	ctx, end := context.WithCancelCause(context.WithoutCancel(t.base))
-	stop := t.watch(&endWatch{cancel: end})
-	return ctx, func(cause error) {
-		stop()
-		end(cause)
-	}
-}
-
-// whenOver calls f on a goroutine of its own when the term ends (at once
-// if it has ended), as context.AfterFunc would for a leader context,
-// without making one; stop is as for watch.
-func (t *term) whenOver(f func()) (stop func() bool) { return t.watch(&endWatch{f: f}) }
-
-// endCause returns why the term ended; nil while it holds.
-func (t *term) endCause() error {
-	t.l.mu.Lock()
-	defer t.l.mu.Unlock()
-	return t.cause
+	return t.ends.derive(t.base)
 }
 
 // left returns how long the term may last from now, by Options.Now and by
@@ -311,14 +253,7 @@ func (t *term) closeLocked(cause error, reason LossReason) {
 		t.lost = cause
 	}
 	t.live.release(t)
-	if cause == nil {
-		cause = context.Canceled // as a context cancelled without a cause
-	}
-	t.cause = cause
-	for _, w := range t.watches {
-		w.end(cause)
-	}
-	t.watches = nil
+	t.ends.endLocked(cause)
 	if reason != "" {
 		t.l.notify.push(t.l.event(EventLost, Event{Fence: t.fence, Reason: reason, Err: cause}))
 	}

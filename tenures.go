@@ -115,8 +115,8 @@ func (ts *Tenures) endWithTerm(t *Tenure) (stop func() bool) {
 		t.cancel(fmt.Errorf("%w: %q fence %d: the tenure ended as it began", ErrLost, ts.l.job, t.fence))
 		return func() bool { return false }
 	}
-	return tm.whenOver(func() {
-		cause := tm.endCause()
+	return tm.ends.whenOver(func() {
+		cause := tm.ends.why()
 		if !errors.Is(cause, ErrLost) {
 			cause = fmt.Errorf("%w: %q fence %d: resigned", ErrLost, ts.l.job, t.fence)
 		}
