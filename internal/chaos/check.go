@@ -1,10 +1,13 @@
 package chaos
 
 import (
+	"errors"
 	"fmt"
+	"os/exec"
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/ddblease/ddblease"
@@ -623,6 +626,12 @@ func checkProcs(in CheckInput, bad func(string, ...any), st *Stats) {
 		}
 	}
 	for _, p := range in.Procs {
+		if _, ok := starts[p.Name]; !ok && !p.TermedAt.IsZero() && endedBy(p.Err, syscall.SIGTERM) {
+			// SIGTERMed before its handler was in place (a replica just
+			// started, on a loaded machine): it never ran the library, as
+			// a replica killed before its start.
+			continue
+		}
 		if strings.Contains(p.Stderr, "panic:") || strings.Contains(p.Stderr, "DATA RACE") {
 			bad("%s crashed:\n%s", p.Name, p.Stderr)
 		}
@@ -762,4 +771,14 @@ func maxTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// endedBy reports whether err says the process was ended by sig.
+func endedBy(err error, sig syscall.Signal) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == sig
 }

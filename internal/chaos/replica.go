@@ -212,6 +212,11 @@ func RunReplica(cfg ReplicaConfig) error {
 	if cfg.RaceDemo {
 		return raceDemo()
 	}
+	// The handler is in place before the start is recorded: a replica
+	// that recorded its start ends on SIGTERM by its own shutdown, and one
+	// that did not never ran the library (Check).
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
 	rec, err := NewRecorder(cfg.Events, cfg.Name)
 	if err != nil {
 		return err
@@ -232,8 +237,6 @@ func RunReplica(cfg ReplicaConfig) error {
 		pr.probe()
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
 	db := ddbtest.Endpoint(cfg.Endpoint).Client(func(rt http.RoundTripper) http.RoundTripper { return probing{p: pr, next: rt} })
 	opts := func(o *ddblease.Options) {
 		o.Observer = observe
