@@ -45,6 +45,17 @@ func (l *Lease) Acquire(ctx context.Context) (int64, error) {
 // acquire is Acquire, returning the term; failing reports that every
 // attempt failed.
 func (l *Lease) acquire(ctx context.Context) (t *term, failing bool, err error) {
+	return l.acquireWith(ctx, nil)
+}
+
+// acquireWith is acquire whose first attempt has its turn already
+// (Pool.withToken): token ends it; nil, the attempt waits for one.
+func (l *Lease) acquireWith(ctx context.Context, token func()) (t *term, failing bool, err error) {
+	defer func() {
+		if token != nil {
+			token() // never attempted
+		}
+	}()
 	var lastErr error
 	succeeded := false
 	var unsentSince time.Time // first failure to send, while nothing has reached the table
@@ -55,7 +66,8 @@ func (l *Lease) acquire(ctx context.Context) (t *term, failing bool, err error) 
 		if ctx.Err() != nil {
 			return nil, !succeeded && lastErr != nil, errors.Join(fmt.Errorf("ddblease: acquire %q: %w", l.job, ended(ctx)), lastErr)
 		}
-		t, again, err := l.attempt(ctx)
+		t, again, err := l.attempt(ctx, token)
+		token = nil
 		switch {
 		case t != nil:
 			return t, false, nil
@@ -94,11 +106,13 @@ func (l *Lease) acquire(ctx context.Context) (t *term, failing bool, err error) 
 // attempt makes one attempt to acquire: a conditional write when the
 // lease may be takeable, a read otherwise (again reports that the read
 // found it takeable). A pool's job waits for its pool's token first
-// (Pool.attempt).
-func (l *Lease) attempt(ctx context.Context) (t *term, again bool, err error) {
-	done, err := l.bound.attempt(ctx)
-	if err != nil {
-		return nil, false, err
+// (Pool.attempt), unless token is its turn already (acquireWith).
+func (l *Lease) attempt(ctx context.Context, token func()) (t *term, again bool, err error) {
+	done := token
+	if done == nil {
+		if done, err = l.bound.attempt(ctx); err != nil {
+			return nil, false, err
+		}
 	}
 	defer done()
 	if l.mayTry() {

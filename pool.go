@@ -65,6 +65,8 @@ type Pool struct {
 	warn     warnLimiter // of another process replacing this replica's session (Pool.warnIfReplaced)
 	declines chan struct{}
 	attempts chan struct{} // a token per acquisition attempt in flight (attempt)
+	tokMu    sync.Mutex
+	starts   []func(done func()) // campaigns waiting for a token (withToken)
 
 	leaving atomic.Bool // Run is stopping: its member item says so
 
@@ -160,9 +162,68 @@ const maxPoolAttempts = 32
 func (p *Pool) attempt(ctx context.Context) (done func(), err error) {
 	select {
 	case p.attempts <- struct{}{}:
-		return func() { <-p.attempts }, nil
+		return p.giveBack, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	}
+}
+
+// withToken runs f on a goroutine of its own once a token is free, with
+// the token (f gives it back by calling done, once): a campaign's first
+// attempt. The campaigns that wait for a token wait in a queue, not on a
+// goroutine each, so that a replica starting thousands of campaigns at
+// once runs about maxPoolAttempts goroutines for them, not thousands
+// (the runtime keeps the record of every goroutine it ever ran at once).
+func (p *Pool) withToken(f func(done func())) {
+	select {
+	case p.attempts <- struct{}{}:
+		go f(p.giveBack)
+		return
+	default:
+	}
+	p.tokMu.Lock()
+	p.starts = append(p.starts, f)
+	p.tokMu.Unlock()
+	// A token given back between the try above and the queueing found
+	// the queue empty: take the turn of whoever waits now.
+	p.serveStarts()
+}
+
+// giveBack gives a token back: to the campaign that has waited longest
+// for one (withToken), or to the pool.
+func (p *Pool) giveBack() {
+	p.tokMu.Lock()
+	if len(p.starts) > 0 {
+		f := p.starts[0]
+		p.starts[0] = nil
+		p.starts = p.starts[1:]
+		p.tokMu.Unlock()
+		go f(p.giveBack)
+		return
+	}
+	p.tokMu.Unlock()
+	<-p.attempts
+}
+
+// serveStarts starts waiting campaigns while tokens are free.
+func (p *Pool) serveStarts() {
+	for {
+		p.tokMu.Lock()
+		if len(p.starts) == 0 {
+			p.tokMu.Unlock()
+			return
+		}
+		select {
+		case p.attempts <- struct{}{}:
+		default:
+			p.tokMu.Unlock()
+			return
+		}
+		f := p.starts[0]
+		p.starts[0] = nil
+		p.starts = p.starts[1:]
+		p.tokMu.Unlock()
+		go f(p.giveBack)
 	}
 }
 

@@ -87,13 +87,13 @@ func (p *Pool) RunSchedule(ctx context.Context, scheds JobSchedules, fn func(ctx
 		}
 		j.entered = true
 		j.l.ctl.watchFunc(j.controlsChanged)
-		go j.campaign()
+		j.pr.p.withToken(j.campaign)
 	})
 }
 
 // scheduledJob is one job of Pool.RunSchedule on this replica, from its
 // start to its hand-over or the pool's stop: it campaigns for the lease
-// (on a goroutine, while it does), then steps its schedule, each step on a
+// (on a goroutine, from its turn for a first attempt), then steps its schedule, each step on a
 // goroutine of its own, while its tenure lasts; when the tenure ends it
 // campaigns again, unless the job's run in the pool (run) ended.
 //
@@ -138,10 +138,12 @@ type scheduledJob struct {
 }
 
 // campaign waits for the lease, then begins a tenure; it ends the job's
-// run when the run ends first. Its context lasts as long as it does.
-func (j *scheduledJob) campaign() {
+// run when the run ends first. It runs once the pool gives it a turn for
+// its first attempt (token; Pool.withToken). Its context lasts as long as
+// it does.
+func (j *scheduledJob) campaign(token func()) {
 	ctx, cancel := j.run.ends.derive(j.pr.runCtx)
-	t, failing, err := j.l.acquire(ctx)
+	t, failing, err := j.l.acquireWith(ctx, token)
 	cancel(nil)
 	if err != nil {
 		if j.run.ends.why() != nil && !failing {
@@ -324,7 +326,7 @@ func (j *scheduledJob) end() {
 		return
 	}
 	t.yieldToOthers(err)
-	go j.campaign()
+	j.pr.p.withToken(j.campaign)
 }
 
 // stopWatching stops the tenure's watches and the drain timer, and
