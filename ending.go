@@ -40,11 +40,10 @@ func (w *endWatch) act(cause error) {
 }
 
 // endLocked ends it with cause (context.Canceled if nil, as for a context
-// cancelled without one), once: it reports false if it had ended. Called
-// with e.mu held.
-func (e *ending) endLocked(cause error) bool {
+// cancelled without one), once. Called with e.mu held.
+func (e *ending) endLocked(cause error) {
 	if e.cause != nil {
-		return false
+		return
 	}
 	if cause == nil {
 		cause = context.Canceled
@@ -54,14 +53,13 @@ func (e *ending) endLocked(cause error) bool {
 		w.act(cause)
 	}
 	e.watches = nil
-	return true
 }
 
 // end is endLocked, taking the lock.
-func (e *ending) end(cause error) bool {
+func (e *ending) end(cause error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.endLocked(cause)
+	e.endLocked(cause)
 }
 
 // why returns why it ended; nil while it lasts.

@@ -193,16 +193,25 @@ func (p *Pool) withToken(f func(done func())) {
 // for one (withToken), or to the pool.
 func (p *Pool) giveBack() {
 	p.tokMu.Lock()
-	if len(p.starts) > 0 {
-		f := p.starts[0]
-		p.starts[0] = nil
-		p.starts = p.starts[1:]
-		p.tokMu.Unlock()
+	f := p.nextStartLocked()
+	p.tokMu.Unlock()
+	if f != nil {
 		go f(p.giveBack)
 		return
 	}
-	p.tokMu.Unlock()
 	<-p.attempts
+}
+
+// nextStartLocked takes the campaign that has waited longest for a token
+// off the queue; nil if none waits. Called with tokMu held.
+func (p *Pool) nextStartLocked() func(done func()) {
+	if len(p.starts) == 0 {
+		return nil
+	}
+	f := p.starts[0]
+	p.starts[0] = nil
+	p.starts = p.starts[1:]
+	return f
 }
 
 // serveStarts starts waiting campaigns while tokens are free.
@@ -219,9 +228,7 @@ func (p *Pool) serveStarts() {
 			p.tokMu.Unlock()
 			return
 		}
-		f := p.starts[0]
-		p.starts[0] = nil
-		p.starts = p.starts[1:]
+		f := p.nextStartLocked()
 		p.tokMu.Unlock()
 		go f(p.giveBack)
 	}

@@ -93,9 +93,10 @@ func (p *Pool) RunSchedule(ctx context.Context, scheds JobSchedules, fn func(ctx
 
 // scheduledJob is one job of Pool.RunSchedule on this replica, from its
 // start to its hand-over or the pool's stop: it campaigns for the lease
-// (on a goroutine, from its turn for a first attempt), then steps its schedule, each step on a
-// goroutine of its own, while its tenure lasts; when the tenure ends it
-// campaigns again, unless the job's run in the pool (run) ended.
+// (on a goroutine, from its turn for a first attempt), then steps its
+// schedule, each step on a goroutine of its own, while its tenure lasts;
+// when the tenure ends it campaigns again, unless the job's run in the
+// pool (run) ended.
 //
 // Between its steps a held job keeps two watches (its tenure's end, its
 // hand-over) and the keeper the session's notes reach: its leader context

@@ -11,14 +11,13 @@ import (
 )
 
 // This file owns term, one tenure: its fence, its end and the leader
-// contexts that end with it, the liveness it leads by (a lifetime of its own, or its pool session), and
-// its fenced write.
+// contexts that end with it, the liveness it leads by (a lifetime of its
+// own, or its pool session), and its fenced write.
 
 // term is one tenure of this handle: from the acquisition that gave it a
 // fence to its end. It owns the tenure's end and the leader contexts
-// derived from it (derive), and
-// is the one place where "belief ends at the deadline" is enforced for
-// it: it leads while the lifetime of its liveness lasts (lifetime.go),
+// derived from it (derive), and is the one place where "belief ends at
+// the deadline" is enforced for it: it leads while the lifetime of its liveness lasts (lifetime.go),
 // whose timer ends it at the deadline whatever calls are in flight, and a
 // renewal confirmed at or after the deadline never revives it. The
 // acquisition returns the term (Lease.begin); Run's leader, the keeper,
@@ -35,7 +34,6 @@ type term struct {
 	version    string // renewal version of the last write confirmed in this term
 	acquiredAt time.Time
 	draining   bool
-	over       bool
 	lost       error   // why the term ended, if it was lost rather than given up
 	k          *keeper // the keeper while fn runs, for a session's notes (Pool.noticeNote)
 
@@ -44,7 +42,7 @@ type term struct {
 	// under (a pool's held job between its steps) holds none; base gives
 	// them their values.
 	base context.Context
-	ends ending // why it ended, and what ends with it; set when over
+	ends ending // why it ended, and what ends with it: set when it ends
 }
 
 // liveness is what a tenure leads by, and who renews it. A lease of its
@@ -133,7 +131,7 @@ func (l *Lease) begin(base context.Context, rec Record, s sent, latency time.Dur
 		l.mu.Unlock()
 		return nil
 	}
-	if old := l.ten; old != nil && !old.over {
+	if old := l.ten; old != nil && !old.overLocked() {
 		old.closeLocked(fmt.Errorf("%w: %q fence %d: fence %d was acquired", ErrLost, l.job, old.fence, rec.Fence), LossDeposed)
 	}
 	l.ten = t
@@ -145,8 +143,8 @@ func (l *Lease) begin(base context.Context, rec Record, s sent, latency time.Dur
 
 // derive returns a leader context: it ends when the term ends, with the
 // cause the term ended with (wrapping ErrLost for a loss), or when cancel
-// is called, and carries the values of the context the term was acquired
-// under, not its end.
+// is called, and carries the values of the campaign's context
+// (campaignSlot.values), not its end.
 func (t *term) derive() (ctx context.Context, cancel context.CancelCauseFunc) {
 	return t.ends.derive(t.base)
 }
@@ -159,7 +157,7 @@ func (t *term) left() time.Duration { return t.live.life().left() }
 func (t *term) expire() {
 	l := t.l
 	l.mu.Lock()
-	if t.over {
+	if t.overLocked() {
 		l.mu.Unlock()
 		return
 	}
@@ -174,7 +172,7 @@ func (t *term) snapshot() tenure {
 	defer t.l.mu.Unlock()
 	life := t.live.life()
 	d, rd := life.deadlines()
-	return tenure{held: !t.over, fence: t.fence, version: t.version, sentAt: life.lastSent().at, deadline: d,
+	return tenure{held: !t.overLocked(), fence: t.fence, version: t.version, sentAt: life.lastSent().at, deadline: d,
 		realDeadline: rd, draining: t.draining, lost: t.lost}
 }
 
@@ -188,15 +186,19 @@ func (t *term) leads() bool {
 	return t.leadsLocked()
 }
 
+// overLocked reports whether the term has ended. Called with Lease.mu
+// held.
+func (t *term) overLocked() bool { return t.ends.cause != nil }
+
 // leadsLocked is leads, called with Lease.mu held: the one answer to
 // "does this tenure lead now", by both clocks of its liveness's lifetime.
-func (t *term) leadsLocked() bool { return !t.over && t.left() > 0 }
+func (t *term) leadsLocked() bool { return !t.overLocked() && t.left() > 0 }
 
 // holds reports whether the term is still open.
 func (t *term) holds() bool {
 	t.l.mu.Lock()
 	defer t.l.mu.Unlock()
-	return !t.over
+	return !t.overLocked()
 }
 
 // renewed records a heartbeat of this term, sent at s, as confirmed now.
@@ -207,7 +209,7 @@ func (t *term) renewed(version string, s sent, latency time.Duration) bool {
 	l := t.l
 	now := l.opts.Now()
 	l.mu.Lock()
-	if t.over {
+	if t.overLocked() {
 		l.mu.Unlock()
 		return false
 	}
@@ -232,7 +234,7 @@ func (t *term) renewed(version string, s sent, latency time.Duration) bool {
 func (t *term) end(cause error, reason LossReason) {
 	l := t.l
 	l.mu.Lock()
-	if !t.over {
+	if !t.overLocked() {
 		t.closeLocked(cause, reason)
 		if reason == "" {
 			l.notify.push(l.event(EventResigned, Event{Fence: t.fence}))
@@ -247,13 +249,12 @@ func (t *term) end(cause error, reason LossReason) {
 // over and a leader context live; its watches are called. reason ""
 // reports nothing: the caller reports the end.
 func (t *term) closeLocked(cause error, reason LossReason) {
-	t.over = true
+	t.ends.endLocked(cause)
 	t.draining = false
 	if reason != "" {
 		t.lost = cause
 	}
 	t.live.release(t)
-	t.ends.endLocked(cause)
 	if reason != "" {
 		t.l.notify.push(t.l.event(EventLost, Event{Fence: t.fence, Reason: reason, Err: cause}))
 	}
@@ -264,7 +265,7 @@ func (t *term) closeLocked(cause error, reason LossReason) {
 func (t *term) setDraining() {
 	t.l.mu.Lock()
 	defer t.l.mu.Unlock()
-	if !t.over {
+	if !t.overLocked() {
 		t.draining = true
 	}
 }
