@@ -116,7 +116,7 @@ func (l *Lease) attempt(ctx context.Context, token func()) (t *term, again bool,
 	}
 	defer done()
 	if l.mayTry() {
-		t, err = l.tryAcquire(ctx)
+		t, err = l.tryAcquire(ctx, true)
 		if errors.Is(err, ErrHeld) && l.bound.frees(ctx, l) {
 			// Refused as bound to another's session, which the session
 			// rules free now (a dead replica's): take it at once.
@@ -207,12 +207,15 @@ func (l *Lease) pollInterval() time.Duration {
 // observation allows it (see takeover), and this handle is not leaving a
 // free lease to the others (yieldUntil).
 func (l *Lease) mayTry() bool {
-	if !l.takeoverRule().mayTry(l.opts.sendNow()) {
-		return false
-	}
+	return l.takeoverRule().mayTry(l.opts.sendNow()) && !l.yielding()
+}
+
+// yielding reports whether this handle leaves a free lease to the others
+// now (yieldUntil).
+func (l *Lease) yielding() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return !l.yieldUntil.After(time.Now())
+	return l.yieldUntil.After(time.Now())
 }
 
 // TryAcquire makes one conditional write that takes the lease if it is free,
@@ -224,15 +227,18 @@ func (l *Lease) mayTry() bool {
 // Errors the server blames on the request (a missing table, a wrong key
 // schema, denied access) name the table.
 func (l *Lease) TryAcquire(ctx context.Context) (int64, error) {
-	t, err := l.tryAcquire(ctx)
+	t, err := l.tryAcquire(ctx, false)
 	if err != nil {
 		return 0, err
 	}
 	return t.fence, nil
 }
 
-// tryAcquire is TryAcquire, returning the term.
-func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
+// tryAcquire is TryAcquire, returning the term. For a campaign's attempt
+// it writes nothing while the handle leaves a free lease to the others
+// (nil, nil): a resignation that held the write lock meanwhile has just
+// begun such a pause.
+func (l *Lease) tryAcquire(ctx context.Context, campaign bool) (*term, error) {
 	l.writes.lock()
 	defer l.writes.unlock()
 	if t := l.current(); t != nil && t.leads() {
@@ -243,6 +249,9 @@ func (l *Lease) tryAcquire(ctx context.Context) (*term, error) {
 		if !errors.Is(err, ErrLost) {
 			return nil, err
 		}
+	}
+	if campaign && l.yielding() {
+		return nil, nil
 	}
 	live, err := l.bound.liveness(l)
 	if err != nil {

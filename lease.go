@@ -212,28 +212,56 @@ func checkNew(db DynamoDBAPI, table, what, name string, contends []string, optFn
 // writeLock is held across every write to the lease item. Events are
 // not delivered while it is held: unlock delivers them once it is
 // released, so that an observer may call any method of the handle.
+//
+// A writer waits for the lock on a channel, made only while someone
+// waits, not on a mutex: a write holds the lock across a request, and a
+// goroutine waiting on a channel is one the Go runtime (and a synctest
+// bubble, which the simulation runs in) sees as blocked.
 type writeLock struct {
-	mu     sync.Mutex
+	mu     sync.Mutex    // guards held and freed; never held across a wait
+	held   bool          // a writer holds the lock
+	freed  chan struct{} // closed when the lock is next released; nil if no one waits
 	notify *notifier
 }
 
 func (w *writeLock) lock() {
 	w.mu.Lock()
+	for w.held {
+		if w.freed == nil {
+			w.freed = make(chan struct{})
+		}
+		freed := w.freed
+		w.mu.Unlock()
+		<-freed
+		w.mu.Lock()
+	}
+	w.held = true
+	w.mu.Unlock()
 	w.notify.hold()
 }
 
 // tryLock takes the lock if it is free, and reports whether it did.
 func (w *writeLock) tryLock() bool {
-	if !w.mu.TryLock() {
-		return false
+	w.mu.Lock()
+	free := !w.held
+	w.held = true
+	w.mu.Unlock()
+	if free {
+		w.notify.hold()
 	}
-	w.notify.hold()
-	return true
+	return free
 }
 
-// unlock releases the lock and delivers the events queued meanwhile.
+// unlock releases the lock, wakes the writers waiting for it (one of them
+// takes it) and delivers the events queued meanwhile.
 func (w *writeLock) unlock() {
 	w.notify.release()
+	w.mu.Lock()
+	w.held = false
+	if w.freed != nil {
+		close(w.freed)
+		w.freed = nil
+	}
 	w.mu.Unlock()
 	w.notify.flush()
 }

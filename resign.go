@@ -31,7 +31,7 @@ import (
 // Called while Run or RunSchedule leads on this handle, Resign hands the
 // lease over: Run's function sees its context end, and Run goes on
 // campaigning, leaving the free lease to the standbys for two
-// RetryIntervals before it tries again. To stop Run, cancel its context
+// RetryIntervals from the moment it is free before it tries again. To stop Run, cancel its context
 // instead: it drains the function before it resigns.
 func (l *Lease) Resign(ctx context.Context) error {
 	t := l.current()
@@ -41,19 +41,32 @@ func (l *Lease) Resign(ctx context.Context) error {
 	// Stop believing before the write can land: a standby may lead the
 	// moment it does, before its answer reaches us.
 	var reason LossReason
-	l.mu.Lock()
-	if l.camp.active.Load() {
+	campaigns := l.camp.active.Load()
+	if campaigns {
 		// Run leads: to it, this is a loss; it campaigns again after a
 		// pause that leaves the lease to the standbys.
 		reason = LossResignedElsewhere
-		l.yieldUntil = time.Now().Add(2 * l.opts.RetryInterval)
+		l.yield(2 * l.opts.RetryInterval)
 	}
-	l.mu.Unlock()
 	cause := fmt.Errorf("%w: %q fence %d: resigned by a call to Resign", ErrLost, l.job, t.fence)
 	t.end(cause, reason)
 	l.writes.lock()
 	defer l.writes.unlock()
-	return t.resign(ctx)
+	err := t.resign(ctx)
+	if campaigns {
+		// The pause runs from the moment the lease is free: a slow
+		// write must not use it up.
+		l.yield(2 * l.opts.RetryInterval)
+	}
+	return err
+}
+
+// yield makes Acquire leave a free lease to the others for d from now
+// (yieldUntil).
+func (l *Lease) yield(d time.Duration) {
+	l.mu.Lock()
+	l.yieldUntil = time.Now().Add(d)
+	l.mu.Unlock()
 }
 
 func (t *term) resign(ctx context.Context) error {
@@ -245,12 +258,9 @@ func (t *term) yieldToOthers(err error) {
 	l, fence := t.l, t.fence
 	l.mu.Lock()
 	c, present := l.obs.rec.Control, l.obs.present
-	asked := present && (c.ResignFence == fence || c.ReleasedFence == fence)
-	if asked {
-		l.yieldUntil = time.Now().Add(l.opts.LeaseDuration)
-	}
 	l.mu.Unlock()
-	if asked {
+	if present && (c.ResignFence == fence || c.ReleasedFence == fence) {
+		l.yield(l.opts.LeaseDuration)
 		l.log.Info("ddblease: handing the lease over on an operator's request; leaving it to the other replicas for a lease duration",
 			"fence", fence, "err", err)
 	}

@@ -332,3 +332,46 @@ func TestTakeoverWaitsForTheSkew(t *testing.T) {
 	assert.Equal(t, int64(2), fence)
 	assert.False(t, aLeadingAtTakeover.Load(), "b took over while a still led")
 }
+
+// slowOnce delays the next request of an operation, armed by arm, before
+// it forwards it.
+type slowOnce struct {
+	base  http.RoundTripper
+	op    string
+	delay time.Duration
+	armed atomic.Bool
+}
+
+func (s *slowOnce) RoundTrip(r *http.Request) (*http.Response, error) {
+	if ddbtest.Op(r) == s.op && s.armed.CompareAndSwap(true, false) {
+		select {
+		case <-time.After(s.delay):
+		case <-r.Context().Done():
+			return nil, r.Context().Err()
+		}
+	}
+	return s.base.RoundTrip(r)
+}
+
+// Resign while Run leads leaves the lease to the standbys for two
+// RetryIntervals from the moment it is free, not from the call: a
+// resignation whose write is slow (a loaded table) still hands over.
+func TestResignWhileRunLeadsSlowWrite(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table := srv.NewTable(t)
+	slow := &slowOnce{op: "UpdateItem", delay: 300 * time.Millisecond}
+	db := srv.Client(func(rt http.RoundTripper) http.RoundTripper { slow.base = rt; return slow })
+	a := newLease(t, db, table, "job", fast("a"))
+	b := newLease(t, srv.Client(nil), table, "job", fast("b"))
+	av := newLeaderView()
+	stopA := runAsync(ctx, a, av.fn)
+	require.Equal(t, int64(1), receive(t, av.starts, "a leads"))
+
+	tk, stopB := runTakingOver(ctx, b, a, av)
+	slow.armed.Store(true)
+	require.NoError(t, a.Resign(ctx))
+	assert.Equal(t, int64(2), receive(t, tk.started, "b takes over"))
+	require.NoError(t, stopB())
+	assert.NoError(t, stopA())
+}
