@@ -2,7 +2,6 @@ package ddblease
 
 import (
 	"context"
-	"slices"
 	"sync"
 )
 
@@ -17,8 +16,8 @@ import (
 // no one sees the owner over and a context derived from it live.
 type ending struct {
 	mu      *sync.Mutex
-	cause   error       // why it ended; nil while it lasts
-	watches []*endWatch // what its end cancels and calls
+	cause   error     // why it ended; nil while it lasts
+	watches *endWatch // what its end cancels and calls, a list in the order watched
 }
 
 // endWatch is one watcher of an ending: a derived context, cancelled with
@@ -27,6 +26,7 @@ type ending struct {
 type endWatch struct {
 	cancel context.CancelCauseFunc
 	f      func()
+	next   *endWatch
 }
 
 // act acts on the end, with its cause.
@@ -49,7 +49,7 @@ func (e *ending) endLocked(cause error) {
 		cause = context.Canceled
 	}
 	e.cause = cause
-	for _, w := range e.watches {
+	for w := e.watches; w != nil; w = w.next {
 		w.act(cause)
 	}
 	e.watches = nil
@@ -69,39 +69,52 @@ func (e *ending) why() error {
 	return e.cause
 }
 
-// watch registers w, or acts on it at once if it has ended; stop forgets
-// it, and reports whether it did so before the end acted on it.
-func (e *ending) watch(w *endWatch) (stop func() bool) {
+// watch registers w, or acts on it at once if it has ended.
+func (e *ending) watch(w *endWatch) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.cause != nil {
 		w.act(e.cause)
-		return func() bool { return false }
+		return
 	}
-	e.watches = append(e.watches, w)
-	return func() bool {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		i := slices.Index(e.watches, w)
-		if i >= 0 {
-			e.watches = slices.Delete(e.watches, i, i+1)
+	at := &e.watches
+	for *at != nil {
+		at = &(*at).next
+	}
+	*at = w
+}
+
+// unwatch forgets w, and reports whether it did so before the end acted
+// on it.
+func (e *ending) unwatch(w *endWatch) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for at := &e.watches; *at != nil; at = &(*at).next {
+		if *at == w {
+			*at = w.next
+			return true
 		}
-		return i >= 0
 	}
+	return false
 }
 
 // derive returns a context that ends when e ends, with its cause, or when
 // cancel is called, and carries base's values, not its end.
 func (e *ending) derive(base context.Context) (ctx context.Context, cancel context.CancelCauseFunc) {
 	ctx, end := context.WithCancelCause(context.WithoutCancel(base))
-	stop := e.watch(&endWatch{cancel: end})
+	w := &endWatch{cancel: end}
+	e.watch(w)
 	return ctx, func(cause error) {
-		stop()
+		e.unwatch(w)
 		end(cause)
 	}
 }
 
 // whenOver calls f on a goroutine of its own when e ends (at once if it
 // has ended), as context.AfterFunc would on a derived context, without
-// making one; stop is as for watch.
-func (e *ending) whenOver(f func()) (stop func() bool) { return e.watch(&endWatch{f: f}) }
+// making one; the watch it returns is for unwatch.
+func (e *ending) whenOver(f func()) *endWatch {
+	w := &endWatch{f: f}
+	e.watch(w)
+	return w
+}

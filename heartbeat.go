@@ -13,8 +13,9 @@ import (
 // carries this tenure's owner, fence and a renewal version this handle
 // wrote, and the keeper, a timer that renews a tenure every
 // HeartbeatInterval while Run leads and reacts to the operator's controls
-// it reads (noticeControl, controlWatch). A pool's jobs have no keeper:
-// their session renews them (session.go).
+// it reads (term.noticeControl, controlWatch). A pool's jobs have no
+// keeper: their session renews them (session.go), and its notes reach
+// term.noticeControl.
 
 // Heartbeat renews the lease with a write conditional on this owner and
 // fence, so a stale leader cannot extend it. It returns ErrLost, and the
@@ -79,10 +80,6 @@ func (t *term) heartbeat(ctx context.Context) error {
 type keeper struct {
 	t  *term
 	bo *backoff // back off, from RetryInterval up to half the heartbeat interval
-	// onResign is called once, from a renewal, when the item it returned
-	// asks this tenure to resign (noticeControl).
-	onResign   func()
-	resignOnce sync.Once
 	// stopping reports that fn is being stopped (Run's ctx or the leader
 	// context has ended): a renewal due then is put off (putOffLocked).
 	stopping func() bool
@@ -98,9 +95,9 @@ type keeper struct {
 }
 
 // keeper returns a keeper of the term; start sets it going.
-func (t *term) keeper(onResign func(), stopping func() bool) *keeper {
+func (t *term) keeper(stopping func() bool) *keeper {
 	l := t.l
-	return &keeper{t: t, onResign: onResign, stopping: stopping,
+	return &keeper{t: t, stopping: stopping,
 		bo:   &backoff{base: l.opts.RetryInterval, max: l.opts.HeartbeatInterval / 2},
 		next: t.snapshot().sentAt.Add(l.opts.HeartbeatInterval)}
 }
@@ -178,7 +175,7 @@ func (k *keeper) fire() {
 	err := t.renew(context.Background())
 	l.writes.unlock()
 	if err == nil {
-		k.noticeControl() // control.go: resign requests, operator controls
+		k.t.noticeControl() // control.go: resign requests, operator controls
 	}
 	k.mu.Lock()
 	stopped := k.stopped
@@ -294,20 +291,25 @@ func (w *controlWatch) note(c Control) {
 	}
 }
 
-// noticeControl is called by the keeper after each successful heartbeat,
-// with the item that heartbeat returned already observed. It wakes a
-// runner waiting for a slot when the controls changed, and asks Run to
-// resign when the item carries a resign request for this tenure.
-func (k *keeper) noticeControl() {
-	l := k.t.l
+// noticeControl is called with the lease item just observed: by the
+// keeper after each successful heartbeat, by a pool's session for a note
+// (Pool.noticeNote). It wakes a runner waiting for a slot when the
+// controls changed, and calls onResign, once, when the item carries a
+// resign request for this tenure.
+func (t *term) noticeControl() {
+	l := t.l
 	l.mu.Lock()
-	c, ok := l.obs.rec.Control, l.obs.present && l.obs.rec.Fence == k.t.fence
+	c, ok := l.obs.rec.control(), l.obs.present && l.obs.rec.Fence == t.fence
+	resign := ok && c.ResignFence == t.fence && t.onResign != nil && !t.resignSeen
+	if resign {
+		t.resignSeen = true
+	}
 	l.mu.Unlock()
 	if !ok {
 		return
 	}
 	l.ctl.note(c)
-	if c.ResignFence == k.t.fence && k.onResign != nil {
-		k.resignOnce.Do(k.onResign)
+	if resign {
+		t.onResign()
 	}
 }

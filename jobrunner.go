@@ -107,7 +107,7 @@ func (l *Lease) RunSchedule(ctx context.Context, sched Schedule, fn func(ctx con
 	// The wall clock's moves are followed from the handle's making, so
 	// that a jump ahead that began before the first look is known when the
 	// clock comes back from it.
-	r := &runner{l: l, sched: sched, fn: fn, o: &o, looked: l.born}
+	r := &runner{l: l, sched: sched, fn: fn, o: &o, looked: *l.born}
 	l.ctl.watch()
 	return l.campaign(ctx, r.lead)
 }

@@ -27,11 +27,11 @@ import (
 // safe for concurrent use; writes to the lease item are serialised. At most
 // one Run or RunSchedule may be active on a handle at a time.
 type Lease struct {
-	db     DynamoDBAPI // reports every request to the observer
+	db     observedDB // reports every request to the observer
 	table  string
 	job    string
-	opts   *Options // a pool's jobs share the pool's
-	log    *slog.Logger
+	opts   *Options    // a pool's jobs share the pool's
+	log    slog.Logger // leaseLogger's
 	notify notifier
 	warn   warnLimiter
 
@@ -76,7 +76,7 @@ type Lease struct {
 	// follows the wall clock's moves from there, so that a RunSchedule
 	// called again (after a panic, say) while the wall clock is stepped
 	// ahead still sees it come back.
-	born sent
+	born *sent
 }
 
 // binding is what a lease belongs to (docs/internals.md): nothing but
@@ -126,11 +126,69 @@ type seenHolder struct {
 type observation struct {
 	valid   bool
 	present bool
-	rec     Record
-	since   time.Time // when rec.version was first seen, by the runtime's clock
 	// boundFree: rec is bound to a pool session that the session rules
 	// freed (Pool.frees).
 	boundFree bool
+	rec       seenItem
+	since     time.Time // when rec.version was first seen, by the runtime's clock
+}
+
+// seenItem is what a handle keeps of the lease item it last saw: the
+// fields of its Record that the handle's rules read, and the controls only
+// when one is set (most items carry none), so that a handle that keeps an
+// item for a long time (a held pool job's) stays small.
+type seenItem struct {
+	Owner     string
+	Fence     int64
+	ExpiresAt time.Time
+	Duration  time.Duration
+	Draining  bool
+	Pool      string
+	Session   string
+	version   string
+	ctl       *Control // nil when no control is set; never changed once set
+}
+
+// keep returns what the handle keeps of rec, called with l.mu held; sid
+// is the pool's live session, if any. Its strings are those of the item
+// last kept, of the handle or of the session where equal, else copies, so
+// that what it keeps holds on to nothing of the response it was decoded
+// from (the SDK decodes a response's strings into one shared buffer).
+func (l *Lease) keep(rec Record, sid string) seenItem {
+	prev := l.obs.rec
+	s := seenItem{Owner: reuse(rec.Owner, prev.Owner, l.opts.Owner), Fence: rec.Fence, ExpiresAt: rec.ExpiresAt,
+		Duration: rec.Duration, Draining: rec.Draining, Pool: reuse(rec.Pool, prev.Pool, ""),
+		Session: reuse(rec.Session, prev.Session, sid), version: reuse(rec.version, prev.version, "")}
+	if rec.Control != (Control{}) {
+		c := rec.Control
+		for _, f := range []*string{&c.PausedBy, &c.ResumedBy, &c.ResignBy, &c.ReleasedBy, &c.catchUp, &c.triggers} {
+			*f = strings.Clone(*f)
+		}
+		s.ctl = &c
+	}
+	return s
+}
+
+// reuse returns v as one of the strings given when it equals one, else
+// as a copy.
+func reuse(v string, have ...string) string {
+	if v == "" {
+		return ""
+	}
+	for _, h := range have {
+		if v == h {
+			return h
+		}
+	}
+	return strings.Clone(v)
+}
+
+// control returns the item's controls (zero when none is set).
+func (s seenItem) control() Control {
+	if s.ctl == nil {
+		return Control{}
+	}
+	return *s.ctl
 }
 
 // New returns a handle on the lease of job in table. It makes no call; the
@@ -140,18 +198,21 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 	if err != nil {
 		return nil, err
 	}
-	return newLease(db, table, job, &o, alone{}), nil
+	l := &Lease{}
+	born := o.sendNow()
+	l.init(db, table, job, &o, alone{}, &born)
+	return l, nil
 }
 
-// newLease returns the handle of a job whose name and options are checked:
-// a lease of its own (New) or a job of the pool bound (NewPool), whose
-// jobs share the pool's options.
-func newLease(db DynamoDBAPI, table, job string, o *Options, bound binding) *Lease {
-	l := &Lease{
+// init makes l the handle of a job whose name and options are checked: a
+// lease of its own (New) or a job of the pool bound (NewPool), whose jobs
+// share the pool's options and birth.
+func (l *Lease) init(db DynamoDBAPI, table, job string, o *Options, bound binding, born *sent) {
+	*l = Lease{
 		table: table,
 		job:   job,
 		opts:  o,
-		born:  o.sendNow(),
+		born:  born,
 		bound: bound,
 	}
 	l.notify.fn = func(e Event) { // to the health check, the log and the user's observer
@@ -161,10 +222,9 @@ func newLease(db DynamoDBAPI, table, job string, o *Options, bound binding) *Lea
 			l.opts.Observer(e)
 		}
 	}
-	l.log = leaseLogger(o.Logger, l)
+	l.log = leaseLogger(l)
 	l.writes.notify = &l.notify
 	l.db = observedDB{db: db, now: o.Now, sink: (*leaseCalls)(l)}
-	return l
 }
 
 // leaseCalls is a Lease as the sink of its client's requests
@@ -573,7 +633,9 @@ func (l *Lease) CheckHealth(tolerance time.Duration) error {
 
 func (l *Lease) observe(rec Record, present bool) {
 	defer l.notify.flush()
+	sid := l.bound.sessionID() // before the lock: the pool's own
 	l.mu.Lock()
+	kept := l.keep(rec, sid)
 	defer l.mu.Unlock()
 	if !present {
 		l.obs = observation{valid: true}
@@ -585,7 +647,7 @@ func (l *Lease) observe(rec Record, present bool) {
 	if !l.obs.present || l.obs.rec.version != rec.version || l.obs.rec.Fence != rec.Fence || l.obs.rec.Session != rec.Session {
 		l.obs.boundFree = false
 	}
-	l.obs.valid, l.obs.present, l.obs.rec = true, true, rec
+	l.obs.valid, l.obs.present, l.obs.rec = true, true, kept
 	if rec.Owner != l.opts.Owner && !rec.ExpiresAt.IsZero() && (rec.Owner != l.seen.owner || rec.Fence != l.seen.fence) {
 		l.seen = seenHolder{owner: rec.Owner, fence: rec.Fence}
 		l.notify.push(l.event(EventLeaderSeen, Event{Holder: rec.Owner, Fence: rec.Fence}))

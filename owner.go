@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"net/http"
 	"os"
@@ -158,9 +159,12 @@ var processOwner struct {
 	sync.Mutex
 	base string
 	// taken holds, for each lease or pool item a handle with the default
-	// owner contends for (table and item), the highest number given to
-	// one: 1 for the process's own id, n for the id followed by "-n".
-	taken map[string]int
+	// owner contends for (by a hash of table and item: a pool of many jobs
+	// keeps a few bytes a job here), the highest number given to one: 1
+	// for the process's own id, n for the id followed by "-n". Two items
+	// whose hashes collide at worst number a handle past the other's.
+	taken map[uint64]uint32
+	seed  maphash.Seed
 }
 
 // defaultOwner returns the owner of a new handle on table that contends
@@ -178,17 +182,18 @@ func defaultOwner(table string, contends []string) string {
 	}
 	base += "-" + processSuffix()
 	if processOwner.taken == nil {
-		processOwner.taken = map[string]int{}
+		processOwner.taken, processOwner.seed = map[uint64]uint32{}, maphash.MakeSeed()
 	}
-	n := 1
+	key := func(c string) uint64 { return maphash.String(processOwner.seed, table+"\x00"+c) }
+	n := uint32(1)
 	for _, c := range contends {
-		n = max(n, processOwner.taken[table+"\x00"+c]+1)
+		n = max(n, processOwner.taken[key(c)]+1)
 	}
 	for _, c := range contends {
-		processOwner.taken[table+"\x00"+c] = n
+		processOwner.taken[key(c)] = n
 	}
 	if n == 1 {
 		return base
 	}
-	return base + "-" + strconv.Itoa(n)
+	return base + "-" + strconv.FormatUint(uint64(n), 10)
 }

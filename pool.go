@@ -56,8 +56,9 @@ type Pool struct {
 	name     string
 	jobs     []string // sorted, unique
 	jobsHash string   // names the job list in the member item (listHash)
-	leases   map[string]*Lease
-	opts     Options // resolved: the same for every job's lease
+	leases   []Lease  // the jobs', in the order of jobs: one allocation for them all
+	born     sent     // when NewPool made the jobs' handles (Lease.born)
+	opts     Options  // resolved: the same for every job's lease
 	log      *slog.Logger
 	running  atomic.Bool
 	notify   notifier    // the membership's events, to Options.Observer
@@ -130,21 +131,24 @@ func NewPool(db DynamoDBAPI, table, pool string, jobs []string, optFns ...func(*
 	if len(jobs) == 0 {
 		return nil, invalid("pool %q has no jobs", pool)
 	}
-	p := &Pool{db: db, table: table, name: pool, opts: o, leases: make(map[string]*Lease, len(jobs)),
-		log: lineLogger(o.Logger, "pool", pool, o.Owner), notify: notifier{fn: o.Observer}, declines: make(chan struct{}, 1),
-		attempts: make(chan struct{}, maxPoolAttempts)}
 	for _, job := range jobs {
-		if _, dup := p.leases[job]; dup {
-			return nil, invalid("pool %q: job %q is listed twice", pool, job)
-		}
 		if err := checkName("job name", job, MaxJobLength); err != nil {
 			return nil, fmt.Errorf("pool %q: %w", pool, err)
 		}
-		p.leases[job] = newLease(db, table, job, &p.opts, p)
-		p.jobs = append(p.jobs, job)
 	}
-	slices.Sort(p.jobs)
-	p.jobsHash = listHash(p.jobs)
+	sorted := slices.Sorted(slices.Values(jobs))
+	for i := 1; i < len(sorted); i++ {
+		if sorted[i] == sorted[i-1] {
+			return nil, invalid("pool %q: job %q is listed twice", pool, sorted[i])
+		}
+	}
+	p := &Pool{db: db, table: table, name: pool, opts: o, jobs: sorted, jobsHash: listHash(sorted),
+		leases: make([]Lease, len(sorted)), born: o.sendNow(),
+		log: lineLogger(o.Logger, "pool", pool, o.Owner), notify: notifier{fn: o.Observer}, declines: make(chan struct{}, 1),
+		attempts: make(chan struct{}, maxPoolAttempts)}
+	for i, job := range p.jobs {
+		p.leases[i].init(db, table, job, &p.opts, p, &p.born)
+	}
 	return p, nil
 }
 
@@ -236,7 +240,13 @@ func (p *Pool) serveStarts() {
 
 // Lease returns the lease of job, nil if job is not in the pool: for
 // IsLeader, State, a Guard's fence and the other per-job calls.
-func (p *Pool) Lease(job string) *Lease { return p.leases[job] }
+func (p *Pool) Lease(job string) *Lease {
+	i, ok := slices.BinarySearch(p.jobs, job)
+	if !ok {
+		return nil
+	}
+	return &p.leases[i]
+}
 
 // Members returns the replicas the pool last saw live, sorted (nil before
 // Run's first look at the pool's members).
@@ -297,14 +307,18 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context, job string,
 	if fn == nil {
 		return invalid("pool %q: Run: fn is nil", p.name)
 	}
-	return p.run(ctx, func(r *poolRun, job string, run *jobRun) { r.runJob(job, run, fn) })
+	return p.run(ctx, func(r *poolRun, i int) *jobRun {
+		run := &jobRun{}
+		run.init()
+		r.runJob(p.jobs[i], run, fn)
+		return run
+	})
 }
 
 // run is Run and RunSchedule: start starts the job's run (that of Run, or
 // RunSchedule's), which ends (run.ends) on hand-over or when the pool
-// stops; it sends the job on r.finished, then closes run.done, when the
-// job's run has ended.
-func (p *Pool) run(ctx context.Context, start func(r *poolRun, job string, run *jobRun)) error {
+// stops; it sends the job on r.finished when the job's run has ended.
+func (p *Pool) run(ctx context.Context, start func(r *poolRun, i int) *jobRun) error {
 	if !p.running.CompareAndSwap(false, true) {
 		return invalid("pool %q: another Run is active on this pool", p.name)
 	}
@@ -314,7 +328,7 @@ func (p *Pool) run(ctx context.Context, start func(r *poolRun, job string, run *
 	}
 	p.begin()
 	p.list(ctx)
-	r := &poolRun{p: p, startJob: start, runs: map[string]*jobRun{}, finished: make(chan string, len(p.jobs))}
+	r := &poolRun{p: p, startJob: start, runs: make([]*jobRun, len(p.jobs)), finished: make(chan string, len(p.jobs))}
 	var cancel context.CancelFunc
 	r.runCtx, cancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
@@ -325,9 +339,11 @@ func (p *Pool) run(ctx context.Context, start func(r *poolRun, job string, run *
 
 // poolRun is one Run of a pool: the Runs of the jobs it started.
 type poolRun struct {
-	p        *Pool
-	startJob func(r *poolRun, job string, run *jobRun)
-	runs     map[string]*jobRun
+	p *Pool
+	// startJob starts the run of the job at index i of p.jobs.
+	startJob func(r *poolRun, i int) *jobRun
+	runs     []*jobRun         // by the job's index in p.jobs; nil where no run of this replica's is
+	nruns    int               // the runs in runs
 	finished chan string       // a job's Run returned
 	runCtx   context.Context   // the values of the jobs' contexts (derived from their ends)
 	unsentAt time.Time         // the first renewal never sent, while none has reached the table
@@ -345,9 +361,11 @@ type jobRun struct {
 	mu        sync.Mutex
 	ends      ending
 	cancelled bool // cancel was called (by the pool's loop, which alone reads it)
-	done      chan struct{}
 	err       error
 }
+
+// init readies a new run: its ending is guarded by its mutex.
+func (run *jobRun) init() { run.ends.mu = &run.mu }
 
 // cancel ends the job's run here: it drains and resigns.
 func (run *jobRun) cancel() { run.ends.end(nil) }
@@ -479,12 +497,16 @@ func (r *poolRun) act(ctx context.Context) {
 				"starting", started, "handing_over", handed)
 		}
 	}()
-	for job, run := range r.runs {
+	for i, run := range r.runs {
+		if run == nil {
+			continue
+		}
+		job := p.jobs[i]
 		to := owners[job]
 		switch {
 		case run.cancelled || to == p.opts.Owner || p.alsoFor(seen, to):
 			continue
-		case !declined[job] && to != "" && seen.members[to].view != mine && p.leases[job].IsLeader():
+		case !declined[job] && to != "" && seen.members[to].view != mine && p.Lease(job).IsLeader():
 			// Its replica does not act on this view yet, and may not
 			// campaign for the job: keep leading it until it does.
 			continue
@@ -496,13 +518,13 @@ func (r *poolRun) act(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
-	for _, job := range p.jobs {
+	for i, job := range p.jobs {
 		to := owners[job]
-		if _, ok := r.runs[job]; ok || p.declineUnseen(seen, declined, job) ||
+		if r.runs[i] != nil || p.declineUnseen(seen, declined, job) ||
 			to != p.opts.Owner && !p.alsoFor(seen, to) {
 			continue
 		}
-		r.start(job)
+		r.start(i)
 		started++
 	}
 }
@@ -522,29 +544,26 @@ func (p *Pool) declineUnseen(seen poolView, declined map[string]bool, job string
 func (r *poolRun) running() int {
 	n := 0
 	for _, run := range r.runs {
-		if !run.cancelled {
+		if run != nil && !run.cancelled {
 			n++
 		}
 	}
 	return n
 }
 
-// start starts the run of job.
-func (r *poolRun) start(job string) {
-	run := &jobRun{done: make(chan struct{})}
-	run.ends.mu = &run.mu
-	r.runs[job] = run
-	r.startJob(r, job, run)
+// start starts the run of the job at index i of p.jobs.
+func (r *poolRun) start(i int) {
+	r.runs[i] = r.startJob(r, i)
+	r.nruns++
 }
 
 // runJob runs the lease of job for Run, on a goroutine of its own.
 func (r *poolRun) runJob(job string, run *jobRun, fn func(context.Context, string, int64) error) {
 	p := r.p
-	l := p.leases[job]
+	l := p.Lease(job)
 	go func() {
 		jctx, cancel := run.ends.derive(r.runCtx)
 		defer cancel(nil)
-		defer close(run.done)
 		defer func() { r.finished <- job }()
 		defer func() {
 			// A panic in fn (Run resigned, then panicked again) ends the
@@ -584,8 +603,10 @@ func (r *poolRun) wait(ctx context.Context, timer <-chan time.Time) (woke int, e
 		case <-ctx.Done():
 			return wokeStop, nil
 		case job := <-r.finished:
-			run := r.runs[job]
-			delete(r.runs, job)
+			i, _ := slices.BinarySearch(p.jobs, job)
+			run := r.runs[i]
+			r.runs[i] = nil
+			r.nruns--
 			switch {
 			case run.err == nil:
 			case run.cancelled:
@@ -596,8 +617,8 @@ func (r *poolRun) wait(ctx context.Context, timer <-chan time.Time) (woke int, e
 			}
 		case <-p.declines:
 			_, declined := p.view()
-			for job, run := range r.runs {
-				if declined[job] && !run.cancelled {
+			for i, run := range r.runs {
+				if run != nil && declined[p.jobs[i]] && !run.cancelled {
 					run.cancelled = true
 					run.cancel()
 				}
@@ -622,14 +643,16 @@ func (r *poolRun) stop(failed error) error {
 	if failed == nil || retryable(failed) {
 		_, _ = p.renew(ctx)
 	}
-	if len(r.runs) > 0 {
-		p.log.Info("ddblease: leaving the pool: handing its jobs over", "jobs", len(r.runs))
+	if r.nruns > 0 {
+		p.log.Info("ddblease: leaving the pool: handing its jobs over", "jobs", r.nruns)
 	}
 	for _, run := range r.runs {
-		run.cancel()
+		if run != nil {
+			run.cancel()
+		}
 	}
 	errs := []error{failed}
-	for pending := len(r.runs); pending > 0; {
+	for pending := r.nruns; pending > 0; {
 		wait := time.NewTimer(jitter(p.opts.HeartbeatInterval))
 		select {
 		case <-r.finished:
@@ -639,9 +662,9 @@ func (r *poolRun) stop(failed error) error {
 		}
 		wait.Stop()
 	}
-	for _, job := range slices.Sorted(maps.Keys(r.runs)) {
-		if run := r.runs[job]; run.err != nil {
-			errs = append(errs, fmt.Errorf("ddblease: pool %q: job %q: %w", p.name, job, run.err))
+	for i, run := range r.runs {
+		if run != nil && run.err != nil {
+			errs = append(errs, fmt.Errorf("ddblease: pool %q: job %q: %w", p.name, p.jobs[i], run.err))
 		}
 	}
 	p.leave()
@@ -742,8 +765,8 @@ func (p *Pool) CheckHealth(tolerance time.Duration) error {
 		tolerance = p.opts.LeaseDuration
 	}
 	errs := []error{p.health.check(p.opts.Now(), p.name, tolerance)}
-	for _, job := range p.jobs {
-		errs = append(errs, p.leases[job].CheckHealth(tolerance))
+	for i := range p.leases {
+		errs = append(errs, p.leases[i].CheckHealth(tolerance))
 	}
 	return errors.Join(errs...)
 }

@@ -118,7 +118,7 @@ func (p *Pool) handleNotes(ctx context.Context, s *session, notes []string) {
 	}
 	var handled []string
 	for _, job := range jobs { // each job read once, however many notes name it
-		if l := p.leases[job]; l == nil || p.noticeNote(ctx, l, s) {
+		if l := p.Lease(job); l == nil || p.noticeNote(ctx, l, s) {
 			handled = append(handled, byJob[job]...)
 		}
 	}

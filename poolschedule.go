@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"slices"
 	"sync"
 	"time"
 )
@@ -71,23 +70,24 @@ func (p *Pool) RunSchedule(ctx context.Context, scheds JobSchedules, fn func(ctx
 		if _, err := nextSlot(sched, p.opts.Now()); err != nil {
 			return fmt.Errorf("pool %q: RunSchedule: job %q: %w", p.name, job, err)
 		}
-		l := p.leases[job]
-		runners[i] = runner{l: l, sched: sched, fn: jobFn, o: &o, looked: l.born}
+		l := &p.leases[i]
+		runners[i] = runner{l: l, sched: sched, fn: jobFn, o: &o, looked: *l.born}
 	}
 	s := &poolScheduler{}
-	return p.run(ctx, func(r *poolRun, job string, run *jobRun) {
-		i, _ := slices.BinarySearch(p.jobs, job)
-		j := &scheduledJob{s: s, r: &runners[i], l: p.leases[job], run: run, pr: r, index: -1}
+	return p.run(ctx, func(r *poolRun, i int) *jobRun {
+		j := &scheduledJob{s: s, r: &runners[i], l: &p.leases[i], pr: r, index: -1}
+		j.run.init()
 		if err := j.l.camp.enter(j.l, r.runCtx); err != nil {
 			if errors.As(err, new(endedBeforeRun)) {
 				err = nil // started as the pool stopped or handed it over: nothing attempted
 			}
 			go j.finish(err)
-			return
+			return &j.run
 		}
 		j.entered = true
 		j.l.ctl.watchFunc(j.controlsChanged)
 		j.pr.p.withToken(j.campaign)
+		return &j.run
 	})
 }
 
@@ -99,20 +99,21 @@ func (p *Pool) RunSchedule(ctx context.Context, scheds JobSchedules, fn func(ctx
 // pool (run) ended.
 //
 // Between its steps a held job keeps two watches (its tenure's end, its
-// hand-over) and the keeper the session's notes reach: its leader context
+// hand-over) and no keeper (the session's notes reach its term's
+// noticeControl, which calls resignRequested): its leader context
 // is made by the first step that needs one, and kept for the rest of the
 // tenure only once fn was given it.
 type scheduledJob struct {
 	s   *poolScheduler
 	r   *runner
 	l   *Lease
-	run *jobRun // ends when the pool hands the job over or stops
+	run jobRun // ends when the pool hands the job over or stops
 	pr  *poolRun
 
 	// Set as a tenure begins, before its first step; read by the steps.
-	t             *term
-	unwatchTenure func() bool // the watch on the tenure's end
-	unwatchJob    func() bool // the watch on run's end: the hand-over
+	t           *term
+	tenureWatch *endWatch // the watch on the tenure's end
+	jobWatch    *endWatch // the watch on run's end: the hand-over
 
 	// entered: the job's campaign on the lease (campaignSlot.enter)
 	// began; it lasts from the job's start to its run's end
@@ -157,21 +158,20 @@ func (j *scheduledJob) campaign(token func()) {
 }
 
 // lead begins tenure t: the watches on its end and on the job's
-// hand-over, the keeper that the session's notes reach, and a first step
+// hand-over, the term's call on a resign request, and a first step
 // at once.
 func (j *scheduledJob) lead(t *term) {
 	j.t, j.first, j.handed = t, true, false
-	k := t.keeper(j.resignRequested, j.stopping) // never started: the session renews t
 	t.l.mu.Lock()
-	t.k = k
+	t.onResign = j.resignRequested // the session's notes reach it
 	t.l.mu.Unlock()
 	j.s.mu.Lock()
 	j.leader, j.cancelLeader, j.stop = nil, nil, nil
 	j.s.mu.Unlock()
 	// A watch that fires at once (the tenure or the run already over) wakes
 	// nothing yet: the job is holding, and may step, once both are set.
-	j.unwatchTenure = t.ends.whenOver(j.wake)
-	j.unwatchJob = j.run.ends.whenOver(j.handOver)
+	j.tenureWatch = t.ends.whenOver(j.wake)
+	j.jobWatch = j.run.ends.whenOver(j.handOver)
 	j.s.mu.Lock()
 	j.holding = true
 	j.s.mu.Unlock()
@@ -188,8 +188,8 @@ func (j *scheduledJob) handOver() {
 	j.stopLeading(fmt.Errorf("ddblease: pool: handing job %q over: %w", j.l.job, j.run.ends.why()))
 }
 
-// resignRequested is the keeper's call when an operator asked the tenure
-// to resign: the job is drained, declined and handed over.
+// resignRequested is the term's call (onResign) when an operator asked
+// the tenure to resign: the job is drained, declined and handed over.
 func (j *scheduledJob) resignRequested() {
 	j.stopLeading(fmt.Errorf("%w: fence %d", ErrResignRequested, j.t.fence))
 	j.pr.p.decline(j.l.job)
@@ -211,16 +211,9 @@ func (j *scheduledJob) stopLeading(cause error) {
 	j.s.wake(j)
 }
 
-// stopping reports whether the tenure's lead is over: the tenure ended,
-// or the job's lead was stopped (stopLeading).
-func (j *scheduledJob) stopping() bool {
-	j.s.mu.Lock()
-	defer j.s.mu.Unlock()
-	return j.stop != nil || !j.t.holds()
-}
-
 // leaderContext returns the leader context for a step, made if the
-// tenure has none; ok is false once the lead is over (stopping).
+// tenure has none; ok is false once the lead is over: the tenure ended,
+// or the job's lead was stopped (stopLeading).
 func (j *scheduledJob) leaderContext() (ctx context.Context, ok bool) {
 	j.s.mu.Lock()
 	defer j.s.mu.Unlock()
@@ -334,10 +327,10 @@ func (j *scheduledJob) end() {
 // forgets the tenure's steps and its leader context (ended, or ending
 // with the tenure).
 func (j *scheduledJob) stopWatching() {
-	if j.unwatchTenure != nil {
-		j.unwatchTenure()
-		j.unwatchJob()
-		j.unwatchTenure, j.unwatchJob = nil, nil
+	if j.tenureWatch != nil {
+		j.t.ends.unwatch(j.tenureWatch)
+		j.run.ends.unwatch(j.jobWatch)
+		j.tenureWatch, j.jobWatch = nil, nil
 	}
 	j.s.mu.Lock()
 	if j.drained != nil {
@@ -357,7 +350,6 @@ func (j *scheduledJob) finish(err error) {
 	}
 	j.run.err = err
 	j.pr.finished <- j.l.job
-	close(j.run.done)
 }
 
 // poolScheduler is the one timer of a Pool.RunSchedule: a heap of the

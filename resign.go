@@ -257,7 +257,7 @@ func (w *drainWatch) finish() (expired bool) {
 func (t *term) yieldToOthers(err error) {
 	l, fence := t.l, t.fence
 	l.mu.Lock()
-	c, present := l.obs.rec.Control, l.obs.present
+	c, present := l.obs.rec.control(), l.obs.present
 	l.mu.Unlock()
 	if present && (c.ResignFence == fence || c.ReleasedFence == fence) {
 		l.yield(l.opts.LeaseDuration)

@@ -209,13 +209,13 @@ func (t *term) startLeading(ctx context.Context) *leading {
 	ld.leaderCtx, ld.cancelLeader = t.derive()
 	w := &ld.drainWatch
 	w.t = t
-	w.k = t.keeper(func() { // control.go: an operator's resign request, drained as a shutdown
-		w.start(fmt.Errorf("%w: fence %d", ErrResignRequested, fence))
-	}, func() bool { return ctx.Err() != nil || ld.leaderCtx.Err() != nil })
-	t.live.keep(w.k)
+	w.k = t.keeper(func() bool { return ctx.Err() != nil || ld.leaderCtx.Err() != nil })
 	t.l.mu.Lock()
-	t.k = w.k
+	t.onResign = func() { // control.go: an operator's resign request, drained as a shutdown
+		w.start(fmt.Errorf("%w: fence %d", ErrResignRequested, fence))
+	}
 	t.l.mu.Unlock()
+	t.live.keep(w.k)
 	ld.stopWatch = context.AfterFunc(ctx, func() {
 		w.start(fmt.Errorf("ddblease: shutting down: %w", context.Cause(ctx)))
 	})

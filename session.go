@@ -420,13 +420,7 @@ func (p *Pool) noticeNote(ctx context.Context, l *Lease, s *session) bool {
 		return false
 	}
 	l.observe(rec, present)
-	l.mu.Lock()
-	t := l.ten
-	var k *keeper
-	if t != nil {
-		k = t.k
-	}
-	l.mu.Unlock()
+	t := l.current()
 	released := present && rec.Owner == l.opts.Owner && JobStatus{Lease: rec}.Released() &&
 		(rec.Session == s.sid || t != nil && t.live == liveness(s) && t.fence == rec.Control.ReleasedFence)
 	if released {
@@ -434,9 +428,7 @@ func (p *Pool) noticeNote(ctx context.Context, l *Lease, s *session) bool {
 	}
 	if t != nil && t.live == liveness(s) && t.holds() {
 		if present && rec.Owner == l.opts.Owner && rec.Fence == t.fence {
-			if k != nil {
-				k.noticeControl()
-			}
+			t.noticeControl()
 			return true
 		}
 		t.end(&movedOnError{err: movedOn(l.job, t.fence, rec)}, LossDeposed)

@@ -16,7 +16,7 @@ func TestTakeoverRule(t *testing.T) {
 	const skew, lease = time.Second, 30 * time.Second
 	held := func(owner string, expires time.Time, since time.Time, written time.Duration) observation {
 		return observation{valid: true, present: true, since: since,
-			rec: Record{Owner: owner, Fence: 7, ExpiresAt: expires, Duration: written, version: "v7"}}
+			rec: seenItem{Owner: owner, Fence: 7, ExpiresAt: expires, Duration: written, version: "v7"}}
 	}
 	for _, c := range []struct {
 		name     string

@@ -34,8 +34,11 @@ type term struct {
 	version    string // renewal version of the last write confirmed in this term
 	acquiredAt time.Time
 	draining   bool
-	lost       error   // why the term ended, if it was lost rather than given up
-	k          *keeper // the keeper while fn runs, for a session's notes (Pool.noticeNote)
+	resignSeen bool  // onResign was called
+	lost       error // why the term ended, if it was lost rather than given up
+	// onResign is called once, when the lease item as read (a renewal's
+	// answer, a session's note) asks this tenure to resign (noticeControl).
+	onResign func()
 
 	// A term keeps no context of its own: the contexts that end with it
 	// are made when a run needs one (derive), so that a tenure no one runs

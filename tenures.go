@@ -115,13 +115,14 @@ func (ts *Tenures) endWithTerm(t *Tenure) (stop func() bool) {
 		t.cancel(fmt.Errorf("%w: %q fence %d: the tenure ended as it began", ErrLost, ts.l.job, t.fence))
 		return func() bool { return false }
 	}
-	return tm.ends.whenOver(func() {
+	w := tm.ends.whenOver(func() {
 		cause := tm.ends.why()
 		if !errors.Is(cause, ErrLost) {
 			cause = fmt.Errorf("%w: %q fence %d: resigned", ErrLost, ts.l.job, t.fence)
 		}
 		t.cancel(cause)
 	})
+	return func() bool { return tm.ends.unwatch(w) }
 }
 
 // Join registers a run with the current tenure and returns it; the caller

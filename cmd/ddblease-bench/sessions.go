@@ -139,6 +139,7 @@ func runSchedIdle(cfg config) error {
 	}
 	runtime.GC()
 	heap0, _ := heapInuse()
+	live0 := memStats().HeapAlloc
 	rss0, _ := rss()
 	g0 := runtime.NumGoroutine()
 	p, err := ddblease.NewPool(items, cfg.table, cfg.job, jobs, cfg.leaseOptions)
@@ -182,6 +183,7 @@ func runSchedIdle(cfg config) error {
 	heap1, _ := heapInuse()
 	rss1, _ := rss()
 	ms := memStats()
+	live1 := ms.HeapAlloc // the objects alive after the collection; heap is their spans
 	g1 := runtime.NumGoroutine()
 	lib := libraryGoroutines()
 	if cfg.memprofile != "" {
@@ -206,6 +208,7 @@ func runSchedIdle(cfg config) error {
 	kv := []string{
 		fmt.Sprintf("n=%d", cfg.n), fmt.Sprintf("held=%d", held), fmt.Sprintf("held_s=%.2f", heldIn.Seconds()),
 		fmt.Sprintf("heap_base=%d", heap0), fmt.Sprintf("heap=%d", heap1), fmt.Sprintf("stack=%d", ms.StackInuse),
+		fmt.Sprintf("live_base=%d", live0), fmt.Sprintf("live=%d", live1),
 		fmt.Sprintf("rss_base=%d", rss0), fmt.Sprintf("rss=%d", rss1),
 		fmt.Sprintf("goroutines_base=%d", g0), fmt.Sprintf("goroutines=%d", g1), fmt.Sprintf("goroutines_library=%d", lib),
 		fmt.Sprintf("window_s=%.2f", window.Seconds()), fmt.Sprintf("runs=%d", runs.Load()),
