@@ -38,31 +38,6 @@ func lineLogger(log *slog.Logger, key, name, owner string) *slog.Logger {
 	return slog.New(lineHandler{h: log.Handler(), key: key, name: name, owner: owner})
 }
 
-// leaseLog is a Lease as the handler of its log lines: lineLogger's
-// handler, each record beginning with job=the handle's job and owner,
-// written to Options.Logger's handler. A conversion of the handle, so
-// that its logger (Lease.log) needs no allocation of its own.
-type leaseLog Lease
-
-// leaseLogger returns the logger of l's lines.
-func leaseLogger(l *Lease) slog.Logger { return *slog.New((*leaseLog)(l)) }
-
-func (h *leaseLog) line() lineHandler {
-	return lineHandler{h: h.opts.Logger.Handler(), key: "job", name: h.job, owner: h.opts.Owner}
-}
-
-func (h *leaseLog) Enabled(ctx context.Context, level slog.Level) bool {
-	return h.opts.Logger.Handler().Enabled(ctx, level)
-}
-
-func (h *leaseLog) Handle(ctx context.Context, r slog.Record) error {
-	return h.line().Handle(ctx, r)
-}
-
-func (h *leaseLog) WithAttrs(as []slog.Attr) slog.Handler { return h.line().WithAttrs(as) }
-
-func (h *leaseLog) WithGroup(name string) slog.Handler { return h.line().WithGroup(name) }
-
 func (h lineHandler) Enabled(ctx context.Context, level slog.Level) bool {
 	return h.h.Enabled(ctx, level)
 }
