@@ -179,7 +179,7 @@ func (o *Options) mayPassAtStart(err error, since *time.Time) bool {
 // when the lease becomes takeable sooner, by its recorded expiry or by the
 // watch on its renewal version, so that a crashed holder's lease is taken
 // the moment it may be, without extra reads. While this handle leaves a
-// free lease to the others (yieldUntil), it looks again after a jittered
+// free lease to the others (Lease.yield), it looks again after a jittered
 // RetryInterval, to see whether one took it, and at the end of the yield:
 // not in a loop while the lease looks takeable.
 func (l *Lease) pollInterval() time.Duration {
@@ -192,10 +192,7 @@ func (l *Lease) pollInterval() time.Duration {
 	if r.obs.present && r.obs.rec.Session == "" {
 		d = min(d, r.wait(l.opts.sendNow()))
 	}
-	l.mu.Lock()
-	y := time.Until(l.yieldUntil)
-	l.mu.Unlock()
-	if y > 0 {
+	if y := l.yield.left(); y > 0 {
 		// Leaving a free lease to the standbys: look again after a
 		// RetryInterval, to see whether one took it.
 		d = min(max(d, jitter(l.opts.RetryInterval)), y)
@@ -205,17 +202,9 @@ func (l *Lease) pollInterval() time.Duration {
 
 // mayTry reports whether Acquire may try to take the lease now: the last
 // observation allows it (see takeover), and this handle is not leaving a
-// free lease to the others (yieldUntil).
+// free lease to the others (Lease.yield).
 func (l *Lease) mayTry() bool {
-	return l.takeoverRule().mayTry(l.opts.sendNow()) && !l.yielding()
-}
-
-// yielding reports whether this handle leaves a free lease to the others
-// now (yieldUntil).
-func (l *Lease) yielding() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.yieldUntil.After(time.Now())
+	return l.takeoverRule().mayTry(l.opts.sendNow()) && l.yield.left() <= 0
 }
 
 // TryAcquire makes one conditional write that takes the lease if it is free,
@@ -250,7 +239,7 @@ func (l *Lease) tryAcquire(ctx context.Context, campaign bool) (*term, error) {
 			return nil, err
 		}
 	}
-	if campaign && l.yielding() {
+	if campaign && l.yield.left() > 0 {
 		return nil, nil
 	}
 	live, err := l.bound.liveness(l)

@@ -38,19 +38,17 @@ type Lease struct {
 	writes writeLock    // held across every write to the lease item
 	camp   campaignSlot // the active Run or RunSchedule (run.go)
 
-	mu  sync.Mutex // guards ten, obs, yieldUntil and seen
+	mu  sync.Mutex // guards ten, obs and seen
 	ten *term      // the current or last term; nil before the first
 	obs observation
 	// vers are the renewal versions this handle wrote that the item may
 	// carry: our own writes are conditioned on them.
 	vers versions
-	// yieldUntil: after this handle gave the lease up while its campaign
-	// goes on (Resign during Run), Acquire leaves a free lease to the
-	// standbys until then, by the runtime's monotonic clock: a yield is a
-	// duration, which a step of the wall clock (Options.Now) must not
-	// stretch.
-	yieldUntil time.Time
-	seen       seenHolder
+	// yield: after this handle gave the lease up while its campaign goes
+	// on (Resign during Run, an operator's request), Acquire leaves a free
+	// lease to the standbys while it is open.
+	yield yieldWindow
+	seen  seenHolder
 
 	// reached records that a request of this handle went out to the
 	// table: it was answered, or failed in transit (the SDK wraps a
@@ -149,14 +147,13 @@ type seenItem struct {
 	ctl       *Control // nil when no control is set; never changed once set
 }
 
-// keep returns what the handle keeps of rec, called with l.mu held; sid
-// is the pool's live session, if any. Its strings are those of the item
-// last kept, of the handle or of the session where equal, else copies, so
-// that what it keeps holds on to nothing of the response it was decoded
-// from (the SDK decodes a response's strings into one shared buffer).
-func (l *Lease) keep(rec Record, sid string) seenItem {
-	prev := l.obs.rec
-	s := seenItem{Owner: reuse(rec.Owner, prev.Owner, l.opts.Owner), Fence: rec.Fence, ExpiresAt: rec.ExpiresAt,
+// keepItem returns what a handle keeps of rec: prev is the item it kept
+// last, owner its Owner, sid its pool's live session, if any. Its strings
+// are those of prev, owner or sid where equal, else copies, so that what
+// it keeps holds on to nothing of the response it was decoded from (the
+// SDK decodes a response's strings into one shared buffer).
+func keepItem(rec Record, prev seenItem, owner, sid string) seenItem {
+	s := seenItem{Owner: reuse(rec.Owner, prev.Owner, owner), Fence: rec.Fence, ExpiresAt: rec.ExpiresAt,
 		Duration: rec.Duration, Draining: rec.Draining, Pool: reuse(rec.Pool, prev.Pool, ""),
 		Session: reuse(rec.Session, prev.Session, sid), version: reuse(rec.version, prev.version, "")}
 	if rec.Control != (Control{}) {
@@ -200,14 +197,14 @@ func New(db DynamoDBAPI, table, job string, optFns ...func(*Options)) (*Lease, e
 	}
 	l := &Lease{}
 	born := o.sendNow()
-	l.init(db, table, job, &o, alone{}, &born)
+	initLease(l, db, table, job, &o, alone{}, &born)
 	return l, nil
 }
 
-// init makes l the handle of a job whose name and options are checked: a
-// lease of its own (New) or a job of the pool bound (NewPool), whose jobs
-// share the pool's options and birth.
-func (l *Lease) init(db DynamoDBAPI, table, job string, o *Options, bound binding, born *sent) {
+// initLease makes l the handle of a job whose name and options are
+// checked: a lease of its own (New) or a job of the pool bound (NewPool),
+// whose jobs share the pool's options and birth.
+func initLease(l *Lease, db DynamoDBAPI, table, job string, o *Options, bound binding, born *sent) {
 	*l = Lease{
 		table: table,
 		job:   job,
@@ -635,7 +632,7 @@ func (l *Lease) observe(rec Record, present bool) {
 	defer l.notify.flush()
 	sid := l.bound.sessionID() // before the lock: the pool's own
 	l.mu.Lock()
-	kept := l.keep(rec, sid)
+	kept := keepItem(rec, l.obs.rec, l.opts.Owner, sid)
 	defer l.mu.Unlock()
 	if !present {
 		l.obs = observation{valid: true}

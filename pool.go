@@ -147,7 +147,7 @@ func NewPool(db DynamoDBAPI, table, pool string, jobs []string, optFns ...func(*
 		log: lineLogger(o.Logger, "pool", pool, o.Owner), notify: notifier{fn: o.Observer}, declines: make(chan struct{}, 1),
 		attempts: make(chan struct{}, maxPoolAttempts)}
 	for i, job := range p.jobs {
-		p.leases[i].init(db, table, job, &p.opts, p, &p.born)
+		initLease(&p.leases[i], db, table, job, &p.opts, p, &p.born)
 	}
 	return p, nil
 }

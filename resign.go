@@ -31,8 +31,9 @@ import (
 // Called while Run or RunSchedule leads on this handle, Resign hands the
 // lease over: Run's function sees its context end, and Run goes on
 // campaigning, leaving the free lease to the standbys for two
-// RetryIntervals from the moment it is free before it tries again. To stop Run, cancel its context
-// instead: it drains the function before it resigns.
+// RetryIntervals from the moment it is free before it tries again. To
+// stop Run, cancel its context instead: it drains the function before it
+// resigns.
 func (l *Lease) Resign(ctx context.Context) error {
 	t := l.current()
 	if t == nil || !t.holds() {
@@ -46,7 +47,7 @@ func (l *Lease) Resign(ctx context.Context) error {
 		// Run leads: to it, this is a loss; it campaigns again after a
 		// pause that leaves the lease to the standbys.
 		reason = LossResignedElsewhere
-		l.yield(2 * l.opts.RetryInterval)
+		l.yield.open(2 * l.opts.RetryInterval)
 	}
 	cause := fmt.Errorf("%w: %q fence %d: resigned by a call to Resign", ErrLost, l.job, t.fence)
 	t.end(cause, reason)
@@ -56,17 +57,33 @@ func (l *Lease) Resign(ctx context.Context) error {
 	if campaigns {
 		// The pause runs from the moment the lease is free: a slow
 		// write must not use it up.
-		l.yield(2 * l.opts.RetryInterval)
+		l.yield.open(2 * l.opts.RetryInterval)
 	}
 	return err
 }
 
-// yield makes Acquire leave a free lease to the others for d from now
-// (yieldUntil).
-func (l *Lease) yield(d time.Duration) {
-	l.mu.Lock()
-	l.yieldUntil = time.Now().Add(d)
-	l.mu.Unlock()
+// yieldWindow is how long a handle leaves a free lease to the others, by
+// the runtime's monotonic clock: a yield is a duration, which a step of
+// the wall clock (Options.Now) must not stretch.
+type yieldWindow struct {
+	mu    sync.Mutex
+	until time.Time
+}
+
+// open keeps the window open for at least d from now.
+func (y *yieldWindow) open(d time.Duration) {
+	y.mu.Lock()
+	defer y.mu.Unlock()
+	if u := time.Now().Add(d); u.After(y.until) {
+		y.until = u
+	}
+}
+
+// left returns how long the window stays open; zero or less once closed.
+func (y *yieldWindow) left() time.Duration {
+	y.mu.Lock()
+	defer y.mu.Unlock()
+	return time.Until(y.until)
 }
 
 func (t *term) resign(ctx context.Context) error {
@@ -260,7 +277,7 @@ func (t *term) yieldToOthers(err error) {
 	c, present := l.obs.rec.control(), l.obs.present
 	l.mu.Unlock()
 	if present && (c.ResignFence == fence || c.ReleasedFence == fence) {
-		l.yield(l.opts.LeaseDuration)
+		l.yield.open(l.opts.LeaseDuration)
 		l.log.Info("ddblease: handing the lease over on an operator's request; leaving it to the other replicas for a lease duration",
 			"fence", fence, "err", err)
 	}
