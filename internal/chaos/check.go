@@ -369,7 +369,7 @@ func Check(in CheckInput) (violations []string, st Stats) {
 		sub := in
 		sub.Events = nil
 		for _, e := range in.Events {
-			if e.Job == jh.Job && e.Kind != EvObserved {
+			if e.Job == jh.Job && e.Kind != EvObserved && e.Kind != EvTimedOut {
 				sub.Events = append(sub.Events, e)
 			}
 		}
@@ -612,20 +612,26 @@ func checkProcs(in CheckInput, bad func(string, ...any), st *Stats) {
 	// ErrNotResigned and a stop while every attempt was failing are
 	// reported outcomes, allowed only for a replica
 	// whose proxy injected faults, which was stopped, or whose requests the
-	// server answered later than CallTimeout, within a lease of its
-	// shutdown; anything else is a failure. No replica panicked, raced
+	// server answered later than CallTimeout or the replica saw time out
+	// (EvTimedOut), within a lease of its shutdown; ctx's error from a
+	// RunSchedule that a SIGTERM stopped before it began is clean; anything
+	// else is a failure. No replica panicked, raced
 	// or exited badly, and each was built as the suite was (race or not).
 	exits := map[string]Event{}
 	starts := map[string]Event{}
+	timedOut := map[string][]Interval{} // the requests each replica saw time out
 	for _, e := range in.Events {
 		switch e.Kind {
 		case EvExit:
 			exits[e.Replica] = e
 		case EvStart:
 			starts[e.Replica] = e
+		case EvTimedOut:
+			timedOut[e.Replica] = append(timedOut[e.Replica], Interval{From: time.Unix(0, e.B), To: time.Unix(0, e.A)})
 		}
 	}
 	for _, p := range in.Procs {
+		p.Slow = slices.Concat(p.Slow, timedOut[p.Name])
 		if _, ok := starts[p.Name]; !ok && !p.TermedAt.IsZero() && endedBy(p.Err, syscall.SIGTERM) {
 			// SIGTERMed before its handler was in place (a replica just
 			// started, on a loaded machine): it never ran the library, as
@@ -649,6 +655,10 @@ func checkProcs(in CheckInput, bad func(string, ...any), st *Stats) {
 		case !ok:
 			bad("%s exited without recording what RunSchedule returned", p.Name)
 		case e.Err == "":
+		case strings.HasPrefix(e.Err, ExitEndedBeforeRun):
+			if p.TermedAt.IsZero() {
+				bad("%s: RunSchedule returned %q, its context ended before it began, without a SIGTERM", p.Name, e.Err)
+			}
 		case strings.HasPrefix(e.Err, ExitDrainTimeout), strings.HasPrefix(e.Err, ExitNotResigned), strings.HasPrefix(e.Err, ExitStoppedFailing):
 			switch {
 			case !faultNear(p, t.Lease):

@@ -51,6 +51,11 @@ const (
 	// EvStall: the replica's process did not run from B to A (a ticker
 	// every 5 ms arrived more than 250 ms late): a fault for liveness.
 	EvStall = "stall"
+	// EvTimedOut: a request of the library's got no answer within
+	// CallTimeout (B: its send, A: its end), whatever held it up (the
+	// server, the proxy, the replica's own process on a loaded machine): a
+	// fault for the outcomes it explains, as a late answer the proxy saw.
+	EvTimedOut = "timed-out"
 )
 
 // Recorder appends events to a file, one JSON object a line. Each event is

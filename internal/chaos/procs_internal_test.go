@@ -48,3 +48,37 @@ func TestCheckProcsSIGTERMBeforeStart(t *testing.T) {
 		t.Errorf("a replica that started, then died of SIGTERM, was not judged: %q", got)
 	}
 }
+
+// A replica whose RunSchedule stopped while every attempt was failing is
+// excused by requests it saw time out near its shutdown, as by late
+// answers the proxy saw; without them it is judged. One whose context
+// ended before RunSchedule began is clean only after a SIGTERM.
+func TestCheckProcsTimedOutAndEndedBeforeRun(t *testing.T) {
+	now := time.Now()
+	const lease = 3 * time.Second
+	termed := ProcExit{Name: "replica-3", Started: now, TermedAt: now.Add(time.Second), ExitedAt: now.Add(1100 * time.Millisecond)}
+	judge := func(p ProcExit, events ...Event) string {
+		var got []string
+		in := CheckInput{Timing: Timing{Lease: lease}, Procs: []ProcExit{p}, Events: events}
+		checkProcs(in, func(f string, a ...any) { got = append(got, fmt.Sprintf(f, a...)) }, &Stats{})
+		return strings.Join(got, "\n")
+	}
+	start := Event{Kind: EvStart, Replica: "replica-3"}
+	failing := Event{Kind: EvExit, Replica: "replica-3", Err: ExitStoppedFailing + "acquire: context canceled"}
+	if got := judge(termed, start, failing); !strings.Contains(got, "no fault on the replica") {
+		t.Errorf("a stop while failing, with no fault near, was not judged: %q", got)
+	}
+	timedOut := Event{Kind: EvTimedOut, Replica: "replica-3", B: now.Add(200 * time.Millisecond).UnixNano(), A: now.Add(600 * time.Millisecond).UnixNano()}
+	if got := judge(termed, start, timedOut, failing); got != "" {
+		t.Errorf("a stop while failing, its requests timing out, was judged: %q", got)
+	}
+	early := Event{Kind: EvExit, Replica: "replica-3", Err: ExitEndedBeforeRun + "run: context canceled"}
+	if got := judge(termed, start, early); got != "" {
+		t.Errorf("a RunSchedule whose context a SIGTERM ended before it began was judged: %q", got)
+	}
+	untermed := termed
+	untermed.TermedAt = time.Time{}
+	if got := judge(untermed, start, early); !strings.Contains(got, "without a SIGTERM") {
+		t.Errorf("a context ended before RunSchedule without a SIGTERM was not judged: %q", got)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -228,9 +229,18 @@ func RunReplica(cfg ReplicaConfig) error {
 	pr := &prober{rec: rec, clock: clock, ppm: cfg.DriftPPM, ctxs: map[*liveCtx]bool{}}
 	// The observer's events are recorded for information; each is also an
 	// occasion to read the state.
+	var campaigned atomic.Bool // the library began to campaign (EventCampaign)
 	observe := func(e ddblease.Event) {
 		switch e.Kind {
-		case ddblease.EventCall, ddblease.EventRetry:
+		case ddblease.EventCampaign:
+			campaigned.Store(true)
+		case ddblease.EventCall:
+			if errors.Is(e.Err, context.DeadlineExceeded) {
+				now := time.Now()
+				rec.Record(Event{Kind: EvTimedOut, B: now.Add(-e.Latency).UnixNano(), A: now.UnixNano(), Info: e.Op})
+			}
+			return
+		case ddblease.EventRetry:
 			return
 		}
 		rec.Record(Event{Kind: EvObserved, Job: cfg.jobOf(e.Job), Info: e.Kind.String(), Fence: e.Fence, Err: errText(e.Err) + string(e.Reason)})
@@ -371,7 +381,13 @@ func RunReplica(cfg ReplicaConfig) error {
 	// clean (nil), which are reported outcomes that the plan made possible
 	// (ErrDrainTimeout, ErrNotResigned, a stop while every attempt was
 	// failing) and which are failures.
-	rec.Record(Event{Kind: EvExit, OK: err == nil, Err: exitText(err)})
+	text := exitText(err)
+	if err != nil && !campaigned.Load() && errors.Is(err, context.Canceled) {
+		// ctx ended before RunSchedule began: it attempted nothing, and
+		// returns ctx's error, as documented.
+		text = ExitEndedBeforeRun + err.Error()
+	}
+	rec.Record(Event{Kind: EvExit, OK: err == nil, Err: text})
 	return nil
 }
 
@@ -400,6 +416,9 @@ const (
 	// last tenure failed; Run returns the cause (context.Canceled) joined
 	// with the last error.
 	ExitStoppedFailing = "stopped-failing: "
+	// ExitEndedBeforeRun: the context ended before RunSchedule began to
+	// campaign (a SIGTERM just after the start); it returns ctx's error.
+	ExitEndedBeforeRun = "ended-before-run: "
 )
 
 func exitText(err error) string {
