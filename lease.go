@@ -154,8 +154,8 @@ type seenItem struct {
 // SDK decodes a response's strings into one shared buffer).
 func keepItem(rec Record, prev seenItem, owner, sid string) seenItem {
 	s := seenItem{Owner: reuse(rec.Owner, prev.Owner, owner), Fence: rec.Fence, ExpiresAt: rec.ExpiresAt,
-		Duration: rec.Duration, Draining: rec.Draining, Pool: reuse(rec.Pool, prev.Pool, ""),
-		Session: reuse(rec.Session, prev.Session, sid), version: reuse(rec.version, prev.version, "")}
+		Duration: rec.Duration, Draining: rec.Draining, Pool: reuse(rec.Pool, prev.Pool),
+		Session: reuse(rec.Session, prev.Session, sid), version: reuse(rec.version, prev.version)}
 	if rec.Control != (Control{}) {
 		c := rec.Control
 		for _, f := range []*string{&c.PausedBy, &c.ResumedBy, &c.ResignBy, &c.ReleasedBy, &c.catchUp, &c.triggers} {

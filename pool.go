@@ -343,7 +343,6 @@ type poolRun struct {
 	// startJob starts the run of the job at index i of p.jobs.
 	startJob func(r *poolRun, i int) *jobRun
 	runs     []*jobRun         // by the job's index in p.jobs; nil where no run of this replica's is
-	nruns    int               // the runs in runs
 	finished chan string       // a job's Run returned
 	runCtx   context.Context   // the values of the jobs' contexts (derived from their ends)
 	unsentAt time.Time         // the first renewal never sent, while none has reached the table
@@ -554,7 +553,6 @@ func (r *poolRun) running() int {
 // start starts the run of the job at index i of p.jobs.
 func (r *poolRun) start(i int) {
 	r.runs[i] = r.startJob(r, i)
-	r.nruns++
 }
 
 // runJob runs the lease of job for Run, on a goroutine of its own.
@@ -606,7 +604,6 @@ func (r *poolRun) wait(ctx context.Context, timer <-chan time.Time) (woke int, e
 			i, _ := slices.BinarySearch(p.jobs, job)
 			run := r.runs[i]
 			r.runs[i] = nil
-			r.nruns--
 			switch {
 			case run.err == nil:
 			case run.cancelled:
@@ -643,8 +640,14 @@ func (r *poolRun) stop(failed error) error {
 	if failed == nil || retryable(failed) {
 		_, _ = p.renew(ctx)
 	}
-	if r.nruns > 0 {
-		p.log.Info("ddblease: leaving the pool: handing its jobs over", "jobs", r.nruns)
+	pending := 0
+	for _, run := range r.runs {
+		if run != nil {
+			pending++
+		}
+	}
+	if pending > 0 {
+		p.log.Info("ddblease: leaving the pool: handing its jobs over", "jobs", pending)
 	}
 	for _, run := range r.runs {
 		if run != nil {
@@ -652,7 +655,7 @@ func (r *poolRun) stop(failed error) error {
 		}
 	}
 	errs := []error{failed}
-	for pending := r.nruns; pending > 0; {
+	for pending > 0 {
 		wait := time.NewTimer(jitter(p.opts.HeartbeatInterval))
 		select {
 		case <-r.finished:
