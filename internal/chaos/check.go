@@ -172,6 +172,7 @@ func Windows(in CheckInput, bad func(string, ...any), st *Stats) []*Window {
 				grow(e.Fence, "fn")
 			}
 		}
+		beliefs = settleAcrossStops(beliefs, p.Pauses)
 		// IsLeader component.
 		deadline := map[int64][]Event{} // true readings by fence
 		for i := 0; i < len(beliefs); {
@@ -280,6 +281,34 @@ func extend(w *Window, start, end, seen time.Time) {
 	}
 }
 
+// settleAcrossStops returns the readings with the end of each true one
+// that spans a whole stop (SIGSTOP to SIGCONT) moved to the stop's start
+// when the deadline it returned had passed before SIGCONT. IsLeader is
+// true only before its deadline, so such a reading was taken before the
+// stop: taken after SIGCONT, it would have been false. The reading is
+// then live up to the stop's start, not up to its return after it.
+func settleAcrossStops(beliefs []Event, pauses []Interval) []Event {
+	out := beliefs
+	copied := false
+	for i, e := range beliefs {
+		if !e.OK {
+			continue
+		}
+		for _, p := range pauses {
+			if p.To.IsZero() || time.Unix(0, e.B).After(p.From) || time.Unix(0, e.A).Before(p.To) ||
+				!time.Unix(0, e.Deadline).Before(p.To) {
+				continue
+			}
+			if !copied {
+				out, copied = slices.Clone(beliefs), true
+			}
+			out[i].A = p.From.UnixNano()
+			break
+		}
+	}
+	return out
+}
+
 // endInStop places the end of a component last seen live at lastLive and
 // seen ended at end when the replica was stopped (SIGSTOP) in between: no
 // code of it could run then, so no user could see anything. If the
@@ -293,7 +322,7 @@ func endInStop(lastLive, end time.Time, pauses []Interval, trues []Event) (time.
 		}
 		var d int64
 		for _, t := range trues {
-			if time.Unix(0, t.A).Before(p.From) {
+			if !time.Unix(0, t.A).After(p.From) {
 				d = max(d, t.Deadline)
 			}
 		}

@@ -82,3 +82,52 @@ func TestCheckProcsTimedOutAndEndedBeforeRun(t *testing.T) {
 		t.Errorf("a context ended before RunSchedule without a SIGTERM was not judged: %q", got)
 	}
 }
+
+// A true IsLeader reading that spans a whole SIGSTOP and returned a
+// deadline that passed before SIGCONT was taken before the stop (after
+// it, IsLeader would have been false): the tenure ends at that deadline,
+// and a newer fence taken by another replica during the stop does not
+// overlap it. With a deadline past SIGCONT the reading could have been
+// taken after the stop, and the overlap stands. (Fault seed 13.)
+func TestWindowsReadingAcrossAStop(t *testing.T) {
+	base := time.Now()
+	at := func(ms int) int64 { return base.Add(time.Duration(ms) * time.Millisecond).UnixNano() }
+	stop := Interval{From: time.Unix(0, at(1700)), To: time.Unix(0, at(4540))}
+	history := func(deadline int64) CheckInput {
+		return CheckInput{
+			Timing: Timing{Lease: time.Second},
+			End:    time.Unix(0, at(10000)),
+			Procs: []ProcExit{
+				{Name: "replica-2", Started: base, Pauses: []Interval{stop}},
+				{Name: "replica-4", Started: base},
+			},
+			Events: []Event{
+				{Kind: EvBelief, Replica: "replica-2", B: at(1550), A: at(1550)},
+				{Kind: EvBelief, Replica: "replica-2", OK: true, Fence: 2, Deadline: at(2318), B: at(1555), A: at(1556)},
+				{Kind: EvBelief, Replica: "replica-2", OK: true, Fence: 2, Deadline: deadline, B: at(1688), A: at(4546)},
+				{Kind: EvBelief, Replica: "replica-2", B: at(4546), A: at(4547)},
+				{Kind: EvBelief, Replica: "replica-4", B: at(2901), A: at(2901)},
+				{Kind: EvBelief, Replica: "replica-4", OK: true, Fence: 3, Deadline: at(3752), B: at(2903), A: at(2903)},
+				{Kind: EvBelief, Replica: "replica-4", B: at(3700), A: at(3700)},
+			},
+		}
+	}
+	judge := func(in CheckInput) []string {
+		var got []string
+		ws := Windows(in, func(f string, a ...any) { got = append(got, fmt.Sprintf(f, a...)) }, &Stats{})
+		for i, a := range ws {
+			for _, b := range ws[i+1:] {
+				if a.Replica != b.Replica && a.Start.Before(b.End) && b.Start.Before(a.End) {
+					got = append(got, fmt.Sprintf("fence %d overlaps fence %d", a.Fence, b.Fence))
+				}
+			}
+		}
+		return got
+	}
+	if got := judge(history(at(2318))); len(got) != 0 {
+		t.Errorf("a reading taken before the stop, its deadline passed in it, was judged live after it: %q", got)
+	}
+	if got := judge(history(at(4600))); len(got) == 0 {
+		t.Error("a reading whose deadline outlasted the stop was judged taken before it")
+	}
+}
