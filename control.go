@@ -24,7 +24,7 @@ func (l *Lease) ResignRequested() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := l.ten
-	return t != nil && !t.overLocked() && l.obs.present && l.obs.rec.Fence == t.fence && l.obs.rec.control().ResignFence == t.fence
+	return t != nil && !t.ends.overLocked() && l.obs.present && l.obs.rec.Fence == t.fence && l.obs.rec.control().ResignFence == t.fence
 }
 
 // lookIfAsked reads the controls when the runner was woken, or its tenure

@@ -39,6 +39,9 @@ func (w *endWatch) act(cause error) {
 	}
 }
 
+// overLocked reports whether it has ended. Called with e.mu held.
+func (e *ending) overLocked() bool { return e.cause != nil }
+
 // endLocked ends it with cause (context.Canceled if nil, as for a context
 // cancelled without one), once. Called with e.mu held.
 func (e *ending) endLocked(cause error) {

@@ -47,9 +47,9 @@ func (t *term) renew(ctx context.Context) error {
 	return t.live.renewTerm(ctx, t)
 }
 
-// heartbeat renews a lease of its own (solo) with a fenced write of its
-// item, and its lifetime with the confirmation.
-func (t *term) heartbeat(ctx context.Context) error {
+// renewTerm is the heartbeat of a lease of its own: a fenced write of its
+// item, and its lifetime renewed with the confirmation.
+func (s *solo) renewTerm(ctx context.Context, t *term) error {
 	l := t.l
 	sn := t.snapshot()
 	snt := l.opts.sendNow()
@@ -94,8 +94,8 @@ type keeper struct {
 	inFlight sync.WaitGroup // the renewal running, if any
 }
 
-// keeper returns a keeper of the term; start sets it going.
-func (t *term) keeper(stopping func() bool) *keeper {
+// newKeeper returns a keeper of the term t; start sets it going.
+func newKeeper(t *term, stopping func() bool) *keeper {
 	l := t.l
 	return &keeper{t: t, stopping: stopping,
 		bo:   &backoff{base: l.opts.RetryInterval, max: l.opts.HeartbeatInterval / 2},
@@ -214,7 +214,7 @@ func (k *keeper) putOffLocked() bool {
 		return false
 	}
 	o := k.t.l.opts
-	wait := k.t.left() - o.HeartbeatInterval
+	wait := k.t.live.life().left() - o.HeartbeatInterval
 	if wait <= 0 {
 		return false
 	}

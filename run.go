@@ -209,7 +209,7 @@ func (t *term) startLeading(ctx context.Context) *leading {
 	ld.leaderCtx, ld.cancelLeader = t.derive()
 	w := &ld.drainWatch
 	w.t = t
-	w.k = t.keeper(func() bool { return ctx.Err() != nil || ld.leaderCtx.Err() != nil })
+	w.k = newKeeper(t, func() bool { return ctx.Err() != nil || ld.leaderCtx.Err() != nil })
 	t.l.mu.Lock()
 	t.onResign = func() { // control.go: an operator's resign request, drained as a shutdown
 		w.start(fmt.Errorf("%w: fence %d", ErrResignRequested, fence))

@@ -93,13 +93,12 @@ func (s *solo) life() *lifetime { return s.lt }
 
 // release stops the timer, and leaves the deadline where it is: a
 // resignation retries until it passes (resignRetrying).
-func (s *solo) release(*term)                                { s.lt.stopTimer() }
-func (s *solo) renewTerm(ctx context.Context, t *term) error { return t.heartbeat(ctx) }
-func (s *solo) keep(k *keeper)                               { k.start() }
-func (s *solo) drain(k *keeper)                              { k.drain() }
-func (s *solo) drainExpired(*term)                           {}
-func (s *solo) binds(*leaseUpdate)                           {} // an item bound to a session is not taken (condition): it stays unbound
-func (s *solo) freeing(*leaseUpdate)                         {}
+func (s *solo) release(*term)        { s.lt.stopTimer() }
+func (s *solo) keep(k *keeper)       { k.start() }
+func (s *solo) drain(k *keeper)      { k.drain() }
+func (s *solo) drainExpired(*term)   {}
+func (s *solo) binds(*leaseUpdate)   {} // an item bound to a session is not taken (condition): it stays unbound
+func (s *solo) freeing(*leaseUpdate) {}
 
 // tenure is a snapshot of a term, for code that reads it without holding
 // Lease.mu.
@@ -134,7 +133,7 @@ func (l *Lease) begin(base context.Context, rec Record, s sent, latency time.Dur
 		l.mu.Unlock()
 		return nil
 	}
-	if old := l.ten; old != nil && !old.overLocked() {
+	if old := l.ten; old != nil && !old.ends.overLocked() {
 		old.closeLocked(fmt.Errorf("%w: %q fence %d: fence %d was acquired", ErrLost, l.job, old.fence, rec.Fence), LossDeposed)
 	}
 	l.ten = t
@@ -152,15 +151,11 @@ func (t *term) derive() (ctx context.Context, cancel context.CancelCauseFunc) {
 	return t.ends.derive(t.base)
 }
 
-// left returns how long the term may last from now, by Options.Now and by
-// the runtime's clock: until the earlier of its deadlines.
-func (t *term) left() time.Duration { return t.live.life().left() }
-
 // expire is the solo lifetime's timer function: it ends the term.
 func (t *term) expire() {
 	l := t.l
 	l.mu.Lock()
-	if t.overLocked() {
+	if t.ends.overLocked() {
 		l.mu.Unlock()
 		return
 	}
@@ -175,7 +170,7 @@ func (t *term) snapshot() tenure {
 	defer t.l.mu.Unlock()
 	life := t.live.life()
 	d, rd := life.deadlines()
-	return tenure{held: !t.overLocked(), fence: t.fence, version: t.version, sentAt: life.lastSent().at, deadline: d,
+	return tenure{held: !t.ends.overLocked(), fence: t.fence, version: t.version, sentAt: life.lastSent().at, deadline: d,
 		realDeadline: rd, draining: t.draining, lost: t.lost}
 }
 
@@ -189,19 +184,15 @@ func (t *term) leads() bool {
 	return t.leadsLocked()
 }
 
-// overLocked reports whether the term has ended. Called with Lease.mu
-// held.
-func (t *term) overLocked() bool { return t.ends.cause != nil }
-
 // leadsLocked is leads, called with Lease.mu held: the one answer to
 // "does this tenure lead now", by both clocks of its liveness's lifetime.
-func (t *term) leadsLocked() bool { return !t.overLocked() && t.left() > 0 }
+func (t *term) leadsLocked() bool { return !t.ends.overLocked() && t.live.life().left() > 0 }
 
 // holds reports whether the term is still open.
 func (t *term) holds() bool {
 	t.l.mu.Lock()
 	defer t.l.mu.Unlock()
-	return !t.overLocked()
+	return !t.ends.overLocked()
 }
 
 // renewed records a heartbeat of this term, sent at s, as confirmed now.
@@ -212,7 +203,7 @@ func (t *term) renewed(version string, s sent, latency time.Duration) bool {
 	l := t.l
 	now := l.opts.Now()
 	l.mu.Lock()
-	if t.overLocked() {
+	if t.ends.overLocked() {
 		l.mu.Unlock()
 		return false
 	}
@@ -237,7 +228,7 @@ func (t *term) renewed(version string, s sent, latency time.Duration) bool {
 func (t *term) end(cause error, reason LossReason) {
 	l := t.l
 	l.mu.Lock()
-	if !t.overLocked() {
+	if !t.ends.overLocked() {
 		t.closeLocked(cause, reason)
 		if reason == "" {
 			l.notify.push(l.event(EventResigned, Event{Fence: t.fence}))
@@ -268,7 +259,7 @@ func (t *term) closeLocked(cause error, reason LossReason) {
 func (t *term) setDraining() {
 	t.l.mu.Lock()
 	defer t.l.mu.Unlock()
-	if !t.overLocked() {
+	if !t.ends.overLocked() {
 		t.draining = true
 	}
 }
