@@ -80,6 +80,7 @@ func (e *ending) watch(w *endWatch) {
 		w.act(e.cause)
 		return
 	}
+	w.next = nil // a watch kept by its owner is watched again once unwatched
 	at := &e.watches
 	for *at != nil {
 		at = &(*at).next

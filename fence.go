@@ -319,7 +319,7 @@ func (l *Lease) takeoverRule() takeover {
 	r := takeover{obs: l.obs, owner: l.opts.Owner, ours: l.vers.ours(l.obs.rec.version), skew: l.opts.MaxClockSkew,
 		lease: l.opts.LeaseDuration}
 	l.mu.Unlock()
-	r.sid = l.bound.sessionID()
+	_, r.sid = l.bound.boundTo()
 	return r
 }
 

@@ -88,9 +88,9 @@ type binding interface {
 	// liveness returns what a tenure acquired now leads by: a lifetime of
 	// its own, or the pool's live session (errNoSession when none).
 	liveness(l *Lease) (liveness, error)
-	// sessionID is the live session whose items are this handle's to
-	// take; "" if none.
-	sessionID() string
+	// boundTo returns the pool's name and its live session, whose items
+	// are this handle's to take; "" for either if none.
+	boundTo() (pool, sid string)
 	// frees applies the pool's session rules to the item l last
 	// observed, bound to another session, and reports whether they
 	// freed it now (Pool.frees).
@@ -106,7 +106,7 @@ type alone struct{}
 
 func (alone) attempt(context.Context) (func(), error) { return func() {}, nil }
 func (alone) liveness(*Lease) (liveness, error)       { return &solo{}, nil }
-func (alone) sessionID() string                       { return "" }
+func (alone) boundTo() (pool, sid string)             { return "", "" }
 func (alone) frees(context.Context, *Lease) bool      { return false }
 func (alone) changeLevel() slog.Level                 { return slog.LevelInfo }
 
@@ -147,15 +147,19 @@ type seenItem struct {
 	ctl       *Control // nil when no control is set; never changed once set
 }
 
+// known are the strings a handle holds already that an item it reads
+// may carry: its Owner, its pool's name and live session (if any), and the
+// version of its last confirmed write.
+type known struct{ owner, pool, sid, version string }
+
 // keepItem returns what a handle keeps of rec: prev is the item it kept
-// last, owner its Owner, sid its pool's live session, if any. Its strings
-// are those of prev, owner or sid where equal, else copies, so that what
+// last. Its strings are those of prev or of k where equal, else copies, so that what
 // it keeps holds on to nothing of the response it was decoded from (the
 // SDK decodes a response's strings into one shared buffer).
-func keepItem(rec Record, prev seenItem, owner, sid string) seenItem {
-	s := seenItem{Owner: reuse(rec.Owner, prev.Owner, owner), Fence: rec.Fence, ExpiresAt: rec.ExpiresAt,
-		Duration: rec.Duration, Draining: rec.Draining, Pool: reuse(rec.Pool, prev.Pool),
-		Session: reuse(rec.Session, prev.Session, sid), version: reuse(rec.version, prev.version)}
+func keepItem(rec Record, prev seenItem, k known) seenItem {
+	s := seenItem{Owner: reuse(rec.Owner, prev.Owner, k.owner), Fence: rec.Fence, ExpiresAt: rec.ExpiresAt,
+		Duration: rec.Duration, Draining: rec.Draining, Pool: reuse(rec.Pool, prev.Pool, k.pool),
+		Session: reuse(rec.Session, prev.Session, k.sid), version: reuse(rec.version, prev.version, k.version)}
 	if rec.Control != (Control{}) {
 		c := rec.Control
 		for _, f := range []*string{&c.PausedBy, &c.ResumedBy, &c.ResignBy, &c.ReleasedBy, &c.catchUp, &c.triggers} {
@@ -469,6 +473,13 @@ func (v *versions) wrote(rv string, applied, inDoubt bool) {
 
 // ours reports whether rv is a renewal version this handle wrote: its
 // last confirmed, or one in doubt.
+// last returns the version of the last write known applied; "" if none.
+func (v *versions) last() string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.confirmed
+}
+
 func (v *versions) ours(rv string) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -630,9 +641,10 @@ func (l *Lease) CheckHealth(tolerance time.Duration) error {
 
 func (l *Lease) observe(rec Record, present bool) {
 	defer l.notify.flush()
-	sid := l.bound.sessionID() // before the lock: the pool's own
+	k := known{owner: l.opts.Owner, version: l.vers.last()}
+	k.pool, k.sid = l.bound.boundTo() // before the lock: the pool's own
 	l.mu.Lock()
-	kept := keepItem(rec, l.obs.rec, l.opts.Owner, sid)
+	kept := keepItem(rec, l.obs.rec, k)
 	defer l.mu.Unlock()
 	if !present {
 		l.obs = observation{valid: true}

@@ -708,12 +708,12 @@ func (p *Pool) liveness(l *Lease) (liveness, error) {
 	return nil, fmt.Errorf("%w: %q: pool %q", errNoSession, l.job, p.name)
 }
 
-// sessionID returns the live session's id, "" if none.
-func (p *Pool) sessionID() string {
+// boundTo returns the pool's name and the live session's id, "" if none.
+func (p *Pool) boundTo() (pool, sid string) {
 	if s := p.liveSession(); s != nil {
-		return s.sid
+		return p.name, s.sid
 	}
-	return ""
+	return p.name, ""
 }
 
 // changeLevel: the pool logs its jobs' changes of leadership at Debug,

@@ -74,8 +74,17 @@ func (p *Pool) RunSchedule(ctx context.Context, scheds JobSchedules, fn func(ctx
 		runners[i] = runner{l: l, sched: sched, fn: jobFn, o: &o, looked: *l.born}
 	}
 	s := &poolScheduler{}
+	// A job's first run on this replica lives in one block with the
+	// others' (so that a pool at rest is few allocations, not one a job
+	// among a burst's garbage); one started again has its own.
+	block := make([]scheduledJob, len(p.jobs))
 	return p.run(ctx, func(r *poolRun, i int) *jobRun {
-		j := &scheduledJob{s: s, r: &runners[i], l: &p.leases[i], pr: r, index: -1}
+		j := &block[i]
+		if j.s != nil {
+			j = new(scheduledJob)
+		}
+		*j = scheduledJob{s: s, r: &runners[i], l: &p.leases[i], pr: r, index: -1}
+		j.tenureWatch.f, j.jobWatch.f = j.wake, j.handOver
 		j.run.init()
 		if err := j.l.camp.enter(j.l, r.runCtx); err != nil {
 			if errors.As(err, new(endedBeforeRun)) {
@@ -111,9 +120,13 @@ type scheduledJob struct {
 	pr  *poolRun
 
 	// Set as a tenure begins, before its first step; read by the steps.
-	t           *term
-	tenureWatch *endWatch // the watch on the tenure's end
-	jobWatch    *endWatch // the watch on run's end: the hand-over
+	t *term
+	// The watches on the tenure's end (it wakes the job) and on run's
+	// end (the hand-over), kept in the job and set from lead to
+	// stopWatching (watching), so that a tenure's begin allocates none.
+	watching    bool
+	tenureWatch endWatch
+	jobWatch    endWatch
 
 	// entered: the job's campaign on the lease (campaignSlot.enter)
 	// began; it lasts from the job's start to its run's end
@@ -170,8 +183,9 @@ func (j *scheduledJob) lead(t *term) {
 	j.s.mu.Unlock()
 	// A watch that fires at once (the tenure or the run already over) wakes
 	// nothing yet: the job is holding, and may step, once both are set.
-	j.tenureWatch = t.ends.whenOver(j.wake)
-	j.jobWatch = j.run.ends.whenOver(j.handOver)
+	t.ends.watch(&j.tenureWatch)
+	j.run.ends.watch(&j.jobWatch)
+	j.watching = true
 	j.s.mu.Lock()
 	j.holding = true
 	j.s.mu.Unlock()
@@ -327,10 +341,10 @@ func (j *scheduledJob) end() {
 // forgets the tenure's steps and its leader context (ended, or ending
 // with the tenure).
 func (j *scheduledJob) stopWatching() {
-	if j.tenureWatch != nil {
-		j.t.ends.unwatch(j.tenureWatch)
-		j.run.ends.unwatch(j.jobWatch)
-		j.tenureWatch, j.jobWatch = nil, nil
+	if j.watching {
+		j.t.ends.unwatch(&j.tenureWatch)
+		j.run.ends.unwatch(&j.jobWatch)
+		j.watching = false
 	}
 	j.s.mu.Lock()
 	if j.drained != nil {

@@ -34,8 +34,8 @@ type term struct {
 	version    string // renewal version of the last write confirmed in this term
 	acquiredAt time.Time
 	draining   bool
-	resignSeen bool  // onResign was called
-	lost       error // why the term ended, if it was lost rather than given up
+	resignSeen bool // onResign was called
+	lost       bool // the term was lost (its ending's cause says why) rather than given up
 	// onResign is called once, when the lease item as read (a renewal's
 	// answer, a session's note) asks this tenure to resign (noticeControl).
 	onResign func()
@@ -170,8 +170,12 @@ func (t *term) snapshot() tenure {
 	defer t.l.mu.Unlock()
 	life := t.live.life()
 	d, rd := life.deadlines()
-	return tenure{held: !t.ends.overLocked(), fence: t.fence, version: t.version, sentAt: life.lastSent().at, deadline: d,
-		realDeadline: rd, draining: t.draining, lost: t.lost}
+	sn := tenure{held: !t.ends.overLocked(), fence: t.fence, version: t.version, sentAt: life.lastSent().at, deadline: d,
+		realDeadline: rd, draining: t.draining}
+	if t.lost {
+		sn.lost = t.ends.cause
+	}
+	return sn
 }
 
 // leads reports whether the term is open and its local deadline has not
@@ -246,7 +250,7 @@ func (t *term) closeLocked(cause error, reason LossReason) {
 	t.ends.endLocked(cause)
 	t.draining = false
 	if reason != "" {
-		t.lost = cause
+		t.lost = true
 	}
 	t.live.release(t)
 	if reason != "" {

@@ -534,8 +534,8 @@ func (r *runner) poolFailoverTable(w func(string, ...any), pf *poolFailoverResul
 		la, lr, lw, pa, pr, pw, pa/max(la, 1e-9))
 	if ss := r.res.Sessions; ss != nil && ss.Idle != nil {
 		num := func(k string) float64 { v, _ := strconv.ParseFloat(ss.Idle[k], 64); return v }
-		w("| Go heap per idle scheduled pool job (the sessions figure: %s jobs in one process, %s) | | %.2f KB | |\n",
-			ss.Idle["n"], ss.Settings, (num("heap")-num("heap_base"))/max(num("n"), 1)/1e3)
+		w("| Go heap in use (live) per idle scheduled pool job (the sessions figure: %s jobs in one process, %s) | | %.2f KB (%.2f KB) | |\n",
+			ss.Idle["n"], ss.Settings, (num("heap")-num("heap_base"))/max(num("n"), 1)/1e3, (num("live")-num("live_base"))/max(num("n"), 1)/1e3)
 	} else {
 		w("| Go heap per idle scheduled pool job | | not measured in this run (the sessions figure, -only sessions) | |\n")
 	}

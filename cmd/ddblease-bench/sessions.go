@@ -8,9 +8,12 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/ddblease/ddblease"
 )
@@ -131,12 +134,19 @@ func sampleLeaders(p *ddblease.Pool, jobs []string, every time.Duration, quit <-
 func runSchedIdle(cfg config) error {
 	wire := &detached{base: newTransport(cfg.conns)}
 	defer wire.wait(30 * time.Second)
-	items := newItemCounter(newClient(cfg.endpoint, wire))
+	client := newClient(cfg.endpoint, wire)
+	items := newItemCounter(client)
 	jobs := jobNames(cfg.job, cfg.n)
 
 	if cfg.memprofile != "" {
 		runtime.MemProfileRate = 1
 	}
+	// The base is the process with its client's connections open (as any
+	// service's are), so that the figure per job is what the jobs cost;
+	// cold is the base before that, for the figures measured so before.
+	runtime.GC()
+	cold, _ := heapInuse()
+	warmConns(client, cfg.table, cfg.conns)
 	runtime.GC()
 	heap0, _ := heapInuse()
 	live0 := memStats().HeapAlloc
@@ -207,7 +217,7 @@ func runSchedIdle(cfg config) error {
 	final := items.fields()
 	kv := []string{
 		fmt.Sprintf("n=%d", cfg.n), fmt.Sprintf("held=%d", held), fmt.Sprintf("held_s=%.2f", heldIn.Seconds()),
-		fmt.Sprintf("heap_base=%d", heap0), fmt.Sprintf("heap=%d", heap1), fmt.Sprintf("stack=%d", ms.StackInuse),
+		fmt.Sprintf("heap_cold_base=%d", cold), fmt.Sprintf("heap_base=%d", heap0), fmt.Sprintf("heap=%d", heap1), fmt.Sprintf("stack=%d", ms.StackInuse),
 		fmt.Sprintf("live_base=%d", live0), fmt.Sprintf("live=%d", live1),
 		fmt.Sprintf("rss_base=%d", rss0), fmt.Sprintf("rss=%d", rss1),
 		fmt.Sprintf("goroutines_base=%d", g0), fmt.Sprintf("goroutines=%d", g1), fmt.Sprintf("goroutines_library=%d", lib),
@@ -244,4 +254,20 @@ func libraryGoroutines() int {
 		}
 	}
 	return n
+}
+
+// warmConns opens up to n connections of client, with n requests at once
+// that read no item (DescribeTable).
+func warmConns(client *dynamodb.Client, table string, n int) {
+	var wg sync.WaitGroup
+	for range max(n, 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, _ = client.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: &table})
+		}()
+	}
+	wg.Wait()
 }

@@ -378,9 +378,9 @@ func (r *runner) sessionsTable(w func(string, ...any), ss *sessionsResult) {
 		num := func(k string) float64 { v, _ := strconv.ParseFloat(m[k], 64); return v }
 		n := max(num("n"), 1)
 		hour := 3600 / max(num("window_s"), 1)
-		w("Sessions, idle: one process holding %s scheduled jobs of one pool (Pool.RunSchedule, no slot due for a day), %s, held after %s s; per held job against the process before the pool was made, and the items written per hour once all were held (%s s window):\n\n",
+		w("Sessions, idle: one process holding %s scheduled jobs of one pool (Pool.RunSchedule, no slot due for a day), %s, held after %s s; per held job against the process before the pool was made (its client's connections open; the heap in use against the process before them in brackets), the live heap (the objects alive after a collection; the heap in use is their spans), and the items written per hour once all were held (%s s window):\n\n",
 			m["n"], ss.Settings, m["held_s"], m["window_s"])
-		w("| jobs held | RSS per job | Go heap per job | goroutines per job (all; the library's) | items written per hour: session, lease, run, other | shutdown (every job resigned) |\n|---|---|---|---|---|---|\n")
+		w("| jobs held | RSS per job | Go heap in use per job | live heap per job | goroutines per job (all; the library's) | items written per hour: session, lease, run, other | shutdown (every job resigned) |\n|---|---|---|---|---|---|---|\n")
 		var writes []string
 		for _, k := range []string{"member", "lease", "run"} {
 			writes = append(writes, thousands((num("after_w_"+k)-num("before_w_"+k))*hour))
@@ -390,8 +390,9 @@ func (r *runner) sessionsTable(w func(string, ...any), ss *sessionsResult) {
 			other += num("after_w_"+k) - num("before_w_"+k)
 		}
 		writes = append(writes, thousands(other*hour))
-		w("| %s of %s | %.2f KB | %.2f KB | %.4f; %.4f | %s | %s s, %s writes |\n\n", m["held"], m["n"],
-			(num("rss")-num("rss_base"))/n/1e3, (num("heap")-num("heap_base"))/n/1e3,
+		w("| %s of %s | %.2f KB | %.2f KB (%.2f KB) | %.2f KB | %.4f; %.4f | %s | %s s, %s writes |\n\n", m["held"], m["n"],
+			(num("rss")-num("rss_base"))/n/1e3, (num("heap")-num("heap_base"))/n/1e3, (num("heap")-num("heap_cold_base"))/n/1e3,
+			(num("live")-num("live_base"))/n/1e3,
 			(num("goroutines")-num("goroutines_base"))/n, num("goroutines_library")/n,
 			strings.Join(writes, ", "), m["shutdown_s"], thousands(num("final_w_lease")-num("after_w_lease")))
 	}
