@@ -90,7 +90,10 @@
 // reading that saw the tenure and the first that saw it over, no code of
 // it could run meanwhile, and the end is placed at the deadline it last
 // read if that came before SIGCONT; readings after SIGCONT check that
-// IsLeader is indeed false then. A leader context whose timer fires only
+// IsLeader is indeed false then. A true reading that spans a whole stop,
+// the deadline it returned passed before SIGCONT, was taken before the
+// stop (after it, IsLeader would have been false), and is live only up to
+// it (settleAcrossStops). A leader context whose timer fires only
 // after SIGCONT is counted (Stats.CtxLiveAfterWake), not judged.
 //
 // # Invariants
