@@ -310,6 +310,6 @@ func (t *term) noticeControl() {
 	}
 	l.ctl.note(c)
 	if resign {
-		t.onResign()
+		t.onResign.resignRequested()
 	}
 }

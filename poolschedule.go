@@ -176,7 +176,7 @@ func (j *scheduledJob) campaign(token func()) {
 func (j *scheduledJob) lead(t *term) {
 	j.t, j.first, j.handed = t, true, false
 	t.l.mu.Lock()
-	t.onResign = j.resignRequested // the session's notes reach it
+	t.onResign = j // the session's notes reach it
 	t.l.mu.Unlock()
 	j.s.mu.Lock()
 	j.leader, j.cancelLeader, j.stop = nil, nil, nil

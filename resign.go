@@ -192,6 +192,12 @@ func (l *Lease) ResignOnSignal(sigs ...os.Signal) (stop func() error) {
 	}
 }
 
+// resignRequested is the tenure's call (term.onResign) when an operator
+// asked it to resign: it is drained as for a shutdown.
+func (w *drainWatch) resignRequested() {
+	w.start(fmt.Errorf("%w: fence %d", ErrResignRequested, w.t.fence))
+}
+
 // drainWatch drains a tenure when Run's context ends or an operator asks
 // it to resign: it cancels the leader context at once, marks the lease
 // draining if fn is still running a RetryInterval later (a standby polls

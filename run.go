@@ -204,16 +204,13 @@ type leading struct {
 // startLeading makes the leader context and starts the keeper and the
 // watches that drain the tenure.
 func (t *term) startLeading(ctx context.Context) *leading {
-	fence := t.fence
 	ld := &leading{}
 	ld.leaderCtx, ld.cancelLeader = t.derive()
 	w := &ld.drainWatch
 	w.t = t
 	w.k = newKeeper(t, func() bool { return ctx.Err() != nil || ld.leaderCtx.Err() != nil })
 	t.l.mu.Lock()
-	t.onResign = func() { // control.go: an operator's resign request, drained as a shutdown
-		w.start(fmt.Errorf("%w: fence %d", ErrResignRequested, fence))
-	}
+	t.onResign = w // an operator's resign request, drained as a shutdown
 	t.l.mu.Unlock()
 	t.live.keep(w.k)
 	ld.stopWatch = context.AfterFunc(ctx, func() {

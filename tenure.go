@@ -36,9 +36,9 @@ type term struct {
 	draining   bool
 	resignSeen bool // onResign was called
 	lost       bool // the term was lost (its ending's cause says why) rather than given up
-	// onResign is called once, when the lease item as read (a renewal's
+	// onResign is told once when the lease item as read (a renewal's
 	// answer, a session's note) asks this tenure to resign (noticeControl).
-	onResign func()
+	onResign resignee
 
 	// A term keeps no context of its own: the contexts that end with it
 	// are made when a run needs one (derive), so that a tenure no one runs
@@ -99,6 +99,11 @@ func (s *solo) drain(k *keeper)      { k.drain() }
 func (s *solo) drainExpired(*term)   {}
 func (s *solo) binds(*leaseUpdate)   {} // an item bound to a session is not taken (condition): it stays unbound
 func (s *solo) freeing(*leaseUpdate) {}
+
+// resignee is told, once, that an operator asked a tenure to resign (the
+// lease item carries its fence as ResignFence): Run's drain, or a pool's
+// scheduled job.
+type resignee interface{ resignRequested() }
 
 // tenure is a snapshot of a term, for code that reads it without holding
 // Lease.mu.
