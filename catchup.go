@@ -69,7 +69,7 @@ func (r *runner) due(ctx context.Context, tn *term) (slot time.Time, missed int,
 		return time.Time{}, 0, 0, false, err
 	}
 	if first.IsZero() {
-		l.log.Info("ddblease: the schedule has no further slot", "after", fmtSlot(floor))
+		l.log().Info("ddblease: the schedule has no further slot", "after", fmtSlot(floor))
 		return time.Time{}, 0, 0, false, nil
 	}
 	if first.After(now) {
@@ -254,7 +254,7 @@ func (r *runner) sweep(ctx context.Context, tn *term, older []time.Time, n int, 
 	}
 	r.unswept = append(r.unswept, again...)
 	if abandoned > 0 {
-		l.log.Info("ddblease: runs left running by an earlier leader were marked abandoned", "abandoned", abandoned,
+		l.log().Info("ddblease: runs left running by an earlier leader were marked abandoned", "abandoned", abandoned,
 			"firing", fmtSlot(latest))
 	}
 	if !counted && n > len(older) {
@@ -277,7 +277,7 @@ func (r *runner) abandonOrphan(ctx context.Context, tn *term, slot time.Time, it
 	id := fmtSlot(slot)
 	rec, err := decodeRun(r.l.opts.Layout, item)
 	if err != nil {
-		l.log.Error("ddblease: skipped slot has a malformed run item", "slot", id, "err", err)
+		l.log().Error("ddblease: skipped slot has a malformed run item", "slot", id, "err", err)
 		return false, false
 	}
 	givenUp := rec.Status == RunRunning && rec.Fence == tn.fence && slices.Contains(r.givenUp, rec.claim)
@@ -290,7 +290,7 @@ func (r *runner) abandonOrphan(ctx context.Context, tn *term, slot time.Time, it
 	r.marks++
 	_, ok, err := tn.abandon(ctx, rec)
 	if err != nil {
-		l.log.Warn("ddblease: could not mark an orphaned run abandoned", "slot", id, "fence", rec.Fence, "err", err)
+		l.log().Warn("ddblease: could not mark an orphaned run abandoned", "slot", id, "fence", rec.Fence, "err", err)
 		return false, retryable(err)
 	}
 	return ok, false
@@ -468,7 +468,7 @@ func (r *runner) logTooOld(last, floor time.Time) {
 		s = next
 	}
 	if n > 0 {
-		r.l.log.Warn("ddblease: slots older than the catch-up window were skipped", "after", fmtSlot(last),
+		r.l.log().Warn("ddblease: slots older than the catch-up window were skipped", "after", fmtSlot(last),
 			"skipped", n, "window", r.o.CatchUpWindow)
 	}
 }

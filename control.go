@@ -55,7 +55,7 @@ func (r *runner) control(ctx context.Context, tn *term) (paused, known bool, err
 	case ctx.Err() != nil:
 		return false, false, nil
 	case err != nil && retryable(err):
-		l.log.Warn("ddblease: could not read the operator controls", "err", err)
+		l.log().Warn("ddblease: could not read the operator controls", "err", err)
 		return false, false, nil
 	case err != nil:
 		return false, false, fmt.Errorf("ddblease: read lease %q: %w", l.job, err)
@@ -64,7 +64,7 @@ func (r *runner) control(ctx context.Context, tn *term) (paused, known bool, err
 	}
 	rec, err := decodeLease(l.opts.Layout, item)
 	if err != nil {
-		l.log.Error("ddblease: the lease item is malformed", "err", err)
+		l.log().Error("ddblease: the lease item is malformed", "err", err)
 		return false, false, nil
 	}
 	if rec.Fence != tn.fence {
@@ -79,7 +79,7 @@ func (r *runner) control(ctx context.Context, tn *term) (paused, known bool, err
 	default:
 	}
 	if r.ctl.paused != c.Paused {
-		l.log.Info("ddblease: operator pause changed", "paused", c.Paused, "pausedBy", c.PausedBy, "resumedBy", c.ResumedBy)
+		l.log().Info("ddblease: operator pause changed", "paused", c.Paused, "pausedBy", c.PausedBy, "resumedBy", c.ResumedBy)
 	}
 	r.ctl.paused = c.Paused
 	trs, _ := pendingTriggers(item) // decodeLease checked them
@@ -159,7 +159,7 @@ func (r *runner) catchUp(ctx context.Context, tn *term, c Control) error {
 			}
 		}
 		if err != nil {
-			l.log.Error("ddblease: catch-up: the schedule failed; dropping the request", "err", err)
+			l.log().Error("ddblease: catch-up: the schedule failed; dropping the request", "err", err)
 		}
 	}
 	r.clearControl(ctx, "SET #cud = :cu", "#cu = :cu", map[string]string{"#cu": attrCatchUp, "#cud": attrCatchUpDone},
@@ -189,6 +189,6 @@ func (r *runner) clearControl(ctx context.Context, update, cond string, names ma
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.CallTimeout)
 	defer cancel()
 	if _, err := l.db.UpdateItem(cctx, in); err != nil && len(failedConditions(err)) == 0 {
-		l.log.Warn("ddblease: could not clear a handled operator request", "err", err)
+		l.log().Warn("ddblease: could not clear a handled operator request", "err", err)
 	}
 }

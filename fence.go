@@ -153,7 +153,7 @@ func (l *Lease) warnSameOwner(prev takeover, rec Record, present bool) {
 		return
 	}
 	if ok, suppressed := l.warn.allow("same owner", time.Now()); ok {
-		l.log.Warn("ddblease: another process holds this lease under this handle's Owner: Options.Owner must differ between contenders; "+
+		l.log().Warn("ddblease: another process holds this lease under this handle's Owner: Options.Owner must differ between contenders; "+
 			"this handle waits for the lease to expire, as for any holder", "holder", rec.Owner, "fence", rec.Fence,
 			"similar_warnings_suppressed", suppressed)
 	}
@@ -228,8 +228,8 @@ func (l *Lease) TryAcquire(ctx context.Context) (int64, error) {
 // (nil, nil): a resignation that held the write lock meanwhile has just
 // begun such a pause.
 func (l *Lease) tryAcquire(ctx context.Context, campaign bool) (*term, error) {
-	l.writes.lock()
-	defer l.writes.unlock()
+	l.writes.lock(&l.notify)
+	defer l.writes.unlock(&l.notify)
 	if t := l.current(); t != nil && t.leads() {
 		err := t.renew(ctx)
 		if err == nil {
@@ -467,6 +467,6 @@ func (l *Lease) list(ctx context.Context, fence int64) {
 		}
 	}
 	if err != nil {
-		l.log.Warn("ddblease: could not list the job in the table's directory; the next acquisition tries again", "err", err)
+		l.log().Warn("ddblease: could not list the job in the table's directory; the next acquisition tries again", "err", err)
 	}
 }

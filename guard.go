@@ -162,7 +162,7 @@ func NewGuard(db DynamoDBAPI, table, job string, optFns ...func(*GuardOptions)) 
 		return nil, err
 	}
 	g := &Guard{db: db, table: table, job: job, key: o.Layout.leaseKey(job),
-		opts: o, mark: m, obs: notifier{fn: o.Observer}}
+		opts: o, mark: m, obs: notifier{to: observerTo(o.Observer)}}
 	if o.Observer != nil {
 		g.db = observedDB{db: db, now: time.Now, sink: g}
 	}

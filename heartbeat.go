@@ -25,8 +25,8 @@ import (
 // Other errors (throttling, timeouts) leave the tenure open until its
 // deadline: call again.
 func (l *Lease) Heartbeat(ctx context.Context) error {
-	l.writes.lock()
-	defer l.writes.unlock()
+	l.writes.lock(&l.notify)
+	defer l.writes.unlock(&l.notify)
 	t := l.current()
 	if t == nil {
 		return fmt.Errorf("%w: heartbeat %q", ErrNotLeader, l.job)
@@ -171,9 +171,9 @@ func (k *keeper) fire() {
 	k.mu.Unlock()
 	defer k.inFlight.Done()
 
-	l.writes.lock()
+	l.writes.lock(&l.notify)
 	err := t.renew(context.Background())
-	l.writes.unlock()
+	l.writes.unlock(&l.notify)
 	if err == nil {
 		k.t.noticeControl() // control.go: resign requests, operator controls
 	}

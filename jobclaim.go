@@ -344,7 +344,7 @@ func (c claim) refused(ctx context.Context, item map[string]types.AttributeValue
 	if rec.orphanFor(fence) && o.Rerun == NeverRerun {
 		var err error
 		if taken.Run, taken.Abandoned, err = tm.abandon(ctx, rec); err != nil {
-			l.log.Warn("ddblease: could not mark an orphaned run abandoned", "slot", id, "fence", rec.Fence, "err", err)
+			l.log().Warn("ddblease: could not mark an orphaned run abandoned", "slot", id, "fence", rec.Fence, "err", err)
 		}
 	}
 	return taken
@@ -415,7 +415,7 @@ func (c claim) write(ctx context.Context, upd *types.Update) ([]types.TransactWr
 		if !errors.Is(err, ErrTransactionsUnsupported) {
 			return actions, resent, err
 		}
-		l.log.Info("ddblease: the server does not support transactions; claims will not check the lease item", "err", err)
+		l.log().Info("ddblease: the server does not support transactions; claims will not check the lease item", "err", err)
 		l.noTxn.Store(true)
 	}
 	plain := []types.TransactWriteItem{{Update: upd}}

@@ -313,7 +313,7 @@ func (r *JobRun) noteFailure(ctx context.Context) {
 	})
 	var ccf *types.ConditionalCheckFailedException
 	if err != nil && !errors.As(err, &ccf) {
-		l.log.Warn("ddblease: could not record the failed run in the lease item; status shows an earlier failure",
+		l.log().Warn("ddblease: could not record the failed run in the lease item; status shows an earlier failure",
 			"job", l.job, "slot", r.id, "err", err)
 	}
 }

@@ -30,8 +30,7 @@ type Lease struct {
 	db     observedDB // reports every request to the observer
 	table  string
 	job    string
-	opts   *Options    // a pool's jobs share the pool's
-	log    slog.Logger // leaseLogger's
+	opts   *Options // a pool's jobs share the pool's
 	notify notifier
 	warn   warnLimiter
 
@@ -216,16 +215,21 @@ func initLease(l *Lease, db DynamoDBAPI, table, job string, o *Options, bound bi
 		born:  born,
 		bound: bound,
 	}
-	l.notify.fn = func(e Event) { // to the health check, the log and the user's observer
-		l.health.observe(e)
-		l.logEvent(e)
-		if l.opts.Observer != nil {
-			l.opts.Observer(e)
-		}
-	}
-	l.log = leaseLogger(l)
-	l.writes.notify = &l.notify
+	l.notify.to = (*leaseEvents)(l)
 	l.db = observedDB{db: db, now: o.Now, sink: (*leaseCalls)(l)}
+}
+
+// leaseEvents is a Lease as the sink of its events (its notifier's): they
+// go to its health check, its log and the user's observer.
+type leaseEvents Lease
+
+func (h *leaseEvents) deliver(e Event) {
+	l := (*Lease)(h)
+	l.health.observe(e)
+	l.logEvent(e)
+	if l.opts.Observer != nil {
+		l.opts.Observer(e)
+	}
 }
 
 // leaseCalls is a Lease as the sink of its client's requests
@@ -270,22 +274,22 @@ func checkNew(db DynamoDBAPI, table, what, name string, contends []string, optFn
 	return o, nil
 }
 
-// writeLock is held across every write to the lease item. Events are
-// not delivered while it is held: unlock delivers them once it is
-// released, so that an observer may call any method of the handle.
+// writeLock is held across every write to the lease item. The handle's
+// events (its notifier, given to each call) are not delivered while it is
+// held: unlock delivers them once it is released, so that an observer may
+// call any method of the handle.
 //
 // A writer waits for the lock on a channel, made only while someone
 // waits, not on a mutex: a write holds the lock across a request, and a
 // goroutine waiting on a channel is one the Go runtime (and a synctest
 // bubble, which the simulation runs in) sees as blocked.
 type writeLock struct {
-	mu     sync.Mutex    // guards held and freed; never held across a wait
-	held   bool          // a writer holds the lock
-	freed  chan struct{} // closed when the lock is next released; nil if no one waits
-	notify *notifier
+	mu    sync.Mutex    // guards held and freed; never held across a wait
+	held  bool          // a writer holds the lock
+	freed chan struct{} // closed when the lock is next released; nil if no one waits
 }
 
-func (w *writeLock) lock() {
+func (w *writeLock) lock(n *notifier) {
 	w.mu.Lock()
 	for w.held {
 		if w.freed == nil {
@@ -298,25 +302,25 @@ func (w *writeLock) lock() {
 	}
 	w.held = true
 	w.mu.Unlock()
-	w.notify.hold()
+	n.hold()
 }
 
 // tryLock takes the lock if it is free, and reports whether it did.
-func (w *writeLock) tryLock() bool {
+func (w *writeLock) tryLock(n *notifier) bool {
 	w.mu.Lock()
 	free := !w.held
 	w.held = true
 	w.mu.Unlock()
 	if free {
-		w.notify.hold()
+		n.hold()
 	}
 	return free
 }
 
 // unlock releases the lock, wakes the writers waiting for it (one of them
 // takes it) and delivers the events queued meanwhile.
-func (w *writeLock) unlock() {
-	w.notify.release()
+func (w *writeLock) unlock(n *notifier) {
+	n.release()
 	w.mu.Lock()
 	w.held = false
 	if w.freed != nil {
@@ -324,7 +328,7 @@ func (w *writeLock) unlock() {
 		w.freed = nil
 	}
 	w.mu.Unlock()
-	w.notify.flush()
+	n.flush()
 }
 
 // Job returns the job name.
@@ -435,9 +439,17 @@ func (l *Lease) write(ctx context.Context, timeout time.Duration, until time.Tim
 		l.vers.wrote(rv, false, doubt)
 		return Record{}, false, errors.Join(err, fmt.Errorf("%w (table %q)", derr, l.table))
 	}
+	// An applied write's version is recorded first: the item kept then
+	// shares its string (keepItem).
+	landed := w.outcome == applied
+	if landed {
+		l.vers.wrote(rv, true, doubt)
+	}
 	l.observe(r, true)
-	l.vers.wrote(rv, w.outcome == applied, doubt)
-	return r, w.outcome == applied, err
+	if !landed {
+		l.vers.wrote(rv, false, doubt)
+	}
+	return r, landed, err
 }
 
 // versions are the renewal versions of a handle's writes that the item
@@ -471,8 +483,6 @@ func (v *versions) wrote(rv string, applied, inDoubt bool) {
 	}
 }
 
-// ours reports whether rv is a renewal version this handle wrote: its
-// last confirmed, or one in doubt.
 // last returns the version of the last write known applied; "" if none.
 func (v *versions) last() string {
 	v.mu.Lock()
@@ -480,6 +490,8 @@ func (v *versions) last() string {
 	return v.confirmed
 }
 
+// ours reports whether rv is a renewal version this handle wrote: its
+// last confirmed, or one in doubt.
 func (v *versions) ours(rv string) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -544,7 +556,7 @@ func (l *Lease) logEvent(e Event) {
 	if c := l.camp.ctx.Load(); c != nil {
 		ctx = *c
 	}
-	log := l.log
+	log := l.log()
 	change := l.bound.changeLevel()
 	switch e.Kind {
 	case EventAcquired:
@@ -669,8 +681,9 @@ func (l *Lease) observe(rec Record, present bool) {
 // that its logger (Lease.log) needs no allocation of its own.
 type leaseLog Lease
 
-// leaseLogger returns the logger of l's lines.
-func leaseLogger(l *Lease) slog.Logger { return *slog.New((*leaseLog)(l)) }
+// log returns the logger of l's lines, made on each call (inlined, on the
+// caller's stack), so that a handle keeps none.
+func (l *Lease) log() *slog.Logger { return slog.New((*leaseLog)(l)) }
 
 func (h *leaseLog) line() lineHandler {
 	return lineHandler{h: h.opts.Logger.Handler(), key: "job", name: h.job, owner: h.opts.Owner}

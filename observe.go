@@ -157,7 +157,7 @@ type Event struct {
 // lock, which an observer calling back into the handle may need, and it
 // delivers what was queued once it has released that lock.
 type notifier struct {
-	fn func(Event)
+	to eventSink // nil: events go nowhere
 
 	mu         sync.Mutex
 	queue      []Event
@@ -167,7 +167,7 @@ type notifier struct {
 
 // push adds e to the queue. The caller then calls flush.
 func (n *notifier) push(e Event) {
-	if n.fn == nil {
+	if n.to == nil {
 		return
 	}
 	n.mu.Lock()
@@ -192,7 +192,7 @@ func (n *notifier) release() {
 // flush delivers the queued events, unless another goroutine is doing so
 // or a write is in progress.
 func (n *notifier) flush() {
-	if n.fn == nil {
+	if n.to == nil {
 		return
 	}
 	for {
@@ -216,8 +216,25 @@ func (n *notifier) deliver(q []Event) {
 		n.mu.Unlock()
 	}()
 	for _, e := range q {
-		n.fn(e)
+		n.to.deliver(e)
 	}
+}
+
+// eventSink is what a notifier delivers its events to: a handle's health,
+// log and observer (leaseEvents), or a user's Observer (observerSink).
+type eventSink interface{ deliver(Event) }
+
+// observerSink is an Options.Observer as an eventSink.
+type observerSink func(Event)
+
+func (f observerSink) deliver(e Event) { f(e) }
+
+// observerTo returns f as an eventSink; nil if f is.
+func observerTo(f func(Event)) eventSink {
+	if f == nil {
+		return nil
+	}
+	return observerSink(f)
 }
 
 // emit queues e and delivers it at once, or as soon as no write is in

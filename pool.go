@@ -144,7 +144,7 @@ func NewPool(db DynamoDBAPI, table, pool string, jobs []string, optFns ...func(*
 	}
 	p := &Pool{db: db, table: table, name: pool, opts: o, jobs: sorted, jobsHash: listHash(sorted),
 		leases: make([]Lease, len(sorted)), born: o.sendNow(),
-		log: lineLogger(o.Logger, "pool", pool, o.Owner), notify: notifier{fn: o.Observer}, declines: make(chan struct{}, 1),
+		log: lineLogger(o.Logger, "pool", pool, o.Owner), notify: notifier{to: observerTo(o.Observer)}, declines: make(chan struct{}, 1),
 		attempts: make(chan struct{}, maxPoolAttempts)}
 	for i, job := range p.jobs {
 		initLease(&p.leases[i], db, table, job, &p.opts, p, &p.born)

@@ -86,7 +86,7 @@ func (p *Pool) RunSchedule(ctx context.Context, scheds JobSchedules, fn func(ctx
 		*j = scheduledJob{s: s, r: &runners[i], l: &p.leases[i], pr: r, index: -1}
 		j.tenureWatch.f, j.jobWatch.f = j.wake, j.handOver
 		j.run.init()
-		if err := j.l.camp.enter(j.l, r.runCtx); err != nil {
+		if err := j.l.camp.enter(j.l, &r.runCtx); err != nil { // set once, before any job starts
 			if errors.As(err, new(endedBeforeRun)) {
 				err = nil // started as the pool stopped or handed it over: nothing attempted
 			}
@@ -403,7 +403,7 @@ func (s *poolScheduler) drainBy(j *scheduledJob, d time.Duration) {
 	}
 	t := j.t
 	j.drained = time.AfterFunc(d, func() {
-		t.l.log.Warn("ddblease: job still running after DrainTimeout; resigning it", "fence", t.fence)
+		t.l.log().Warn("ddblease: job still running after DrainTimeout; resigning it", "fence", t.fence)
 		_ = t.resignRetrying(context.Background(), fmt.Errorf("%w: %q fence %d: DrainTimeout passed", ErrLost, t.l.job, t.fence))
 	})
 }

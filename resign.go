@@ -52,8 +52,8 @@ func (l *Lease) Resign(ctx context.Context) error {
 	}
 	cause := fmt.Errorf("%w: %q fence %d: resigned by a call to Resign", ErrLost, l.job, t.fence)
 	t.end(cause, reason)
-	l.writes.lock()
-	defer l.writes.unlock()
+	l.writes.lock(&l.notify)
+	defer l.writes.unlock(&l.notify)
 	err := t.resign(ctx)
 	if campaigns {
 		// The pause runs from the moment the lease is free: a slow
@@ -136,15 +136,15 @@ func (t *term) resignRetrying(ctx context.Context, cause error) error {
 		onRetry: func(err error) { l.notify.emit(l.event(EventRetry, Event{Op: "resign", Fence: fence, Err: err})) },
 	}
 	_, _, err := r.do(ctx, func(ctx context.Context) error {
-		l.writes.lock()
-		defer l.writes.unlock()
+		l.writes.lock(&l.notify)
+		defer l.writes.unlock(&l.notify)
 		return t.resign(ctx)
 	})
 	if err == nil || errors.Is(err, ErrLost) {
 		return nil
 	}
 	err = fmt.Errorf("%w: %q fence %d: %w", ErrNotResigned, l.job, fence, err)
-	l.log.Warn("ddblease: could not resign; the lease lapses at its expiry", "fence", fence, "err", err)
+	l.log().Warn("ddblease: could not resign; the lease lapses at its expiry", "fence", fence, "err", err)
 	return err
 }
 
@@ -250,7 +250,7 @@ func (w *drainWatch) start(cause error) {
 		w.mu.Lock()
 		w.expired = true
 		w.mu.Unlock()
-		l.log.Warn("ddblease: leader function still running after DrainTimeout; no longer renewing", "fence", fence)
+		l.log().Warn("ddblease: leader function still running after DrainTimeout; no longer renewing", "fence", fence)
 		w.k.stop()
 		w.t.live.drainExpired(w.t)
 	}))
@@ -286,7 +286,7 @@ func (t *term) yieldToOthers(err error) {
 	l.mu.Unlock()
 	if present && (c.ResignFence == fence || c.ReleasedFence == fence) {
 		l.yield.open(l.opts.LeaseDuration)
-		l.log.Info("ddblease: handing the lease over on an operator's request; leaving it to the other replicas for a lease duration",
+		l.log().Info("ddblease: handing the lease over on an operator's request; leaving it to the other replicas for a lease duration",
 			"fence", fence, "err", err)
 	}
 }

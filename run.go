@@ -100,7 +100,8 @@ func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, fence int6
 // and errors are built in the functions they call), so that the stack of a
 // goroutine parked in fn can shrink to the runtime's smaller sizes.
 func (l *Lease) campaign(ctx context.Context, fn func(ctx context.Context, t *term) error) (err error) {
-	if err := l.camp.enter(l, ctx); err != nil {
+	base := ctx // the slot keeps its address
+	if err := l.camp.enter(l, &base); err != nil {
 		return err
 	}
 	stopped := false
@@ -130,16 +131,17 @@ type campaignSlot struct {
 	ctx    atomic.Pointer[context.Context]
 }
 
-// enter begins a campaign of l, unless one is active or ctx has ended;
-// leave ends it.
-func (c *campaignSlot) enter(l *Lease, ctx context.Context) error {
+// enter begins a campaign of l under *ctx, unless one is active or the
+// context has ended; leave ends it. The slot keeps ctx, which must not
+// change while the campaign lasts (a pool's jobs share their run's).
+func (c *campaignSlot) enter(l *Lease, ctx *context.Context) error {
 	if !c.active.CompareAndSwap(false, true) {
 		return invalid("Run %q: another Run or RunSchedule is active on this handle; use one Lease per contender", l.job)
 	}
-	c.ctx.Store(&ctx)
-	if ctx.Err() != nil {
+	c.ctx.Store(ctx)
+	if (*ctx).Err() != nil {
 		c.leave(l, false, nil)
-		return fmt.Errorf("ddblease: run %q: %w", l.job, endedBeforeRun{ended(ctx)})
+		return fmt.Errorf("ddblease: run %q: %w", l.job, endedBeforeRun{ended(*ctx)})
 	}
 	l.notify.emit(l.event(EventCampaign, Event{}))
 	return nil
@@ -280,7 +282,7 @@ func (ld *leading) end(ctx context.Context) (done bool, err error) {
 		// operator's request, campaign on leaving the lease to the other
 		// replicas for a while (resign.go).
 		if fnErr != nil {
-			l.log.Warn("ddblease: the leader's function returned an error after its tenure ended; campaigning again",
+			l.log().Warn("ddblease: the leader's function returned an error after its tenure ended; campaigning again",
 				"fence", fence, "err", fnErr, "cause", context.Cause(ld.leaderCtx))
 		}
 		t.yieldToOthers(errors.Join(resignErr, ld.drainErr))
@@ -308,10 +310,10 @@ func endsWith(err error, leaderCtx, ctx context.Context) bool {
 func (t *term) endAbnormally(ctx context.Context, cause error) {
 	l := t.l
 	t.end(cause, LossPanic)
-	l.writes.lock()
-	defer l.writes.unlock()
+	l.writes.lock(&l.notify)
+	defer l.writes.unlock(&l.notify)
 	if err := t.resign(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, ErrLost) {
-		l.log.Warn("ddblease: could not resign after the leader's function ended abnormally; the lease lapses at its expiry",
+		l.log().Warn("ddblease: could not resign after the leader's function ended abnormally; the lease lapses at its expiry",
 			"fence", t.fence, "err", err)
 	}
 }

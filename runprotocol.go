@@ -86,7 +86,7 @@ func (r *runner) unclaimed(ctx context.Context, tn *term, f firing, stop int, er
 		return r.execute(ctx, tn, firing{what: f.what, slot: f.slot, missed: f.missed, token: randomID(8),
 			spec: claimSpec{status: RunSkippedByPause, skippedIn: paused.pausedAt, unswept: f.spec.unswept}})
 	case errors.Is(err, errPaused):
-		l.log.Info("ddblease: "+f.what+" not run: the job was paused again", "slot", fmtSlot(f.slot))
+		l.log().Info("ddblease: "+f.what+" not run: the job was paused again", "slot", fmtSlot(f.slot))
 		return true, nil
 	case errors.Is(err, ErrSlotTaken):
 		if over := skippedBefore(err, f); over != 0 {
@@ -102,19 +102,19 @@ func (r *runner) unclaimed(ctx context.Context, tn *term, f firing, stop int, er
 				// A triggered run's item is not a slot's, which a resweep
 				// reads: the request stays pending, and its next look
 				// marks the run again.
-				l.log.Info("ddblease: triggered run left running by an earlier leader; its request stays pending", "run", f.spec.trigger)
+				l.log().Info("ddblease: triggered run left running by an earlier leader; its request stays pending", "run", f.spec.trigger)
 				return false, nil
 			}
 			r.unswept = append(r.unswept, f.slot)
 		}
-		l.log.Debug("ddblease: "+f.what+" already handled", "slot", fmtSlot(f.slot), "err", err)
+		l.log().Debug("ddblease: "+f.what+" already handled", "slot", fmtSlot(f.slot), "err", err)
 		return true, nil
 	case errors.Is(err, errClaimedLate):
 		// fn is not called on a tenure that is over. The run, claimed,
 		// is given up: a slot's is marked abandoned by the next resweep;
 		// a trigger's or catch-up's request stays pending, for the next
 		// tenure, whose claim finds the run an older tenure left.
-		l.log.Warn("ddblease: "+f.what+" not run: the tenure ended while it was being claimed", "slot", fmtSlot(f.slot), "fence", tn.fence)
+		l.log().Warn("ddblease: "+f.what+" not run: the tenure ended while it was being claimed", "slot", fmtSlot(f.slot), "fence", tn.fence)
 		r.giveUp(f.token)
 		if f.what == "slot" {
 			r.unswept = append(r.unswept, f.slot)
@@ -129,12 +129,12 @@ func (r *runner) unclaimed(ctx context.Context, tn *term, f firing, stop int, er
 	case stop == retryEnded || ctx.Err() != nil:
 		return false, nil
 	case errors.Is(err, ErrMalformedItem):
-		l.log.Error("ddblease: "+f.what+" skipped: its run item is malformed", "slot", fmtSlot(f.slot), "err", err)
+		l.log().Error("ddblease: "+f.what+" skipped: its run item is malformed", "slot", fmtSlot(f.slot), "err", err)
 		return true, nil
 	case stop == retryDeadline:
 		// The wait that would have come next still comes, so that claims
 		// failing fast are not sent in a loop from one firing to the next.
-		l.log.Warn("ddblease: "+f.what+" given up: the next slot is due", "slot", fmtSlot(f.slot), "err", err)
+		l.log().Warn("ddblease: "+f.what+" given up: the next slot is due", "slot", fmtSlot(f.slot), "err", err)
 		r.giveUp(f.token)
 		_ = sleep(ctx, jitter(l.opts.RetryInterval))
 		return false, nil
@@ -147,11 +147,11 @@ func (r *runner) unclaimed(ctx context.Context, tn *term, f firing, stop int, er
 func (r *runner) runClaimed(ctx context.Context, tn *term, f firing, run *JobRun) (done bool, err error) {
 	l := r.l
 	if run.finished {
-		l.log.Info("ddblease: slot skipped: the job is paused", "slot", fmtSlot(f.slot), "fence", tn.fence)
+		l.log().Info("ddblease: slot skipped: the job is paused", "slot", fmtSlot(f.slot), "fence", tn.fence)
 		return true, nil
 	}
 	if f.what != "slot" {
-		l.log.Info("ddblease: running a "+f.what, "run", run.id, "fence", tn.fence)
+		l.log().Info("ddblease: running a "+f.what, "run", run.id, "fence", tn.fence)
 	}
 	if f.what != "slot" {
 		// A trigger's or catch-up's token is reused by this tenure's next
@@ -280,7 +280,7 @@ func (r *runner) finish(ctx context.Context, tn *term, run *JobRun, fnErr error)
 	if fnErr != nil {
 		args = append(args, "run_err", fnErr)
 	}
-	l.log.Warn("ddblease: could not record the run's outcome", args...)
+	l.log().Warn("ddblease: could not record the run's outcome", args...)
 	return false, errors.Is(err, ErrStaleFence)
 }
 

@@ -446,10 +446,10 @@ func (p *Pool) noticeNote(ctx context.Context, l *Lease, s *session) bool {
 // it reports false, and the note's next renewal tries again (the pool's
 // renewal never waits for a job's write).
 func (p *Pool) freeUnheld(ctx context.Context, l *Lease, s *session) bool {
-	if !l.writes.tryLock() {
+	if !l.writes.tryLock(&l.notify) {
 		return false
 	}
-	defer l.writes.unlock()
+	defer l.writes.unlock(&l.notify)
 	rec, present, err := l.read(ctx, true)
 	if err != nil {
 		return false
@@ -486,7 +486,7 @@ func (p *Pool) free(ctx context.Context, l *Lease, rec Record) bool {
 	})
 	var ccf *types.ConditionalCheckFailedException
 	if err != nil && !errors.As(err, &ccf) {
-		l.log.Warn("ddblease: could not free a lease released by force; trying again at the pool session's next renewal",
+		l.log().Warn("ddblease: could not free a lease released by force; trying again at the pool session's next renewal",
 			"fence", rec.Fence, "err", err)
 		return false
 	}
