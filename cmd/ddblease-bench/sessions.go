@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"context"
 	"fmt"
 	"os"
@@ -146,7 +147,9 @@ func runSchedIdle(cfg config) error {
 	// cold is the base before that, for the figures measured so before.
 	runtime.GC()
 	cold, _ := heapInuse()
-	warmConns(client, cfg.table, cfg.conns)
+	if err := warmConns(client, cfg.table, cfg.conns); err != nil {
+		return fmt.Errorf("open the client's connections: %w", err)
+	}
 	runtime.GC()
 	heap0, _ := heapInuse()
 	live0 := memStats().HeapAlloc
@@ -257,17 +260,19 @@ func libraryGoroutines() int {
 }
 
 // warmConns opens up to n connections of client, with n requests at once
-// that read no item (DescribeTable).
-func warmConns(client *dynamodb.Client, table string, n int) {
+// that read no item (DescribeTable), and returns their errors.
+func warmConns(client *dynamodb.Client, table string, n int) error {
+	errs := make([]error, max(n, 1))
 	var wg sync.WaitGroup
-	for range max(n, 1) {
+	for i := range errs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_, _ = client.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: &table})
+			_, errs[i] = client.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: &table})
 		}()
 	}
 	wg.Wait()
+	return errors.Join(errs...)
 }

@@ -288,8 +288,7 @@ func extend(w *Window, start, end, seen time.Time) {
 // stop: taken after SIGCONT, it would have been false. The reading is
 // then live up to the stop's start, not up to its return after it.
 func settleAcrossStops(beliefs []Event, pauses []Interval) []Event {
-	out := beliefs
-	copied := false
+	out := slices.Clone(beliefs)
 	for i, e := range beliefs {
 		if !e.OK {
 			continue
@@ -298,9 +297,6 @@ func settleAcrossStops(beliefs []Event, pauses []Interval) []Event {
 			if p.To.IsZero() || time.Unix(0, e.B).After(p.From) || time.Unix(0, e.A).Before(p.To) ||
 				!time.Unix(0, e.Deadline).Before(p.To) {
 				continue
-			}
-			if !copied {
-				out, copied = slices.Clone(beliefs), true
 			}
 			out[i].A = p.From.UnixNano()
 			break
