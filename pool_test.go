@@ -401,6 +401,35 @@ func TestPoolForgetsDeadMembers(t *testing.T) {
 	assert.False(t, me, "a left the pool when it stopped")
 }
 
+// A dead replica's member item is ended before it is removed, so that a
+// replica which reads it only afterwards (one that joined late, say)
+// takes the dead replica's jobs at once on the end mark, instead of a
+// lease after a read that found the item gone (simulation seed 1022224).
+func TestPoolEndsDeadMembersBeforeRemovingThem(t *testing.T) {
+	t.Parallel()
+	ctx := withTimeout(t, 30*time.Second)
+	table, db := tableAndClient(t)
+	lapsed := time.Now().Add(-3 * time.Second).UnixMilli() // 1.5 leases ago
+	putRaw(t, db, table, map[string]types.AttributeValue{
+		"pk": sAttr("pool#reports"), "sk": sAttr("member#dead"),
+		"exp": nAttr(strconv.FormatInt(lapsed, 10)), "view": sAttr(""), "list": sAttr(""), "declined": sAttr("[]"),
+		"sid": sAttr("s-dead"), "sv": sAttr("v-1"), "ended": sAttr("-"), "leaving": &types.AttributeValueMemberBOOL{},
+	})
+	p := newPool(t, db, table, poolJobs(2), fast("a"))
+	w := newPoolWatch(t)
+	stop := async(ctx, func(ctx context.Context) error { return p.Run(ctx, w.fn("a")) })
+	eventually(t, "the dead member ended by a", func() bool {
+		m, ok := poolMembers(t, db, table)["dead"]
+		return ok && assert.ObjectsAreEqual(sAttr("a"), m["ended"])
+	})
+	eventually(t, "the ended member removed once its expiry is three leases old", func() bool {
+		_, ok := poolMembers(t, db, table)["dead"]
+		return !ok
+	})
+	assert.GreaterOrEqual(t, time.Now().UnixMilli(), lapsed+3*2000, "removed before its expiry was three leases old")
+	require.NoError(t, stop())
+}
+
 // A panic in fn ends the pool on this replica like an error, returned as a
 // *PanicError naming its job: nothing else could recover it.
 func TestPoolFnPanicIsReturned(t *testing.T) {

@@ -223,41 +223,66 @@ func (p *Pool) untilLapse(looked map[string]member) (time.Duration, bool) {
 	return d, any
 }
 
-// maxForget bounds the members one renewal removes from the pool's item.
+// maxForget bounds the members one renewal ends or removes.
 const maxForget = 10
 
-// forgetDead deletes the member items whose expiry is older than a
-// LeaseDuration, or which have been read unchanged for two (replicas that
-// died, or whose leave failed), and malformed ones, so that the pool's
-// partition does not grow with every deploy. Each deletion is conditional
-// on the session and its version read (it ends the session, as
-// sessionFree's end does), or, for an item without a session, on having
-// none; a failure is left for a later renewal.
+// forgetDead removes the members of replicas long gone (dead, or whose
+// leave failed) in two steps, so that the pool's partition does not grow
+// with every deploy and no replica waits on a session that left its item.
+// A member whose expiry is older than a LeaseDuration, or which has been
+// read unchanged for two, is first ended (endSession): every replica that
+// reads the mark takes its jobs at once (sessionFree), where a deleted
+// item would have them wait a lease after the read that missed it. An
+// ended member is deleted once its expiry is older than three leases, or
+// it has been read unchanged for four, by which time the replicas the
+// assignment gives its jobs have read the mark. A malformed member is
+// deleted at once, and one without a session once it is gone. Each write
+// is conditional on the session and its version read, or, for an item
+// without a session, on having none; a failure is left for a later
+// renewal.
 func (p *Pool) forgetDead(ctx context.Context, members map[string]member, now time.Time) {
 	n := 0
 	for owner, m := range members {
-		ms := m.exp
-		if owner == p.opts.Owner || n == maxForget ||
-			ms >= 0 && !time.UnixMilli(ms).Add(p.opts.LeaseDuration).Before(now) &&
-				p.unchanged(owner) < 2*p.opts.LeaseDuration {
+		if owner == p.opts.Owner || n == maxForget {
 			continue
 		}
-		n++
-		in := &dynamodb.DeleteItemInput{TableName: aws.String(p.table), Key: p.opts.Layout.memberKey(p.name, owner),
-			ExpressionAttributeNames: map[string]string{"#sid": memberSession}}
-		if m.sid != "" && m.sv != "" {
-			in.ConditionExpression = aws.String("#sid = :sid AND #sv = :sv")
-			in.ExpressionAttributeNames["#sv"] = memberVersion
-			in.ExpressionAttributeValues = map[string]types.AttributeValue{":sid": avS(m.sid), ":sv": avS(m.sv)}
-		} else {
-			in.ConditionExpression = aws.String("attribute_not_exists(#sid)")
+		bound := m.exp >= 0 && m.sid != "" && m.sv != ""
+		switch {
+		case bound && m.ended == "" && p.goneFor(owner, m, now, 1):
+			n++
+			if err := p.endSession(ctx, m); err == nil {
+				p.markEnded(m)
+			}
+		case m.exp < 0, !bound && p.goneFor(owner, m, now, 1), m.ended != "" && p.goneFor(owner, m, now, 3):
+			n++
+			p.deleteMember(ctx, m)
 		}
-		cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
-		_, err := p.db.DeleteItem(cctx, in)
-		cancel()
-		if err == nil {
-			p.log.Info("ddblease: removed a replica gone from the pool", "member", owner)
-		}
+	}
+}
+
+// goneFor reports whether a member's expiry is older than k leases at
+// now, or its version has been read unchanged for 2k.
+func (p *Pool) goneFor(owner string, m member, now time.Time, k time.Duration) bool {
+	return time.UnixMilli(m.exp).Add(k*p.opts.LeaseDuration).Before(now) || p.unchanged(owner) >= 2*k*p.opts.LeaseDuration
+}
+
+// deleteMember deletes a member item on condition that it holds the
+// session and version read (none, for an item without a session).
+func (p *Pool) deleteMember(ctx context.Context, m member) {
+	in := &dynamodb.DeleteItemInput{TableName: aws.String(p.table), Key: p.opts.Layout.memberKey(p.name, m.owner),
+		ExpressionAttributeNames: map[string]string{"#sid": memberSession}}
+	if m.sid != "" && m.sv != "" {
+		in.ConditionExpression = aws.String("#sid = :sid AND #sv = :sv")
+		in.ExpressionAttributeNames["#sv"] = memberVersion
+		in.ExpressionAttributeValues = map[string]types.AttributeValue{":sid": avS(m.sid), ":sv": avS(m.sv)}
+	} else {
+		in.ConditionExpression = aws.String("attribute_not_exists(#sid)")
+	}
+	cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
+	_, err := p.db.DeleteItem(cctx, in)
+	cancel()
+	if err == nil {
+		p.log.Info("ddblease: removed a replica gone from the pool", "member", m.owner)
 	}
 }
 

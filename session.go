@@ -333,11 +333,24 @@ func (p *Pool) sessionFree(ctx context.Context, owner, sid string, held time.Dur
 		p.log.Debug("ddblease: could not end a lapsed pool session", "member", owner, "err", err)
 		return false
 	}
-	if cur, ok := p.members[owner]; ok && cur.sid == m.sid && cur.sv == m.sv {
-		cur.ended = p.opts.Owner
-		p.members[owner] = cur
-	}
+	p.markEndedLocked(m)
 	return true
+}
+
+// markEnded records in the members last read that this replica ended
+// m's session, if the entry still holds it, so that its jobs are free
+// here before the next read shows the mark.
+func (p *Pool) markEnded(m member) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.markEndedLocked(m)
+}
+
+func (p *Pool) markEndedLocked(m member) {
+	if cur, ok := p.members[m.owner]; ok && cur.sid == m.sid && cur.sv == m.sv {
+		cur.ended = p.opts.Owner
+		p.members[m.owner] = cur
+	}
 }
 
 // lapsed reports whether a member's session lapsed (lapseOf).
