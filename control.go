@@ -124,7 +124,7 @@ func (r *runner) token(id string) string {
 // run it left).
 func (r *runner) runTrigger(ctx context.Context, tn *term, tr pendingTrigger) error {
 	token := r.token(tr.id)
-	done, err := r.execute(ctx, tn, firing{what: "triggered run", slot: tr.slot, token: token,
+	done, err := r.execute(ctx, tn, plannedRun{what: "triggered run", slot: tr.slot, token: token,
 		spec: claimSpec{trigger: tr.id}})
 	if err != nil || !done {
 		r.ctl.look = r.ctl.look || err == nil && ctx.Err() == nil && !r.ran[token]
@@ -148,7 +148,7 @@ func (r *runner) catchUp(ctx context.Context, tn *term, c Control) error {
 				// The slots before it were in the pause, or before it: their
 				// count is not known.
 				token := r.token(c.catchUp)
-				done, err := r.execute(ctx, tn, firing{what: "catch-up", slot: latest, token: token, missed: -1,
+				done, err := r.execute(ctx, tn, plannedRun{what: "catch-up", slot: latest, token: token, missed: -1,
 					spec: claimSpec{reclaimed: true, pause: pauseNow}})
 				if err != nil || !done {
 					r.ctl.look = r.ctl.look || err == nil && ctx.Err() == nil && !r.ran[token]

@@ -364,13 +364,6 @@ type claim struct {
 	token string
 }
 
-// mine reports whether rec is the run this claim wrote: its token, under
-// this tenure's fence. A token belongs to one tenure: a claim of an earlier
-// tenure of this handle that landed unseen is an older tenure's run.
-func mine(rec RunRecord, token string, fence int64) bool {
-	return rec.claim == token && rec.Fence == fence
-}
-
 // claimed reports a claimed run, once the answer is in: unless the tenure
 // still leads by both clocks (its deadline may have passed while the claim
 // was in flight: a slow answer, a paused process), the run is not handed

@@ -275,3 +275,10 @@ func (p RerunPolicy) String() string {
 	}
 	return fmt.Sprintf("RerunPolicy(%d)", int(p))
 }
+
+// mine reports whether rec is the run this claim wrote: its token, under
+// this tenure's fence. A token belongs to one tenure: a claim of an earlier
+// tenure of this handle that landed unseen is an older tenure's run.
+func mine(rec RunRecord, token string, fence int64) bool {
+	return rec.claim == token && rec.Fence == fence
+}

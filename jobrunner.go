@@ -155,7 +155,7 @@ func (r *runner) step(ctx context.Context, tn *term) (wait time.Duration, ok boo
 	if err != nil || !ok || slot.IsZero() {
 		return wait, ok && ctx.Err() == nil, err
 	}
-	handled, err := r.execute(ctx, tn, firing{what: "slot", slot: slot, missed: missed, token: randomID(8),
+	handled, err := r.execute(ctx, tn, plannedRun{what: "slot", slot: slot, missed: missed, token: randomID(8),
 		spec: claimSpec{pause: pauseSlot, unswept: r.pendingIDs()}})
 	if err != nil {
 		return 0, false, err

@@ -700,3 +700,74 @@ func (h *leaseLog) Handle(ctx context.Context, r slog.Record) error {
 func (h *leaseLog) WithAttrs(as []slog.Attr) slog.Handler { return h.line().WithAttrs(as) }
 
 func (h *leaseLog) WithGroup(name string) slog.Handler { return h.line().WithGroup(name) }
+
+// campaignSlot admits one campaign (Run or RunSchedule) of a handle at a
+// time, and holds its context, whose values (trace ids) the handle's log
+// lines carry.
+type campaignSlot struct {
+	active atomic.Bool
+	ctx    atomic.Pointer[context.Context]
+}
+
+// enter begins a campaign of l under *ctx, unless one is active or the
+// context has ended; leave ends it. The slot keeps ctx, which must not
+// change while the campaign lasts (a pool's jobs share their run's).
+func (c *campaignSlot) enter(l *Lease, ctx *context.Context) error {
+	if !c.active.CompareAndSwap(false, true) {
+		return invalid("Run %q: another Run or RunSchedule is active on this handle; use one Lease per contender", l.job)
+	}
+	c.ctx.Store(ctx)
+	if (*ctx).Err() != nil {
+		c.leave(l, false, nil)
+		return fmt.Errorf("ddblease: run %q: %w", l.job, endedBeforeRun{ended(*ctx)})
+	}
+	l.notify.emit(l.event(EventCampaign, Event{}))
+	return nil
+}
+
+// values returns the context whose values a tenure's contexts carry: the
+// campaign's (Run's, RunSchedule's, a pool's run's), or ctx outside one
+// (TryAcquire). A pool's job campaigns under a context of its own, which
+// ends as its campaign does: the tenure keeps the pool's instead.
+func (c *campaignSlot) values(ctx context.Context) context.Context {
+	if p := c.ctx.Load(); p != nil {
+		return *p
+	}
+	return ctx
+}
+
+// leave ends the campaign that enter began: it reports EventStopped with
+// the campaign's error if it stopped (rather than unwinding from a panic
+// in fn).
+func (c *campaignSlot) leave(l *Lease, stopped bool, err error) {
+	if stopped {
+		l.notify.emit(l.event(EventStopped, Event{Err: err}))
+	}
+	c.ctx.Store(nil)
+	c.active.Store(false)
+}
+
+// yieldWindow is how long a handle leaves a free lease to the others, by
+// the runtime's monotonic clock: a yield is a duration, which a step of
+// the wall clock (Options.Now) must not stretch. It holds the end (nil
+// before the first), and is only ever extended.
+type yieldWindow struct{ until atomic.Pointer[time.Time] }
+
+// open keeps the window open for at least d from now.
+func (y *yieldWindow) open(d time.Duration) {
+	u := time.Now().Add(d)
+	for {
+		cur := y.until.Load()
+		if cur != nil && !u.After(*cur) || y.until.CompareAndSwap(cur, &u) {
+			return
+		}
+	}
+}
+
+// left returns how long the window stays open; zero or less once closed.
+func (y *yieldWindow) left() time.Duration {
+	if u := y.until.Load(); u != nil {
+		return time.Until(*u)
+	}
+	return 0
+}

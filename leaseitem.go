@@ -457,24 +457,6 @@ func pendingTriggers(item map[string]types.AttributeValue) ([]pendingTrigger, er
 	return out, nil
 }
 
-// validTriggerID reports whether id has the form Admin.Trigger gives: 16
-// lowercase hex digits.
-func validTriggerID(id string) bool {
-	if len(id) != 16 {
-		return false
-	}
-	for _, r := range id {
-		if !(r >= '0' && r <= '9' || r >= 'a' && r <= 'f') {
-			return false
-		}
-	}
-	return true
-}
-
-// triggerRunID is the run id of a triggered run: its slot, then the
-// trigger id, so that it never collides with a schedule slot.
-func triggerRunID(slot time.Time, id string) string { return fmtSlot(slot) + "#trigger-" + id }
-
 // expiredBy is the expiry half of the takeover rule, for every record a
 // reader judges by an expiry that another clock wrote (a lease item, a
 // pool member and its session, a job's status): it has passed once the

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/signal"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -61,31 +60,6 @@ func (l *Lease) Resign(ctx context.Context) error {
 		l.yield.open(2 * l.opts.RetryInterval)
 	}
 	return err
-}
-
-// yieldWindow is how long a handle leaves a free lease to the others, by
-// the runtime's monotonic clock: a yield is a duration, which a step of
-// the wall clock (Options.Now) must not stretch. It holds the end (nil
-// before the first), and is only ever extended.
-type yieldWindow struct{ until atomic.Pointer[time.Time] }
-
-// open keeps the window open for at least d from now.
-func (y *yieldWindow) open(d time.Duration) {
-	u := time.Now().Add(d)
-	for {
-		cur := y.until.Load()
-		if cur != nil && !u.After(*cur) || y.until.CompareAndSwap(cur, &u) {
-			return
-		}
-	}
-}
-
-// left returns how long the window stays open; zero or less once closed.
-func (y *yieldWindow) left() time.Duration {
-	if u := y.until.Load(); u != nil {
-		return time.Until(*u)
-	}
-	return 0
 }
 
 func (t *term) resign(ctx context.Context) error {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"sync/atomic"
 )
 
 // This file owns Run: the campaign, and term.lead, which runs fn for one
@@ -121,52 +120,6 @@ func (l *Lease) campaign(ctx context.Context, fn func(ctx context.Context, t *te
 			return err
 		}
 	}
-}
-
-// campaignSlot admits one campaign (Run or RunSchedule) of a handle at a
-// time, and holds its context, whose values (trace ids) the handle's log
-// lines carry.
-type campaignSlot struct {
-	active atomic.Bool
-	ctx    atomic.Pointer[context.Context]
-}
-
-// enter begins a campaign of l under *ctx, unless one is active or the
-// context has ended; leave ends it. The slot keeps ctx, which must not
-// change while the campaign lasts (a pool's jobs share their run's).
-func (c *campaignSlot) enter(l *Lease, ctx *context.Context) error {
-	if !c.active.CompareAndSwap(false, true) {
-		return invalid("Run %q: another Run or RunSchedule is active on this handle; use one Lease per contender", l.job)
-	}
-	c.ctx.Store(ctx)
-	if (*ctx).Err() != nil {
-		c.leave(l, false, nil)
-		return fmt.Errorf("ddblease: run %q: %w", l.job, endedBeforeRun{ended(*ctx)})
-	}
-	l.notify.emit(l.event(EventCampaign, Event{}))
-	return nil
-}
-
-// values returns the context whose values a tenure's contexts carry: the
-// campaign's (Run's, RunSchedule's, a pool's run's), or ctx outside one
-// (TryAcquire). A pool's job campaigns under a context of its own, which
-// ends as its campaign does: the tenure keeps the pool's instead.
-func (c *campaignSlot) values(ctx context.Context) context.Context {
-	if p := c.ctx.Load(); p != nil {
-		return *p
-	}
-	return ctx
-}
-
-// leave ends the campaign that enter began: it reports EventStopped with
-// the campaign's error if it stopped (rather than unwinding from a panic
-// in fn).
-func (c *campaignSlot) leave(l *Lease, stopped bool, err error) {
-	if stopped {
-		l.notify.emit(l.event(EventStopped, Event{Err: err}))
-	}
-	c.ctx.Store(nil)
-	c.active.Store(false)
 }
 
 // lead runs fn for this tenure. done is false when the tenure ended without

@@ -17,14 +17,14 @@ import (
 // maxGivenUp is how many given-up claims the runner remembers.
 const maxGivenUp = 100
 
-// firing is one run RunSchedule may make: a slot of the schedule (fired
-// on time or by a catch-up), an operator's trigger, or the catch-up a
-// resumption asked for.
-type firing struct {
+// plannedRun is one run RunSchedule may make: a slot of the schedule
+// (fired on time or by a catch-up), an operator's trigger, or the
+// catch-up a resumption asked for.
+type plannedRun struct {
 	what   string // "slot", "triggered run" or "catch-up", for the log
 	slot   time.Time
 	spec   claimSpec
-	token  string // the claim's token: one per firing, within one tenure
+	token  string // the claim's token: one per planned run, within one tenure
 	missed int
 }
 
@@ -41,7 +41,7 @@ type firing struct {
 // done reports that the run is settled: fn ran and its outcome is recorded,
 // the slot was recorded as skipped by the pause, or the run was found
 // handled already. err is set only when the campaign must stop.
-func (r *runner) execute(ctx context.Context, tn *term, f firing) (done bool, err error) {
+func (r *runner) execute(ctx context.Context, tn *term, f plannedRun) (done bool, err error) {
 	run, stop, err := r.claimRetrying(ctx, tn, f)
 	if err != nil {
 		return r.unclaimed(ctx, tn, f, stop, err)
@@ -53,7 +53,7 @@ func (r *runner) execute(ctx context.Context, tn *term, f firing) (done bool, er
 // failures until the next slot is due; the errors it returns are each the
 // claim's answer, or the last failure with the reason the retries stopped
 // (retrier.do's stop).
-func (r *runner) claimRetrying(ctx context.Context, tn *term, f firing) (*JobRun, int, error) {
+func (r *runner) claimRetrying(ctx context.Context, tn *term, f plannedRun) (*JobRun, int, error) {
 	l := r.l
 	var run *JobRun
 	_, stop, err := retrier{backoff: fixed(l.opts.RetryInterval), now: l.opts.Now, deadline: r.giveUpAt(f),
@@ -71,7 +71,7 @@ func (r *runner) claimRetrying(ctx context.Context, tn *term, f firing) (*JobRun
 
 // unclaimed settles a firing whose claim failed with err (stop: why the
 // retries ended): as execute's done and err say.
-func (r *runner) unclaimed(ctx context.Context, tn *term, f firing, stop int, err error) (done bool, _ error) {
+func (r *runner) unclaimed(ctx context.Context, tn *term, f plannedRun, stop int, err error) (done bool, _ error) {
 	l := r.l
 	var paused pausedError
 	switch {
@@ -83,7 +83,7 @@ func (r *runner) unclaimed(ctx context.Context, tn *term, f firing, stop int, er
 		// claimed too late.
 		r.giveUp(f.token)
 		r.unswept = append(r.unswept, f.slot)
-		return r.execute(ctx, tn, firing{what: f.what, slot: f.slot, missed: f.missed, token: randomID(8),
+		return r.execute(ctx, tn, plannedRun{what: f.what, slot: f.slot, missed: f.missed, token: randomID(8),
 			spec: claimSpec{status: RunSkippedByPause, skippedIn: paused.pausedAt, unswept: f.spec.unswept}})
 	case errors.Is(err, errPaused):
 		l.log().Info("ddblease: "+f.what+" not run: the job was paused again", "slot", fmtSlot(f.slot))
@@ -95,7 +95,7 @@ func (r *runner) unclaimed(ctx context.Context, tn *term, f firing, stop int, er
 			// replaces the record if that pause ended before the slot.
 			spec := f.spec
 			spec.overSkip = over
-			return r.execute(ctx, tn, firing{what: f.what, slot: f.slot, missed: f.missed, token: f.token, spec: spec})
+			return r.execute(ctx, tn, plannedRun{what: f.what, slot: f.slot, missed: f.missed, token: f.token, spec: spec})
 		}
 		if leftRunning(err, tn) {
 			if f.spec.trigger != "" {
@@ -144,7 +144,7 @@ func (r *runner) unclaimed(ctx context.Context, tn *term, f firing, stop int, er
 }
 
 // runClaimed runs fn on the run claimed for f, and records its outcome.
-func (r *runner) runClaimed(ctx context.Context, tn *term, f firing, run *JobRun) (done bool, err error) {
+func (r *runner) runClaimed(ctx context.Context, tn *term, f plannedRun, run *JobRun) (done bool, err error) {
 	l := r.l
 	if run.finished {
 		l.log().Info("ddblease: slot skipped: the job is paused", "slot", fmtSlot(f.slot), "fence", tn.fence)
@@ -183,7 +183,7 @@ func (r *runner) runClaimed(ctx context.Context, tn *term, f firing, run *JobRun
 // retries (the pause began after the slot): only the first kind may have
 // been recorded early by a wall clock ahead, and the claim over it checks
 // that the slot lies after that pause.
-func skippedBefore(err error, f firing) int64 {
+func skippedBefore(err error, f plannedRun) int64 {
 	var taken *SlotTakenError
 	if f.what != "slot" || f.spec.overSkip != 0 || !errors.As(err, &taken) {
 		return 0
@@ -209,7 +209,7 @@ func decided(err error) bool {
 // giveUpAt returns when a firing's claim is given up: once the next slot
 // after it is due (after now, for a firing outside the schedule), or
 // never (zero) when the schedule has no further slot.
-func (r *runner) giveUpAt(f firing) time.Time {
+func (r *runner) giveUpAt(f plannedRun) time.Time {
 	from := f.slot
 	if f.what != "slot" {
 		from = r.l.opts.Now()
