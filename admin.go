@@ -380,7 +380,7 @@ func (a *Admin) RequestResign(ctx context.Context, job string, fence int64) (Rec
 	switch {
 	case err != nil:
 		return Record{}, err
-	case failed && (rec.Fence == fence || JobStatus{Job: job, Lease: rec}.Released()):
+	case failed && (rec.Fence == fence || rec.forceReleased()):
 		return rec, fmt.Errorf("%w: %q (fence %d) was resigned or released meanwhile", ErrNotHeld, job, fence)
 	case failed:
 		return rec, &HeldError{Job: job, Owner: rec.Owner, Fence: rec.Fence, ExpiresAt: rec.ExpiresAt, Draining: rec.Draining}
@@ -463,10 +463,7 @@ func (s JobStatus) Free(now time.Time, skew time.Duration) bool {
 // released holder may still believe it leads until its next heartbeat;
 // a standby takes the lease as Free says, or at once if the release said
 // the holder was dead (the expiry is then zero).
-func (s JobStatus) Released() bool {
-	c := s.Lease.Control
-	return c.ReleasedFence != 0 && c.ReleasedFence+1 == s.Lease.Fence
-}
+func (s JobStatus) Released() bool { return s.Lease.forceReleased() }
 
 // Job reads one job's lease item with a strongly consistent read. A job
 // whose lease was never acquired is an error wrapping ErrUnknownJob.

@@ -325,6 +325,13 @@ type Control struct {
 	triggers string // ids of the pending triggers, oldest first: a change wakes the runner
 }
 
+// forceReleased reports that an operator released the lease by force
+// (Admin.ForceRelease) and no tenure has taken it since: its fence is the
+// one the release raised past the released tenure's (JobStatus.Released).
+func (r Record) forceReleased() bool {
+	return r.Control.ReleasedFence != 0 && r.Control.ReleasedFence+1 == r.Fence
+}
+
 // pendingTrigger is one trigger request found in a lease item.
 type pendingTrigger struct {
 	id   string

@@ -434,7 +434,7 @@ func (p *Pool) noticeNote(ctx context.Context, l *Lease, s *session) bool {
 	}
 	l.observe(rec, present)
 	t := l.current()
-	released := present && rec.Owner == l.opts.Owner && JobStatus{Lease: rec}.Released() &&
+	released := present && rec.Owner == l.opts.Owner && rec.forceReleased() &&
 		(rec.Session == s.sid || t != nil && t.live == liveness(s) && t.fence == rec.Control.ReleasedFence)
 	if released {
 		p.decline(l.job)
