@@ -533,9 +533,13 @@ func (r *runner) poolFailoverTable(w func(string, ...any), pf *poolFailoverResul
 	w("| requests per job per minute over the idle hold, both processes (reads, writes) | %.1f (%.1f, %.1f) | %.1f (%.1f, %.1f) | ×%.3f |\n",
 		la, lr, lw, pa, pr, pw, pa/max(la, 1e-9))
 	if ss := r.res.Sessions; ss != nil && ss.Idle != nil {
-		num := func(k string) float64 { v, _ := strconv.ParseFloat(ss.Idle[k], 64); return v }
+		f := idleOf(ss.Idle)
 		w("| Go heap in use (live) per idle scheduled pool job (the sessions figure: %s jobs in one process, %s) | | %.2f KB (%.2f KB) | |\n",
-			ss.Idle["n"], ss.Settings, (num("heap")-num("heap_base"))/max(num("n"), 1)/1e3, (num("live")-num("live_base"))/max(num("n"), 1)/1e3)
+			ss.Idle["n"], ss.Settings, f.heap/f.n/1e3, f.live/f.n/1e3)
+		if heap, live, fixed, ok := ss.idleSlope(); ok {
+			w("| the same, each further job (from %s to %s jobs), and what does not grow with them | | %.2f KB (%.2f KB); %.0f KB | |\n",
+				ss.IdleSmall["n"], ss.Idle["n"], heap/1e3, live/1e3, fixed/1e3)
+		}
 	} else {
 		w("| Go heap per idle scheduled pool job | | not measured in this run (the sessions figure, -only sessions) | |\n")
 	}

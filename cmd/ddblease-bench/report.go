@@ -333,6 +333,16 @@ func (r *runner) table() string {
 	if !found {
 		w("- heartbeats of 10,000 leases in one process all on time: not measured\n")
 	}
+	if ss := res.Sessions; ss != nil && ss.Idle != nil {
+		f := idleOf(ss.Idle)
+		at := fmt.Sprintf("%.2f KB at %s jobs", f.heap/f.n/1e3, ss.Idle["n"])
+		if heap, _, _, ok := ss.idleSlope(); ok {
+			at += fmt.Sprintf("; %.2f KB each further job", heap/1e3)
+		}
+		w("- Go heap in use per idle held scheduled pool job ≤ 2 KB (%s): %s\n", at, verdict(f.heap/f.n <= 2000, true))
+	} else {
+		w("- Go heap in use per idle held scheduled pool job ≤ 2 KB: not measured\n")
+	}
 	if len(res.Errors) > 0 {
 		w("\nErrors during the run:\n\n")
 		for _, e := range res.Errors {

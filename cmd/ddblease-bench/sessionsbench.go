@@ -19,9 +19,13 @@ type sessionsResult struct {
 	Heartbeat      float64 // s
 
 	// Idle is the one process holding IdleJobs idle scheduled jobs
-	// (runSchedIdle's IDLE event).
-	IdleJobs int
-	Idle     map[string]string
+	// (runSchedIdle's IDLE event); IdleSmall the same with a quarter of
+	// them, run first, so that the cost of each further job (the slope
+	// between the two) stands apart from what does not grow with the jobs
+	// (the runtime's partly filled spans, the pool's own state).
+	IdleJobs  int
+	Idle      map[string]string
+	IdleSmall map[string]string
 
 	Phases []spreadPhase
 
@@ -107,25 +111,64 @@ func (r *runner) sessions() {
 		res.Overlaps, res.SharedFences, res.SlotsDue, res.SlotsMissed, res.SlotsTwice)
 }
 
-// sessionsIdle runs the one process holding idle scheduled jobs.
+// sessionsIdle runs the process holding idle scheduled jobs, with a
+// quarter of them first (when there are at least 8), then with all.
 func (r *runner) sessionsIdle(res *sessionsResult, s settings) error {
+	if n := r.cfg.sessIdle / 4; n >= 2 {
+		small, err := r.idleProcess(s, n)
+		if err != nil {
+			return err
+		}
+		res.IdleSmall = small
+	}
+	all, err := r.idleProcess(s, r.cfg.sessIdle)
+	res.Idle = all
+	return err
+}
+
+// idleProcess runs one process holding n idle scheduled jobs and returns
+// its IDLE event's fields.
+func (r *runner) idleProcess(s settings, n int) (map[string]string, error) {
 	rounds := 3
 	if r.cfg.quick {
 		rounds = 2
 	}
-	p, err := spawn("sched-idle", r.log, r.cfg.childArgs("schedidle", "idle-"+r.runID, s,
-		"-n", strconv.Itoa(r.cfg.sessIdle), "-rounds", strconv.Itoa(rounds), "-conns", "16")...)
+	p, err := spawn("sched-idle", r.log, r.cfg.childArgs("schedidle", fmt.Sprintf("idle-%d-%s", n, r.runID), s,
+		"-n", strconv.Itoa(n), "-rounds", strconv.Itoa(rounds), "-conns", "16")...)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer func() { _ = p.stop(time.Minute) }()
 	ev, err := p.first("IDLE", 10*s.lease+time.Duration(rounds+2)*s.hb+2*time.Minute)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	res.Idle = ev.fields
 	r.logf("sessions: %s idle jobs in one process: %v", ev.fields["n"], ev.fields)
-	return p.wait(time.Minute)
+	return ev.fields, p.wait(time.Minute)
+}
+
+// idleFigures are the memory figures of an idle process (runSchedIdle):
+// per job, the Go heap in use and the live heap, against its base.
+type idleFigures struct{ n, heap, live float64 }
+
+func idleOf(m map[string]string) idleFigures {
+	num := func(k string) float64 { v, _ := strconv.ParseFloat(m[k], 64); return v }
+	return idleFigures{n: max(num("n"), 1), heap: num("heap") - num("heap_base"), live: num("live") - num("live_base")}
+}
+
+// idleSlope returns what each further idle job adds, heap in use and
+// live (bytes), and the heap in use that does not grow with the jobs,
+// from the two sizes; ok is false without the smaller one.
+func (ss *sessionsResult) idleSlope() (heap, live, fixed float64, ok bool) {
+	if ss.Idle == nil || ss.IdleSmall == nil {
+		return 0, 0, 0, false
+	}
+	a, b := idleOf(ss.IdleSmall), idleOf(ss.Idle)
+	if b.n <= a.n {
+		return 0, 0, 0, false
+	}
+	heap, live = (b.heap-a.heap)/(b.n-a.n), (b.live-a.live)/(b.n-a.n)
+	return heap, live, b.heap - heap*b.n, true
 }
 
 // steadyCounts sums, over the replicas, the items written and read and
@@ -374,6 +417,11 @@ func (pl *poolProcs) stopAll() {
 
 // sessionsTable renders the sessions figure.
 func (r *runner) sessionsTable(w func(string, ...any), ss *sessionsResult) {
+	if small := ss.IdleSmall; small != nil {
+		f := idleOf(small)
+		w("Sessions, idle, a quarter of the jobs first: %s held of %s, %.2f KB of Go heap in use per job (%.2f KB live).\n\n",
+			small["held"], small["n"], f.heap/f.n/1e3, f.live/f.n/1e3)
+	}
 	if m := ss.Idle; m != nil {
 		num := func(k string) float64 { v, _ := strconv.ParseFloat(m[k], 64); return v }
 		n := max(num("n"), 1)
@@ -395,6 +443,10 @@ func (r *runner) sessionsTable(w func(string, ...any), ss *sessionsResult) {
 			(num("live")-num("live_base"))/n/1e3,
 			(num("goroutines")-num("goroutines_base"))/n, num("goroutines_library")/n,
 			strings.Join(writes, ", "), m["shutdown_s"], thousands(num("final_w_lease")-num("after_w_lease")))
+		if heap, live, fixed, ok := ss.idleSlope(); ok {
+			w("Between the two sizes, each further idle job adds %.2f KB of Go heap in use (%.2f KB live); %.0f KB does not grow with the jobs (the runtime's partly filled spans, the pool's own state), so the figure per job above is the slope plus %.2f KB at this size.\n\n",
+				heap/1e3, live/1e3, fixed/1e3, fixed/n/1e3)
+		}
 	}
 	if len(ss.Phases) == 0 {
 		return
