@@ -226,7 +226,7 @@ type leaseEvents Lease
 func (h *leaseEvents) deliver(e Event) {
 	l := (*Lease)(h)
 	l.health.observe(e)
-	l.logEvent(e)
+	h.writeLog(e)
 	if l.opts.Observer != nil {
 		l.opts.Observer(e)
 	}
@@ -546,12 +546,13 @@ func (l *Lease) read(ctx context.Context, consistent bool) (Record, bool, error)
 	return r, true, nil
 }
 
-// logEvent writes the log line an event deserves: one per change of
+// writeLog writes the log line an event deserves: one per change of
 // leadership at Info, failures at Warn (repeated ones rate-limited), and
 // nothing per poll or per request. A pool's job logs its changes of
 // leadership at Debug: the pool logs one line per change of its
 // assignment at Info (poolRun.act), whatever the number of jobs.
-func (l *Lease) logEvent(e Event) {
+func (h *leaseEvents) writeLog(e Event) {
+	l := (*Lease)(h)
 	ctx := context.Background()
 	if c := l.camp.ctx.Load(); c != nil {
 		ctx = *c

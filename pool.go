@@ -484,7 +484,7 @@ func (r *poolRun) renew(ctx context.Context) error {
 // act hands over the jobs assigned elsewhere and starts the Runs of the
 // jobs this replica campaigns for. A change is logged in one line at
 // Info, whatever the number of jobs it moves (each job's own lines are at
-// Debug: Lease.logEvent).
+// Debug: leaseEvents.writeLog).
 func (r *poolRun) act(ctx context.Context) {
 	p := r.p
 	seen, declined := p.view()
