@@ -346,6 +346,7 @@ func (p *Pool) markEnded(m member) {
 	p.markEndedLocked(m)
 }
 
+// markEndedLocked is markEnded, with p.mu held.
 func (p *Pool) markEndedLocked(m member) {
 	if cur, ok := p.members[m.owner]; ok && cur.sid == m.sid && cur.sv == m.sv {
 		cur.ended = p.opts.Owner
