@@ -349,6 +349,7 @@ type poolRun struct {
 	reached  bool              // a renewal reached the table
 	failing  bool              // the last renewal failed: the next comes after a RetryInterval
 	looked   map[string]member // the members the last look read, since the last renewal; nil: none
+	changed  *poolView         // the live members a look found changed, for the renewal it calls (nil: none)
 	blind    bool              // the last look failed: the next waits a RetryInterval
 }
 
@@ -442,14 +443,23 @@ func (r *poolRun) look(ctx context.Context) bool {
 	r.looked = members
 	p.watch(members, sent)
 	seen, _ := p.view()
-	return !slices.Equal(p.liveIn(members, p.opts.sendNow()), seen.live)
+	live := p.liveIn(members, p.opts.sendNow())
+	if slices.Equal(live, seen.live) {
+		return false
+	}
+	r.changed = &poolView{live: live, members: map[string]member{}}
+	for _, m := range live {
+		r.changed.members[m] = members[m]
+	}
+	return true
 }
 
 // renew renews this replica's membership and records the members read. It
 // returns an error that retrying cannot mend; it reports and logs others.
 func (r *poolRun) renew(ctx context.Context) error {
 	p := r.p
-	seen, err := p.renew(ctx)
+	seen, err := p.renew(ctx, r.changed)
+	r.changed = nil
 	now := p.opts.Now()
 	switch {
 	case err == nil:
@@ -638,7 +648,7 @@ func (r *poolRun) stop(failed error) error {
 	defer p.leaving.Store(false)
 	ctx := context.WithoutCancel(r.runCtx)
 	if failed == nil || retryable(failed) {
-		_, _ = p.renew(ctx)
+		_, _ = p.renew(ctx, nil)
 	}
 	pending := 0
 	for _, run := range r.runs {
@@ -661,7 +671,7 @@ func (r *poolRun) stop(failed error) error {
 		case <-r.finished:
 			pending--
 		case <-wait.C:
-			_, _ = p.renew(ctx) // the session keeps the jobs still draining
+			_, _ = p.renew(ctx, nil) // the session keeps the jobs still draining
 		}
 		wait.Stop()
 	}

@@ -28,9 +28,15 @@ const maxWrites = 3
 // on, its job list and the jobs it declines) and returns the live members
 // the pool's partition holds. An answer that shows another view than the
 // one written is written again at once, so that the others learn within a
-// round trip which view this replica acts on.
-func (p *Pool) renew(ctx context.Context) (poolView, error) {
+// round trip which view this replica acts on. changed, if not nil, is
+// what a look between renewals found (poolRun.look): its view is the
+// first written, instead of a write of the view it replaces followed by
+// a second one.
+func (p *Pool) renew(ctx context.Context, changed *poolView) (poolView, error) {
 	seen, declined := p.view()
+	if changed != nil {
+		seen = *changed
+	}
 	view := p.viewOf(seen)
 	for range maxWrites {
 		members, sent, err := p.write(ctx, view, slices.Sorted(maps.Keys(declined)))
