@@ -223,7 +223,7 @@ func quickDefaults(c *config, fs *flag.FlagSet) {
 	def("spread-stagger", func() { c.spreadStagger = time.Second })
 	def("sess-jobs", func() { c.sessJobs = 100 })
 	def("sess-replicas", func() { c.sessReplicas = 3 })
-	def("sess-idle", func() { c.sessIdle = 1000 })
+	def("sess-idle", func() { c.sessIdle = 4000 }) // with fewer, the fixed heap (about 700 KB) weighs on the figure per job
 	def("sess-every", func() { c.sessEvery = 5 * time.Second })
 	def("sess-window", func() { c.sessWindow = 8 * time.Second })
 	def("reads-runs", func() { c.readsRuns = 2000 })
