@@ -428,11 +428,12 @@ func (r *poolRun) untilLook(due time.Time) time.Duration {
 // look reads the pool's member items between two renewals, as a lease's
 // standby polls the lease item, so that this replica sees each member's
 // renewal within a RetryInterval of it (the watch a lapse is judged by:
-// Pool.watch) and learns of a lapse, a leave or a join when it happens. It
-// reports whether the members live by that read differ from the ones
-// this replica acts on: it then renews at once, and acts. A failed read
-// changes nothing but puts the next look a RetryInterval off; the next
-// renewal reports its failure.
+// Pool.watch) and learns of a lapse, a leave, a join or a job declined
+// (a resign request, a forced release) when it happens. It reports
+// whether the view of that read (viewOf: the live members and the jobs
+// each declines) differs from the one this replica acts on: it then
+// renews at once, and acts. A failed read changes nothing but puts the
+// next look a RetryInterval off; the next renewal reports its failure.
 func (r *poolRun) look(ctx context.Context) bool {
 	p := r.p
 	members, sent, err := p.readMembers(ctx)
@@ -443,14 +444,14 @@ func (r *poolRun) look(ctx context.Context) bool {
 	r.looked = members
 	p.watch(members, sent)
 	seen, _ := p.view()
-	live := p.liveIn(members, p.opts.sendNow())
-	if slices.Equal(live, seen.live) {
+	next := poolView{live: p.liveIn(members, p.opts.sendNow()), members: map[string]member{}}
+	for _, m := range next.live {
+		next.members[m] = members[m]
+	}
+	if p.viewOf(next) == p.viewOf(seen) {
 		return false
 	}
-	r.changed = &poolView{live: live, members: map[string]member{}}
-	for _, m := range live {
-		r.changed.members[m] = members[m]
-	}
+	r.changed = &next
 	return true
 }
 
