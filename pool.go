@@ -349,7 +349,7 @@ type poolRun struct {
 	reached  bool              // a renewal reached the table
 	failing  bool              // the last renewal failed: the next comes after a RetryInterval
 	looked   map[string]member // the members the last look read, since the last renewal; nil: none
-	changed  *poolView         // the live members a look found changed, for the renewal it calls (nil: none)
+	changed  *poolView         // the view a look found changed, for the renewal it calls (nil: none)
 	blind    bool              // the last look failed: the next waits a RetryInterval
 }
 
@@ -444,10 +444,7 @@ func (r *poolRun) look(ctx context.Context) bool {
 	r.looked = members
 	p.watch(members, sent)
 	seen, _ := p.view()
-	next := poolView{live: p.liveIn(members, p.opts.sendNow()), members: map[string]member{}}
-	for _, m := range next.live {
-		next.members[m] = members[m]
-	}
+	next := p.liveView(members, p.opts.sendNow())
 	if p.viewOf(next) == p.viewOf(seen) {
 		return false
 	}

@@ -46,10 +46,7 @@ func (p *Pool) renew(ctx context.Context, changed *poolView) (poolView, error) {
 		now := p.opts.sendNow()
 		p.watch(members, sent)
 		p.forgetDead(ctx, members, now.at)
-		seen = poolView{live: p.liveIn(members, now), members: map[string]member{}}
-		for _, r := range seen.live {
-			seen.members[r] = members[r]
-		}
+		seen = p.liveView(members, now)
 		if p.viewOf(seen) == view {
 			break
 		}
@@ -199,6 +196,16 @@ func (p *Pool) liveIn(members map[string]member, now sent) []string {
 	}
 	slices.Sort(live)
 	return live
+}
+
+// liveView returns the view of the members read: those live at now
+// (liveIn), each with its entry.
+func (p *Pool) liveView(members map[string]member, now sent) poolView {
+	v := poolView{live: p.liveIn(members, now), members: map[string]member{}}
+	for _, r := range v.live {
+		v.members[r] = members[r]
+	}
+	return v
 }
 
 // untilLapse returns how long until the first member this replica counts
